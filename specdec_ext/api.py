@@ -1,0 +1,192 @@
+"""Public entry points: :func:`verify`, :func:`sample` and :func:`available_backends`."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import NamedTuple
+
+import torch
+
+from . import _params
+from ._philox import draw_seed
+from .reference import verify_eager
+
+
+class VerifyResult(NamedTuple):
+    """Outcome of :func:`verify`.
+
+    tokens: (B, K+1) int64. Row b holds its ``num_accepted[b]`` accepted drafts, then the corrected
+        (after a rejection) or bonus token, then -1 padding.
+    num_accepted: (B,) int64, the number of accepted drafts; every row emits ``num_accepted + 1`` tokens.
+    """
+
+    tokens: torch.Tensor
+    num_accepted: torch.Tensor
+
+
+def _triton_usable(device: torch.device) -> bool:
+    from . import _triton_backend
+
+    if not _triton_backend.is_available():
+        return False
+    return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def _cpp_usable(device: torch.device) -> bool:
+    from . import _cpp_backend
+
+    return device.type == "cpu" and _cpp_backend.is_available()
+
+
+def available_backends(device: torch.device | str = "cpu") -> list[str]:
+    """Backends that can run on ``device``, fastest first.
+
+    ``"triton"`` needs CUDA (or, on CPU, ``TRITON_INTERPRET=1``: slow, for tests); ``"cpp"`` needs
+    the compiled extension (CPU); ``"eager"`` runs everywhere.
+    """
+    device = torch.device(device)
+    found = []
+    if device.type == "cuda" and _triton_usable(device):
+        found.append("triton")
+    if _cpp_usable(device):
+        found.append("cpp")
+    if device.type == "cpu" and _triton_usable(device):
+        found.append("triton")
+    found.append("eager")
+    return found
+
+
+_warned_fallback = False
+
+
+def _resolve_backend(backend: str, device: torch.device) -> str:
+    global _warned_fallback
+    if backend not in _params.BACKENDS:
+        raise ValueError(f"backend must be one of {_params.BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        if device.type == "cuda" and _triton_usable(device):
+            return "triton"
+        if _cpp_usable(device):
+            return "cpp"
+        if device.type == "cpu" and not _warned_fallback:
+            _warned_fallback = True
+            from . import _cpp_backend
+
+            warnings.warn(f"specdec_ext: the C++ CPU kernel is unavailable ({_cpp_backend.unavailable_reason()}); using the slower eager backend", RuntimeWarning, stacklevel=3)
+        return "eager"
+    if backend == "triton" and not _triton_usable(device):
+        raise ValueError(f"backend='triton' is not available on {device} (CUDA tensors, or TRITON_INTERPRET=1 on CPU, and an installed triton are needed); available: {available_backends(device)}")
+    if backend == "cpp" and not _cpp_usable(device):
+        raise ValueError(f"backend='cpp' is not available on {device}; available: {available_backends(device)}")
+    return backend
+
+
+def verify(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    draft_tokens: torch.Tensor,
+    *,
+    temperature: float | torch.Tensor = 1.0,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+    num_draft_tokens: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    backend: str = "auto",
+    check: bool = True,
+) -> VerifyResult:
+    """Verify a block of K draft tokens per row by modified rejection sampling, from raw logits.
+
+    The emitted tokens follow the target's processed distribution exactly (temperature, then top-k,
+    then top-p, as transformers' warpers apply them), whatever the draft proposed, provided the drafts
+    were drawn from the processed draft distribution with the same parameters.
+
+    Args:
+        target_logits: (B, K+1, V) float32 / bfloat16 / float16 raw target logits at the K draft
+            positions and the bonus position. Never modified.
+        draft_logits: (B, K, Vd), Vd <= V, raw draft logits the drafts were sampled from (target
+            entries beyond Vd have q = 0), or None for deterministic drafts (q is one-hot).
+        draft_tokens: (B, K) int32 / int64 draft ids in [0, Vd).
+        temperature: float or (B,) tensor, >= 0; 0 makes the row greedy (accept while the draft
+            equals the target's argmax, then emit the argmax; lowest index on ties).
+        top_k: int or (B,) tensor; None / 0 = off. Keeps every token whose logit >= the k-th largest.
+        top_p: float or (B,) tensor in (0, 1]; None / 1 = off. Keeps the smallest most-probable set
+            whose mass reaches top_p (ties at the cut kept together; at least one token).
+        num_draft_tokens: optional (B,) ints in [0, K]: row b verifies its first n_b drafts only and
+            draws its bonus token at position n_b (ragged batches).
+        generator: torch.Generator, or None for the default one. One 62-bit Philox key is drawn from
+            it per call; all randomness comes from Philox4x32-10 counters (vocabulary index,
+            position, row, stream), identical on every backend.
+        backend: "auto" | "triton" | "cpp" | "eager". auto: triton for CUDA tensors, cpp for CPU
+            tensors where the extension is built, else eager.
+        check: validate values (NaN / +inf logits, empty rows, out-of-range ids, parameter ranges)
+            and raise ValueError naming the argument and the first bad row. ``check=False`` skips
+            these checks and every host sync (CUDA-graph capturable); an invalid row then gets
+            num_accepted 0 and tokens all -1, never an out-of-range id.
+
+    Returns:
+        VerifyResult(tokens (B, K+1) int64 padded with -1, num_accepted (B,) int64).
+
+    Example:
+        >>> import torch, specdec_ext
+        >>> g = torch.Generator().manual_seed(0)
+        >>> target = torch.randn(2, 4, 100, generator=g)  # B=2, K=3, V=100
+        >>> draft = torch.randn(2, 3, 100, generator=g)
+        >>> drafts = torch.multinomial(draft.softmax(-1).reshape(6, 100), 1, generator=g).reshape(2, 3)
+        >>> out = specdec_ext.verify(target, draft, drafts, generator=g, backend="eager")
+        >>> out.tokens.shape, out.num_accepted.shape
+        (torch.Size([2, 4]), torch.Size([2]))
+    """
+    args = _params.validate_verify(
+        target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        num_draft_tokens=num_draft_tokens, generator=generator, check=check,
+    )
+    chosen = _resolve_backend(backend, target_logits.device)
+    seed = draw_seed(generator, target_logits.device)
+    if chosen == "triton":
+        from . import _triton_backend
+
+        tokens, num_accepted = _triton_backend.verify(args, seed)
+    elif chosen == "cpp":
+        from . import _cpp_backend
+
+        tokens, num_accepted = _cpp_backend.verify(args, seed)
+    else:
+        tokens, num_accepted = verify_eager(args, seed)
+    return VerifyResult(tokens, num_accepted)
+
+
+def sample(
+    logits: torch.Tensor,
+    *,
+    temperature: float | torch.Tensor = 1.0,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    backend: str = "auto",
+    check: bool = True,
+) -> torch.Tensor:
+    """Draw one token per row from (B, V) raw logits with the same processing as :func:`verify`.
+
+    Temperature 0 gives the argmax. It is exactly ``verify`` with K = 0 (the bonus draw), so the
+    same seed gives the same tokens on every backend. Returns (B,) int64 (-1 for an invalid row
+    when ``check=False``).
+
+    Example:
+        >>> import torch, specdec_ext
+        >>> logits = torch.tensor([[0.0, 1.0, 2.0], [5.0, 0.0, 0.0]])
+        >>> specdec_ext.sample(logits, temperature=0.0, backend="eager").tolist()
+        [2, 0]
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a 2-D (batch, vocab) tensor, got {shape}")
+    no_drafts = torch.empty((logits.shape[0], 0), dtype=torch.int64, device=logits.device)
+    try:
+        result = verify(
+            logits[:, None, :], None, no_drafts, temperature=temperature, top_k=top_k, top_p=top_p,
+            generator=generator, backend=backend, check=check,
+        )
+    except ValueError as error:  # name the caller's argument, not verify's
+        raise ValueError(str(error).replace("target_logits", "logits")) from None
+    return result.tokens[:, 0]
