@@ -81,6 +81,8 @@ def verify(args: VerifyArgs, seed: torch.Tensor, num_chunks: int | None = None, 
     draft_vocab = args.draft_vocab
     if block is None:
         block = _GPU_BLOCK if device.type == "cuda" else _INTERPRETER_BLOCK
+    if block & (block - 1):
+        raise ValueError(f"block must be a power of two, got {block}")
     if num_chunks is None:
         num_chunks = _num_chunks(device, batch, vocab, block)
     chunk_size = block * _cdiv(_cdiv(vocab, num_chunks), block)  # whole tiles per chunk

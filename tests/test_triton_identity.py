@@ -65,7 +65,7 @@ def test_identity_across_chunks_and_ragged_tiles():
     """Several vocabulary chunks per row and a last tile that is mostly padding."""
     target, draft, tokens = _case(3, 3, 1000, torch.float32, seed=4, noise=0.5)
     seed = torch.tensor([987654321123], dtype=torch.int64)
-    for params, layouts in [({"top_k": None, "top_p": None}, [(3, 128), (8, 64), (2, 384)]), ({"top_k": 50, "top_p": 0.95}, [(3, 256)])]:
+    for params, layouts in [({"top_k": None, "top_p": None}, [(3, 128), (8, 64), (2, 512)]), ({"top_k": 50, "top_p": 0.95}, [(3, 256)])]:
         args = _params.validate_verify(target, draft, tokens, temperature=0.9, num_draft_tokens=None, generator=None, check=True, **params)
         expected = verify_eager(args, seed)
         for num_chunks, block in layouts:
