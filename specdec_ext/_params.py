@@ -144,7 +144,7 @@ def validate_verify(target_logits, draft_logits, draft_tokens, *, temperature, t
 
 
 def _check_values(args: VerifyArgs, temperature_is_tensor: bool, top_k_is_tensor: bool, top_p_is_tensor: bool, num_draft_is_tensor: bool) -> None:
-    """Raise ValueError naming the argument and the first bad row. Costs one pass over the logits."""
+    """Raise ValueError naming the parameter and the first bad row (per-row tensors only; cheap)."""
     if temperature_is_tensor:
         row = _first_bad_row(~(args.temperature >= 0) | torch.isinf(args.temperature))
         if row is not None:
@@ -162,11 +162,19 @@ def _check_values(args: VerifyArgs, temperature_is_tensor: bool, top_k_is_tensor
         if row is not None:
             raise ValueError(f"num_draft_tokens must lie in [0, K={args.num_positions}]; row {row} has {args.num_draft_tokens[row].item()}")
 
-    problems = row_problems(args)
-    for name, bad, what in problems:
+
+def raise_for_bad_rows(args: VerifyArgs, blanked: torch.Tensor) -> None:
+    """Raise ValueError naming the argument and the first bad row.
+
+    Called only when a backend blanked a row (``blanked``: (B,) bool), so valid calls never pay for
+    this extra pass over the logits: the kernels find bad rows while they read the logits anyway.
+    """
+    for name, bad, what in row_problems(args):
         row = _first_bad_row(bad)
         if row is not None:
             raise ValueError(f"{name}: row {row} {what}")
+    row = _first_bad_row(blanked)
+    raise ValueError(f"target_logits: row {row} could not be verified (non-finite values after temperature and filtering)")
 
 
 def row_problems(args: VerifyArgs) -> list[tuple[str, torch.Tensor, str]]:

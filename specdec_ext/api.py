@@ -69,7 +69,8 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
             return "triton"
         if _cpp_usable(device):
             return "cpp"
-        if device.type == "cpu" and not _warned_fallback:
+        # (Not while torch.compile traces: a warning there breaks the graph; eager calls still warn.)
+        if device.type == "cpu" and not _warned_fallback and not torch.compiler.is_compiling():
             _warned_fallback = True
             from . import _cpp_backend
 
@@ -143,7 +144,13 @@ def verify(
     )
     chosen = _resolve_backend(backend, target_logits.device)
     seed = draw_seed(generator, target_logits.device)
-    if chosen == "triton":
+    if torch.compiler.is_compiling():
+        # Under torch.compile one registered op (fake kernel for tracing; C++ / eager on CPU, Triton
+        # on CUDA) keeps the graph whole; eager calls skip the dispatcher (see specdec_ext/ops.py).
+        from . import ops
+
+        tokens, num_accepted = ops.verify(args, seed)
+    elif chosen == "triton":
         from . import _triton_backend
 
         tokens, num_accepted = _triton_backend.verify(args, seed)
@@ -153,6 +160,11 @@ def verify(
         tokens, num_accepted = _cpp_backend.verify(args, seed)
     else:
         tokens, num_accepted = verify_eager(args, seed)
+    if check and tokens.shape[0]:
+        # Every valid row emits at least one token: a blanked row means bad values (one host sync).
+        blanked = tokens[:, 0] < 0
+        if bool(blanked.any()):
+            _params.raise_for_bad_rows(args, blanked)
     return VerifyResult(tokens, num_accepted)
 
 
