@@ -1,0 +1,297 @@
+"""``python -m bench.bench_cpp``: the C++ CPU kernel against transformers, the eager backend and the
+memory-traffic floor, plus the cost of going through the registered op.
+
+Cases (fp32, temperature 1, no top-k / top-p: transformers' ``_speculative_sampling`` takes
+already-processed logits, so every backend gets the same logits and does the same work):
+
+* B=1, K=5, V=128256: one ``_speculative_sampling`` call;
+* B=16, K=4, V=32000: ``_speculative_sampling`` once per row (it takes batch 1);
+* B=1, K=4, V=1024: a microsecond-sized call, where dispatch overhead shows.
+
+Inputs: target logits ``3 * randn``, draft logits = target + ``randn`` (a draft close to the
+target, so acceptance and rejection both occur), drafts sampled from the draft's softmax.
+
+Timing: the methods of a case take turns, round after round, in a new random order each round, so
+a busy machine slows them alike and no method always runs after the same one. In its turn a
+method runs once untimed and then twice timed (``time.perf_counter``), so each timed call finds
+the logits in cache as a microbenchmark does (and as they are right after the LM head wrote them),
+whatever the previous method touched. The statistic is the median (p10 shown too). The floor is
+the time to read the same logits once (``torch.amax`` over target and draft), measured the same
+way in the same rounds. Python's cyclic GC is off while timing (as in ``timeit``) and runs every
+tenth round, untimed.
+
+Rows: ``cpp`` is the default path, ``specdec_ext.verify(..., backend="cpp", check=False)``, which
+calls the extension directly; ``cpp-op`` does the same argument handling and then goes through
+``torch.ops.specdec.verify`` (the path compiled graphs use); ``kernel`` / ``kernel-op`` call the
+extension / the op on prepared arguments, without the Python argument handling (with a fresh
+seed each call, like verify, since the work follows the accepted prefix); ``kernel-openmp`` /
+``kernel-pool`` are ``kernel`` with that fixed way of spreading work over threads instead of the
+default ``auto`` (``--scheduler`` changes the default). ``mean accepted`` is over 20 seeds.
+
+Writes a table to stdout and JSON to ``bench/results/cpu-cpp-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import specdec_ext
+from specdec_ext import _cpp_backend, _params, ops
+from specdec_ext._philox import draw_seed
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+CASES = [(1, 5, 128256), (16, 4, 32000), (1, 4, 1024)]
+GOALS = {
+    (1, 5, 128256): {"transformers": 10.0, "eager": 3.0},
+    (16, 4, 32000): {"transformers": 10.0},
+}
+
+
+def make_inputs(batch: int, k: int, vocab: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    target = 3 * torch.randn(batch, k + 1, vocab, generator=g)
+    draft = target[:, :k] + torch.randn(batch, k, vocab, generator=g)
+    drafts = torch.multinomial(draft.softmax(-1).reshape(batch * k, vocab), 1, generator=g).reshape(batch, k)
+    return target, draft, drafts
+
+
+def transformers_call(target, draft, drafts) -> Callable[[], object]:
+    from transformers.generation.utils import _speculative_sampling
+
+    batch, k_plus_1, _ = target.shape
+    k = k_plus_1 - 1
+    ids = torch.cat([torch.zeros_like(drafts[:, :1]), drafts], dim=1)  # a one-token prompt, then the drafts
+
+    def call():
+        return [_speculative_sampling(ids[b : b + 1], draft[b : b + 1], k, target[b : b + 1]) for b in range(batch)]
+
+    return call
+
+
+def methods(target, draft, drafts) -> dict[str, Callable[[], object]]:
+    args = _params.validate_verify(target, draft, drafts, temperature=1.0, top_k=None, top_p=None, num_draft_tokens=None, generator=None, check=False)
+    # A fresh seed per call, as verify draws one: the work follows the accepted prefix, so a fixed
+    # seed would time one particular outcome.
+    kernel_args = (args.target_logits, args.draft_logits, args.draft_tokens, args.temperature, args.top_k, args.top_p, args.num_draft_tokens)
+    found = {
+        "transformers": transformers_call(target, draft, drafts),
+        "eager": lambda: specdec_ext.verify(target, draft, drafts, backend="eager", check=False),
+        "floor": lambda: (target.amax(), draft.amax()),
+    }
+    if _cpp_backend.is_available():
+        op = torch.ops.specdec.verify.default
+        found.update(
+            {
+                "cpp": lambda: specdec_ext.verify(target, draft, drafts, backend="cpp", check=False),
+                "cpp-op": lambda: ops.verify(
+                    _params.validate_verify(target, draft, drafts, temperature=1.0, top_k=None, top_p=None, num_draft_tokens=None, generator=None, check=False),
+                    draw_seed(None, target.device),
+                ),
+                "kernel": lambda: _cpp_backend._C.verify(*kernel_args, draw_seed(None, target.device)),
+                "kernel-op": lambda: op(*kernel_args, draw_seed(None, target.device)),
+            }
+        )
+        # The same kernel call with each fixed way of spreading work over threads (csrc/verify.cpp).
+        used = _cpp_backend._C.scheduler()
+
+        def with_scheduler(name):
+            def call():
+                _cpp_backend._C.set_scheduler(name)
+                try:
+                    return _cpp_backend._C.verify(*kernel_args, draw_seed(None, target.device))
+                finally:
+                    _cpp_backend._C.set_scheduler(used)
+
+            return call
+
+        for name in ("openmp", "pool"):
+            if name != used:
+                found[f"kernel-{name}"] = with_scheduler(name)
+    return found
+
+
+def measure(calls: dict[str, Callable[[], object]], budget_s: float, min_rounds: int, max_rounds: int, timed_per_round: int = 2) -> dict[str, list[float]]:
+    """Per-call seconds for every method. Methods take turns, round after round, so a busy machine
+    slows them alike; within its turn a method first runs once untimed, so every timed call starts
+    from its own warm caches rather than from whatever the previous method left (the eager
+    reference alone touches hundreds of MB)."""
+    for call in calls.values():  # lazy imports, first-touch allocations
+        call()
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    # As timeit does: no cyclic garbage collection while timing, so a collection triggered by one
+    # method's allocations is not charged to whichever method runs next.
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        rounds = 0
+        order = list(calls.items())
+        shuffle = random.Random(0).shuffle
+        while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() - start < budget_s):
+            shuffle(order)  # a new order every round: no method always follows the same one
+            for name, call in order:
+                call()
+                for _ in range(timed_per_round):
+                    t0 = time.perf_counter()
+                    call()
+                    samples[name].append(time.perf_counter() - t0)
+            rounds += 1
+            if rounds % 10 == 0:
+                gc.collect()  # now and then, untimed
+    finally:
+        gc.enable()
+    return samples
+
+
+def summarise(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {
+        "median_us": statistics.median(ordered) * 1e6,
+        "p10_us": ordered[int(0.1 * (len(ordered) - 1))] * 1e6,
+        "min_us": ordered[0] * 1e6,
+        "reps": len(ordered),
+    }
+
+
+def run(threads: int | None, budget_s: float, scheduler: str | None) -> dict:
+    if threads:
+        torch.set_num_threads(threads)
+    if scheduler and _cpp_backend.is_available():
+        _cpp_backend._C.set_scheduler(scheduler)
+    load_start = os.getloadavg()
+    rows = []
+    for batch, k, vocab in CASES:
+        target, draft, drafts = make_inputs(batch, k, vocab)
+        calls = methods(target, draft, drafts)
+        slow = batch * vocab >= 500_000
+        samples = measure(calls, budget_s=budget_s if slow else budget_s / 4, min_rounds=15, max_rounds=2000)
+        stats = {name: summarise(values) for name, values in samples.items()}
+        accepted = statistics.mean(float(specdec_ext.verify(target, draft, drafts, check=False, backend="eager").num_accepted.float().mean()) for _ in range(20))
+        logits_bytes = (target.numel() + draft.numel()) * target.element_size()
+        case = {"batch": batch, "k": k, "vocab": vocab, "dtype": "fp32", "logits_bytes": logits_bytes, "mean_accepted": accepted, "methods": stats}
+        if "cpp" in stats:
+            cpp = stats["cpp"]["median_us"]
+            case["speedup_vs_transformers"] = stats["transformers"]["median_us"] / cpp
+            case["speedup_vs_eager"] = stats["eager"]["median_us"] / cpp
+            case["x_floor"] = cpp / stats["floor"]["median_us"]
+            case["floor_gbs"] = logits_bytes / (stats["floor"]["median_us"] * 1e-6) / 1e9
+            case["op_overhead_us"] = stats["kernel-op"]["median_us"] - stats["kernel"]["median_us"]
+            case["api_op_overhead_us"] = stats["cpp-op"]["median_us"] - stats["cpp"]["median_us"]
+            goals = GOALS.get((batch, k, vocab), {})
+            case["goals"] = {
+                f">= {factor:g}x {base}": {"measured": round(case[f"speedup_vs_{base}"], 2), "pass": case[f"speedup_vs_{base}"] >= factor}
+                for base, factor in goals.items()
+            }
+        rows.append(case)
+    return {
+        "schema": 1,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": {
+            "cpu": _cpu_name(),
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "load_average_start": [round(x, 2) for x in load_start],
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
+            "platform": platform.platform(),
+        },
+        "versions": {"torch": torch.__version__, "specdec_ext": specdec_ext.__version__, "transformers": _version("transformers")},
+        "kernel": {
+            "available": _cpp_backend.is_available(),
+            "isa": _cpp_backend.isa(),
+            "scheduler": _cpp_backend._C.scheduler() if _cpp_backend.is_available() else None,
+            "unavailable_reason": _cpp_backend.unavailable_reason(),
+        },
+        "timing": "methods take turns in a shuffled order each round; per turn one untimed call then two timed (time.perf_counter), warm caches, GC off; median (p10, min also kept)",
+        "cases": rows,
+    }
+
+
+def _version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def format_table(doc: dict) -> str:
+    order = ["cpp", "kernel", "cpp-op", "kernel-op", "kernel-openmp", "kernel-pool", "eager", "transformers", "floor"]
+    host = doc["host"]
+    lines = [
+        f"specdec_ext C++ kernel: {doc['kernel']['isa'] or 'unavailable'} / {doc['kernel']['scheduler']} scheduler, "
+        f"{host['torch_threads']} threads, {host['cpu']} ({host['cpu_count']} CPUs), load {host['load_average_start']} -> {host['load_average_end']}",
+        "",
+        f"{'case':<24} {'method':<13} {'median us':>11} {'p10 us':>10} {'reps':>6}   notes",
+    ]
+    for case in doc["cases"]:
+        label = f"B={case['batch']} K={case['k']} V={case['vocab']}"
+        for name in order:
+            if name not in case["methods"]:
+                continue
+            m = case["methods"][name]
+            note = ""
+            if name == "cpp" and "speedup_vs_transformers" in case:
+                note = (
+                    f"{case['speedup_vs_transformers']:.1f}x transformers, {case['speedup_vs_eager']:.1f}x eager, "
+                    f"{case['x_floor']:.2f}x floor, mean accepted {case['mean_accepted']:.2f}"
+                )
+            elif name == "floor":
+                note = f"read {case['logits_bytes'] / 2**20:.1f} MiB of logits once ({case.get('floor_gbs', 0):.1f} GB/s)"
+            elif name == "kernel-op" and "op_overhead_us" in case:
+                note = f"{case['op_overhead_us']:+.1f} us vs the direct call"
+            elif name in ("kernel-openmp", "kernel-pool"):
+                note = f"kernel with the {name.split('-')[1]} scheduler (default: {doc['kernel']['scheduler']})"
+            elif name == "cpp-op" and "api_op_overhead_us" in case:
+                note = f"{case['api_op_overhead_us']:+.1f} us vs the default path"
+            lines.append(f"{label:<24} {name:<13} {m['median_us']:>11.1f} {m['p10_us']:>10.1f} {m['reps']:>6}   {note}")
+            label = ""
+        for goal, result in case.get("goals", {}).items():
+            lines.append(f"{'':<24} goal {goal}: {result['measured']}x -> {'PASS' if result['pass'] else 'FAIL'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_cpp", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--budget", type=float, default=20.0, help="seconds of timing per large case (default 20)")
+    parser.add_argument(
+        "--scheduler", choices=("auto", "openmp", "pool"), default=None, help="how the kernel spreads work over threads (default: auto)"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for the JSON (default: bench/results)")
+    args = parser.parse_args(argv)
+    doc = run(args.threads, args.budget, args.scheduler)
+    print(format_table(doc))
+    args.out.mkdir(parents=True, exist_ok=True)
+    tag = "" if args.scheduler in (None, "auto") else f"-{args.scheduler}"
+    tag += f"-t{args.threads}" if args.threads else ""
+    path = args.out / f"cpu-cpp-{datetime.date.today().isoformat()}{tag}.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,138 @@
+"""torch.ops.specdec.verify / sample: the registered operator (opcheck, fake kernels, a graph
+without breaks under torch.compile, the CPU kernel behind it, and the CUDA route)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import specdec_ext
+from specdec_ext import _cpp_backend, _params, ops
+from specdec_ext.reference import verify_eager
+
+
+def _inputs(batch=3, k=4, vocab=300, seed=0, draft=True, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randn(batch, k + 1, vocab, generator=g) * 2
+    draft_logits = target[:, :k] + 0.5 * torch.randn(batch, k, vocab, generator=g) if draft else None
+    tokens = torch.randint(0, vocab, (batch, k), generator=g)
+    params = {
+        "temperature": torch.tensor([0.8, 0.0, 1.0])[:batch],
+        "top_k": torch.tensor([0, 5, 40])[:batch],
+        "top_p": torch.tensor([1.0, 1.0, 0.9])[:batch],
+        "num_draft_tokens": torch.tensor([k, 2, 0])[:batch],
+    }
+    seed_tensor = torch.tensor([1234567], dtype=torch.int64)
+    move = lambda t: t.to(device) if t is not None else None  # noqa: E731
+    return move(target), move(draft_logits), move(tokens), {n: move(v) for n, v in params.items()}, move(seed_tensor)
+
+
+def _op_args(target, draft, tokens, params, seed):
+    return (target, draft, tokens, params["temperature"], params["top_k"], params["top_p"], params["num_draft_tokens"], seed)
+
+
+@pytest.mark.parametrize("draft", [True, False])
+def test_opcheck_verify(draft):
+    args = _op_args(*_inputs(draft=draft))
+    torch.library.opcheck(torch.ops.specdec.verify.default, args)
+
+
+def test_opcheck_sample():
+    target, _, _, params, seed = _inputs()
+    torch.library.opcheck(torch.ops.specdec.sample.default, (target[:, 0], params["temperature"], params["top_k"], params["top_p"], seed))
+
+
+def test_op_matches_eager_reference():
+    target, draft, tokens, params, seed = _inputs(seed=3)
+    args = _params.validate_verify(target, draft, tokens, generator=None, check=False, **params)
+    expected = verify_eager(args, seed)
+    got = torch.ops.specdec.verify(*_op_args(target, draft, tokens, params, seed))
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    sample = torch.ops.specdec.sample(target[:, 0], params["temperature"], params["top_k"], params["top_p"], seed)
+    no_drafts = torch.empty((3, 0), dtype=torch.int64)
+    expected_sample = verify_eager(_params.validate_verify(target[:, :1], None, no_drafts, generator=None, check=False, temperature=params["temperature"], top_k=params["top_k"], top_p=params["top_p"], num_draft_tokens=None), seed)[0][:, 0]
+    assert torch.equal(sample, expected_sample)
+
+
+def test_fake_kernels_give_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        target, draft, tokens, params, seed = (mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in _inputs(batch=3, k=2))
+        params = {n: mode.from_tensor(v) for n, v in params.items()}
+        tokens_out, accepted = torch.ops.specdec.verify(*_op_args(target, draft, tokens, params, seed))
+        sampled = torch.ops.specdec.sample(target[:, 0], params["temperature"], params["top_k"], params["top_p"], seed)
+    assert tokens_out.shape == (3, 3) and tokens_out.dtype == torch.int64
+    assert accepted.shape == (3,) and accepted.dtype == torch.int64
+    assert sampled.shape == (3,) and sampled.dtype == torch.int64
+
+
+def test_cpu_kernel_is_the_cpp_one_when_built():
+    assert ops.CPU_KERNEL == ("cpp" if _cpp_backend.is_available() else "eager")
+
+
+@pytest.mark.parametrize("backend", ["auto", "eager"])
+def test_compile_fullgraph_has_no_graph_break(backend):
+    target, draft, tokens, params, _ = _inputs(seed=5)
+
+    def step(target, draft, tokens, temperature, top_k, top_p):
+        out = specdec_ext.verify(target, draft, tokens, temperature=temperature, top_k=top_k, top_p=top_p, check=False, backend=backend)
+        return out.tokens, out.num_accepted, specdec_ext.sample(target[:, -1], temperature=temperature, check=False, backend=backend)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    inputs = (target, draft, tokens, params["temperature"], params["top_k"], params["top_p"])
+    torch.manual_seed(11)
+    got = compiled(*inputs)
+    torch.manual_seed(11)
+    expected = step(*inputs)  # the same default-generator seeds: the same tokens
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
+    explanation = torch._dynamo.explain(step)(*inputs)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+def test_op_registered_with_eager_kernel_without_extension():
+    """With the extension hidden, ops.py defines the schemas itself and runs the eager reference."""
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["specdec_ext._C"] = None  # the import fails as if nothing was built
+        import torch, specdec_ext
+        from specdec_ext import _cpp_backend, ops
+        from specdec_ext.reference import verify_eager
+        from specdec_ext._params import validate_verify
+        assert not _cpp_backend.is_available() and ops.CPU_KERNEL == "eager"
+        g = torch.Generator().manual_seed(0)
+        t, d = torch.randn(2, 3, 50, generator=g), torch.randn(2, 2, 50, generator=g)
+        x = torch.randint(0, 50, (2, 2), generator=g)
+        T, k, p, n, s = torch.ones(2), torch.tensor([0, 3]), torch.tensor([1.0, 0.9]), torch.tensor([2, 1]), torch.tensor([77])
+        torch.library.opcheck(torch.ops.specdec.verify.default, (t, d, x, T, k, p, n, s))
+        torch.library.opcheck(torch.ops.specdec.sample.default, (t[:, 0], T, k, p, s))
+        got = torch.ops.specdec.verify(t, d, x, T, k, p, n, s)
+        want = verify_eager(validate_verify(t, d, x, temperature=T, top_k=k, top_p=p, num_draft_tokens=n, generator=None, check=False), s)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        compiled = torch.compile(lambda t, d, x: specdec_ext.verify(t, d, x, check=False).tokens, fullgraph=True, backend="aot_eager")
+        assert compiled(t, d, x).shape == (2, 3)
+        print("ok")
+        """
+    )
+    env = dict(os.environ, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_op_runs_the_triton_kernels():
+    target, draft, tokens, params, seed = _inputs(seed=9, device="cuda")
+    got = torch.ops.specdec.verify(*_op_args(target, draft, tokens, params, seed))
+    args = _params.validate_verify(target, draft, tokens, generator=None, check=False, **params)
+    expected = verify_eager(args, seed)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    compiled = torch.compile(lambda t, d, x: specdec_ext.verify(t, d, x, check=False).tokens, fullgraph=True)
+    assert compiled(target, draft, tokens).shape == target.shape[:2]
