@@ -67,7 +67,8 @@ def run_demo(*, quick: bool = False, max_new_tokens: int | None = None, temperat
     # Methods take turns on each prompt, and the whole round repeats: a busy machine then slows every
     # method alike, and the median round per method is reported.
     rounds = {name: [] for name in ("target", "assisted", "hooked", "specdec")}
-    for _ in range(1 if quick else 3):
+    for round_index in range(1 if quick else 3):
+        stage(f"batch-1 methods, round {round_index + 1}")
         single = {name: [] for name in rounds}
         for i, prompt in enumerate(prompts):
             p_ids, p_mask = _encode(tokenizer, [prompt])
