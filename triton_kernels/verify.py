@@ -22,6 +22,15 @@ SAMPLE_STREAM: tl.constexpr = 1
 
 
 @triton.jit
+def _running_argmax(values, start, best_val, best_idx):
+    """Fold one tile into a running (max, lowest index of the max) pair."""
+    tile_val = tl.max(values, axis=0)
+    tile_idx = start + tl.argmax(values, axis=0, tie_break_left=True)
+    better = tile_val > best_val  # strict: the earlier tile keeps ties (lowest index)
+    return tl.where(better, tile_val, best_val), tl.where(better, tile_idx, best_idx)
+
+
+@triton.jit
 def line_stats_kernel(
     logits_ptr,  # (B, L, Vl) raw logits, any float dtype, last dim contiguous
     tau_ptr,  # (B * L,) float32 cut-offs (keep s >= tau)
@@ -71,11 +80,7 @@ def line_stats_kernel(
             rescale = tl.where(run_max == float("-inf"), 0.0, tl.exp(run_max - new_max))
             run_sum = run_sum * rescale + tile_sum
             run_max = new_max
-            tile_val = tl.max(raw, axis=0)
-            tile_idx = start + tl.argmax(raw, axis=0, tie_break_left=True)
-            better = tile_val > best_val  # strict: the earlier tile keeps ties (lowest index)
-            best_idx = tl.where(better, tile_idx, best_idx)
-            best_val = tl.where(better, tile_val, best_val)
+            best_val, best_idx = _running_argmax(raw, start, best_val, best_idx)
         out = line.to(tl.int64) * num_chunks + chunk
         tl.store(part_max_ptr + out, run_max)
         tl.store(part_sum_ptr + out, run_sum)
@@ -238,16 +243,8 @@ def race_kernel(
             exponential = -tl.log(open_uniform(seed, idx, j, row, SAMPLE_STREAM))
             key_r = tl.where(mask, residual / exponential, -1.0)
             key_p = tl.where(mask, p / exponential, -1.0)
-            tile_r = tl.max(key_r, axis=0)
-            tile_r_idx = start + tl.argmax(key_r, axis=0, tie_break_left=True)
-            tile_p = tl.max(key_p, axis=0)
-            tile_p_idx = start + tl.argmax(key_p, axis=0, tie_break_left=True)
-            better_r = tile_r > best_r
-            best_r_idx = tl.where(better_r, tile_r_idx, best_r_idx)
-            best_r = tl.where(better_r, tile_r, best_r)
-            better_p = tile_p > best_p
-            best_p_idx = tl.where(better_p, tile_p_idx, best_p_idx)
-            best_p = tl.where(better_p, tile_p, best_p)
+            best_r, best_r_idx = _running_argmax(key_r, start, best_r, best_r_idx)
+            best_p, best_p_idx = _running_argmax(key_p, start, best_p, best_p_idx)
     out = row.to(tl.int64) * num_chunks + chunk
     tl.store(race_val_ptr + out, best_r)
     tl.store(race_idx_ptr + out, best_r_idx)
