@@ -16,7 +16,7 @@ import inspect
 import warnings
 from contextlib import contextmanager
 
-from .api import verify
+from .api import available_backends, verify
 
 # Parameter lists of _speculative_sampling this hook understands. Checked against transformers 5.17
 # (with is_done_candidate) and 5.24 (without); anything else keeps transformers' own function.
@@ -63,6 +63,11 @@ def _fused_sampling(candidate_input_ids, candidate_logits, candidate_length, new
     return result.tokens[:, :emitted], n_matches
 
 
+def _has_fused_backend(device) -> bool:
+    backends = available_backends(device)
+    return "triton" in backends if device.type == "cuda" else "cpp" in backends
+
+
 def _make_hook(original):
     signature = inspect.signature(original)
 
@@ -72,6 +77,14 @@ def _make_hook(original):
         if arguments.get("assistant_ensemble_weight") is not None:
             # Ensemble verification deliberately changes the law; the fused kernel implements exact sampling only.
             _warn_once("ensemble", "specdec_ext.hf: assistant_ensemble_weight is set; using transformers' own _speculative_sampling")
+            _counts["fallback"] += 1
+            return original(*args, **kwargs)
+        device = arguments["new_logits"].device
+        if not _has_fused_backend(device):
+            # The eager reference is the specification, not a speed-up: without a fused kernel
+            # (the C++ extension did not build, or Triton is missing) transformers' own code is faster.
+            _warn_once(f"eager-{device.type}", f"specdec_ext.hf: no fused kernel on {device} (backends: {available_backends(device)}); "
+                                               "using transformers' own _speculative_sampling")
             _counts["fallback"] += 1
             return original(*args, **kwargs)
         _counts["fused"] += 1

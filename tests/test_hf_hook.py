@@ -117,6 +117,21 @@ def test_ensemble_weight_falls_back_to_the_original():
     assert after["fallback"] == before["fallback"] + 2 and after["fused"] == before["fused"]
 
 
+def test_without_a_fused_kernel_the_hook_keeps_transformers_code(monkeypatch):
+    """With only the eager reference available the hook would slow users down: it falls back, once warned."""
+    candidates, new_logits = _block(3)
+    names = list(inspect.signature(hf_utils._speculative_sampling).parameters)
+    extra = {"is_done_candidate": torch.tensor([False])} if "is_done_candidate" in names else {}
+    monkeypatch.setattr(hf, "available_backends", lambda device: ["eager"])
+    hf.install()
+    before = hf.call_counts()
+    with pytest.warns(RuntimeWarning, match="no fused kernel"):
+        tokens, n = hf_utils._speculative_sampling(candidates, new_logits[:, :3], 3, new_logits, **extra)
+    assert tokens.shape == (1, int(n) + 1)
+    after = hf.call_counts()
+    assert after["fallback"] == before["fallback"] + 1 and after["fused"] == before["fused"]
+
+
 def test_fused_sampling_contract():
     candidates, new_logits = _block(3)
     kept = new_logits.clone()
