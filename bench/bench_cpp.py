@@ -51,6 +51,8 @@ import specdec_ext
 from specdec_ext import _cpp_backend, _params, ops
 from specdec_ext._philox import draw_seed
 
+from .micro import device_name
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CASES = [(1, 5, 128256), (16, 4, 32000), (1, 4, 1024)]
 GOALS = {
@@ -199,7 +201,7 @@ def run(threads: int | None, budget_s: float, scheduler: str | None) -> dict:
         "schema": 1,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": {
-            "cpu": _cpu_name(),
+            "cpu": device_name("cpu"),
             "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
             "load_average_start": [round(x, 2) for x in load_start],
@@ -225,16 +227,6 @@ def _version(name: str) -> str | None:
         return version(name)
     except Exception:
         return None
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def format_table(doc: dict) -> str:

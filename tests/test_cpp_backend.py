@@ -8,8 +8,8 @@ import warnings
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from laws import position_laws_fail, processed_probs
+from strategies import extreme_verify_inputs
 
 import specdec_ext
 from specdec_ext import _cpp_backend, api
@@ -228,44 +228,9 @@ def test_identity_peaked_and_tied_logits():
     _same_tokens(masked, None, tokens, top_k=5)
 
 
-@st.composite
-def _extreme_inputs(draw):
-    batch, k = draw(st.integers(1, 4)), draw(st.integers(0, 4))
-    vocab = draw(st.integers(1, 50))
-    draft_vocab = draw(st.integers(1, vocab))
-    seed = draw(st.integers(0, 2**31 - 1))
-    style = draw(st.sampled_from(["normal", "huge", "masked", "single", "ties"]))
-    dtype = draw(st.sampled_from(DTYPES))
-    g = torch.Generator().manual_seed(seed)
-    target = torch.randn(batch, k + 1, vocab, generator=g)
-    draft = torch.randn(batch, k, draft_vocab, generator=g)
-    if style == "huge":
-        target, draft = target * 3e3, draft * 3e3
-    elif style == "masked":
-        target = target.masked_fill(torch.rand(target.shape, generator=g) < 0.7, float("-inf"))
-        draft = draft.masked_fill(torch.rand(draft.shape, generator=g) < 0.7, float("-inf"))
-        target[..., 0] = 0.0
-        draft[..., 0] = 0.0
-    elif style == "single":
-        target = torch.full_like(target, float("-inf"))
-        target[..., vocab - 1] = 3.0
-        draft = torch.full_like(draft, float("-inf"))
-        draft[..., 0] = 1.0
-    elif style == "ties":
-        target, draft = target.round(), draft.round()
-    params = {
-        "temperature": draw(st.sampled_from([0.0, 0.3, 1.0, 2.0])),
-        "top_k": draw(st.sampled_from([None, 1, 3, 1000])),
-        "top_p": draw(st.sampled_from([None, 0.05, 0.5, 1.0])),
-        "num_draft_tokens": torch.randint(0, k + 1, (batch,), generator=g),
-    }
-    tokens = torch.randint(0, draft_vocab, (batch, k), generator=g)
-    return target.to(dtype), None if draw(st.booleans()) else draft.to(dtype), tokens, params, seed
-
-
 @needs_cpp
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_extreme_inputs())
+@given(extreme_verify_inputs(max_vocab=50, huge=3e3, dtypes=DTYPES))  # 3e3 stays finite in fp16
 def test_identity_on_extreme_inputs(inputs):
     target, draft, tokens, params, seed = inputs
     _same_tokens(target, draft, tokens, seeds=(seed,), **params)

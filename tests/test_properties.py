@@ -7,48 +7,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import extreme_verify_inputs
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 import specdec_ext
 from specdec_ext.reference import process_lines
-
-
-@st.composite
-def verify_inputs(draw, max_vocab=40):
-    batch = draw(st.integers(1, 4))
-    k = draw(st.integers(0, 4))
-    vocab = draw(st.integers(1, max_vocab))
-    draft_vocab = draw(st.integers(1, vocab))
-    seed = draw(st.integers(0, 2**31 - 1))
-    style = draw(st.sampled_from(["normal", "huge", "masked", "single", "ties"]))
-    g = torch.Generator().manual_seed(seed)
-    target = torch.randn(batch, k + 1, vocab, generator=g)
-    draft = torch.randn(batch, k, draft_vocab, generator=g)
-    if style == "huge":
-        target, draft = target * 1e4, draft * 1e4
-    elif style == "masked":
-        target = target.masked_fill(torch.rand(target.shape, generator=g) < 0.7, float("-inf"))
-        draft = draft.masked_fill(torch.rand(draft.shape, generator=g) < 0.7, float("-inf"))
-        target[..., 0] = 0.0  # keep every line non-empty
-        draft[..., 0] = 0.0
-    elif style == "single":
-        target = torch.full_like(target, float("-inf"))
-        target[..., vocab - 1] = 3.0
-        draft = torch.full_like(draft, float("-inf"))
-        draft[..., 0] = 1.0
-    elif style == "ties":
-        target = target.round()
-        draft = draft.round()
-    tokens = torch.randint(0, draft_vocab, (batch, k), generator=g)
-    params = {
-        "temperature": draw(st.sampled_from([0.0, 0.3, 1.0, 2.0])),
-        "top_k": draw(st.sampled_from([None, 1, 3, 1000])),
-        "top_p": draw(st.sampled_from([None, 0.05, 0.5, 1.0])),
-        "num_draft_tokens": torch.randint(0, k + 1, (batch,), generator=g),
-        "generator": torch.Generator().manual_seed(seed + 1),
-    }
-    one_hot = draw(st.booleans())
-    return target, None if one_hot else draft, tokens, params
 
 
 def _check_layout(out, tokens, num_draft, vocab):
@@ -62,24 +25,22 @@ def _check_layout(out, tokens, num_draft, vocab):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(verify_inputs())
+@given(extreme_verify_inputs())
 def test_eager_layout_and_range(inputs):
-    target, draft, tokens, params = inputs
+    target, draft, tokens, params, seed = inputs
     for backend in [b for b in specdec_ext.available_backends("cpu") if b != "triton"]:
-        params["generator"].manual_seed(5)
-        out = specdec_ext.verify(target, draft, tokens, backend=backend, **params)
+        out = specdec_ext.verify(target, draft, tokens, backend=backend, generator=torch.Generator().manual_seed(seed), **params)
         _check_layout(out, tokens, params["num_draft_tokens"], target.shape[-1])
 
 
 @pytest.mark.skipif("triton" not in specdec_ext.available_backends("cpu"), reason="triton is not installed")
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(verify_inputs(max_vocab=24))
+@given(extreme_verify_inputs(max_vocab=24))
 def test_triton_matches_eager_on_extreme_inputs(inputs):
-    target, draft, tokens, params = inputs
+    target, draft, tokens, params, seed = inputs
     outs = []
     for backend in ("triton", "eager"):
-        params["generator"].manual_seed(9)
-        outs.append(specdec_ext.verify(target, draft, tokens, backend=backend, **params))
+        outs.append(specdec_ext.verify(target, draft, tokens, backend=backend, generator=torch.Generator().manual_seed(seed), **params))
     _check_layout(outs[0], tokens, params["num_draft_tokens"], target.shape[-1])
     assert torch.equal(outs[0].tokens, outs[1].tokens) and torch.equal(outs[0].num_accepted, outs[1].num_accepted)
 
