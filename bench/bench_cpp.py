@@ -101,8 +101,8 @@ def methods(target, draft, drafts) -> dict[str, Callable[[], object]]:
                     _params.validate_verify(target, draft, drafts, temperature=1.0, top_k=None, top_p=None, num_draft_tokens=None, generator=None, check=False),
                     draw_seed(None, target.device),
                 ),
-                "kernel": lambda: _cpp_backend._C.verify(*kernel_args, draw_seed(None, target.device)),
-                "kernel-op": lambda: op(*kernel_args, draw_seed(None, target.device)),
+                "kernel": lambda: _cpp_backend._C.verify(*kernel_args, draw_seed(None, target.device), False),
+                "kernel-op": lambda: op(*kernel_args, draw_seed(None, target.device), False),
             }
         )
         # The same kernel call with each fixed way of spreading work over threads (csrc/verify.cpp).
@@ -112,7 +112,7 @@ def methods(target, draft, drafts) -> dict[str, Callable[[], object]]:
             def call():
                 _cpp_backend._C.set_scheduler(name)
                 try:
-                    return _cpp_backend._C.verify(*kernel_args, draw_seed(None, target.device))
+                    return _cpp_backend._C.verify(*kernel_args, draw_seed(None, target.device), False)
                 finally:
                     _cpp_backend._C.set_scheduler(used)
 

@@ -9,7 +9,10 @@
 //   work follows the accepted prefix instead of K;
 // * the exponential race for the corrected / bonus token of each finished row, in fixed
 //   vocabulary chunks (or over the kept ids of a filtered line), sharing a pass with the
-//   validity scan of the lines no row reached (a bad value anywhere a row looks blanks the row).
+//   validity scan of the lines no row reached, when `check` asks for every line up to n_b to be
+//   validated. Without it those lines are never read: a row is blanked only for a bad value in a
+//   line its verification reads (target and draft lines up to the first rejection; a greedy row
+//   reads target lines only).
 //
 // Chunk boundaries never depend on the number of threads and partial results are combined in
 // chunk order, so the tokens are the same for any thread count. Work is handed out dynamically
@@ -628,7 +631,7 @@ struct Item {
 
 std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, const std::optional<at::Tensor>& draft_opt, const at::Tensor& tokens,
                                                const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-                                               const at::Tensor& num_draft, const at::Tensor& seed) {
+                                               const at::Tensor& num_draft, const at::Tensor& seed, bool check) {
   TORCH_CHECK(target_in.dim() == 3, "specdec: target_logits must be (B, K+1, V), got ", target_in.sizes());
   TORCH_CHECK(target_in.device().is_cpu(), "specdec: the C++ kernel needs CPU tensors");
   const int64_t batch = target_in.size(0), length = target_in.size(1), vocab = target_in.size(2);
@@ -741,11 +744,11 @@ std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, cons
   std::vector<uint32_t> shared_best(batch, 0);  // see RaceArgs::shared_best
 
   // The work runs in regions (one parallel pass each). The first reads position 0 of every row
-  // (and every line of a greedy row); each later one reads the next position of the rows still
-  // accepting, races the rows that just finished, and reads the lines no row will reach, only
-  // for the validity check (a bad value anywhere a row looks makes the row invalid). So the
-  // memory-bound scans share a pass with compute-bound races, and the exp work follows the
-  // accepted prefix instead of K. Every line is read exactly once.
+  // (and every target line of a greedy row); each later one reads the next position of the rows
+  // still accepting, races the rows that just finished and, with `check`, reads the lines no row
+  // will reach, only for the validity check (a bad value anywhere a row looks makes the row
+  // invalid; the memory-bound scans then share a pass with compute-bound races). The exp work
+  // follows the accepted prefix instead of K. Every line is read at most once.
   std::vector<Item> region;
   std::vector<int64_t> region_lines;
   int64_t region_work = 0;
@@ -812,13 +815,14 @@ std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, cons
       k.race(&a, chunk * kChunk, std::min(kChunk, vocab - chunk * kChunk), best);
     }
   };
-  // Rows that still need a line read have it scheduled; the rest of a finished row is scanned.
+  // The lines of a finished row that the verification did not read: scanned for the validity
+  // check only. A greedy row reads its target lines (argmax) and, with `check`, its draft lines.
   auto schedule_rest = [&](int64_t b) {
     const Row& r = rows[b];
     for (int64_t pos = 0; pos <= r.num_draft; ++pos) {
       if (!target_line(b, pos).done) add_line(target_index(b, pos), true);
     }
-    for (int64_t pos = 0; has_draft && pos < r.num_draft; ++pos) {
+    for (int64_t pos = 0; check && has_draft && pos < r.num_draft; ++pos) {
       if (!draft_line(b, pos).done) add_line(draft_index(b, pos), true);
     }
   };
@@ -886,21 +890,27 @@ std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, cons
         if (has_draft && j + 1 < r.num_draft) add_line(draft_index(b, j + 1), false);
       } else {
         add_race(b);
-        schedule_rest(b);
+        if (check) schedule_rest(b);
       }
     }
     active.resize(still);
   }
 
-  // Validity over every line a row uses, greedy rows' tokens, and the races' winners.
+  // Validity (every line up to n_b with `check`; otherwise the lines read, which a non-greedy row's
+  // walk already checked), greedy rows' tokens, and the races' winners. (Lines never read are
+  // not `bad`.)
   for (int64_t b = 0; b < batch; ++b) {
     Row& r = rows[b];
     if (r.bad) continue;
-    for (int64_t pos = 0; pos <= r.num_draft && !r.bad; ++pos) r.bad = target_line(b, pos).bad;
-    for (int64_t pos = 0; has_draft && pos < r.num_draft && !r.bad; ++pos) r.bad = draft_line(b, pos).bad;
+    if (check || !r.greedy) {
+      for (int64_t pos = 0; pos <= r.num_draft && !r.bad; ++pos) r.bad = target_line(b, pos).bad;
+      for (int64_t pos = 0; has_draft && pos < r.num_draft && !r.bad; ++pos) r.bad = draft_line(b, pos).bad;
+    }
     if (r.bad || !r.greedy) continue;
+    // The greedy walk stops at a bad line: it blanks the row, with or without `check`.
     int64_t j = 0;
-    while (j < r.num_draft && clamp_token(token_at(b, j)) == target_line(b, j).argmax) ++j;
+    while (j < r.num_draft && !target_line(b, j).bad && clamp_token(token_at(b, j)) == target_line(b, j).argmax) ++j;
+    r.bad = target_line(b, j).bad;
     r.accepted = j;
     r.winner = target_line(b, j).argmax;
   }
@@ -943,8 +953,8 @@ std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, cons
 
 std::tuple<at::Tensor, at::Tensor> verify_cpu(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits,
                                               const at::Tensor& draft_tokens, const at::Tensor& temperature, const at::Tensor& top_k,
-                                              const at::Tensor& top_p, const at::Tensor& num_draft_tokens, const at::Tensor& seed) {
-  return verify_impl(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens, seed);
+                                              const at::Tensor& top_p, const at::Tensor& num_draft_tokens, const at::Tensor& seed, bool check) {
+  return verify_impl(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens, seed, check);
 }
 
 // sample = verify with K = 0 (the bonus draw), so both share one stream.
@@ -953,7 +963,7 @@ at::Tensor sample_cpu(const at::Tensor& logits, const at::Tensor& temperature, c
   const int64_t batch = logits.size(0);
   const at::Tensor no_drafts = at::empty({batch, 0}, logits.options().dtype(at::kLong));
   const at::Tensor zeros = at::zeros({batch}, logits.options().dtype(at::kLong));
-  auto result = verify_impl(logits.unsqueeze(1), std::nullopt, no_drafts, temperature, top_k, top_p, zeros, seed);
+  auto result = verify_impl(logits.unsqueeze(1), std::nullopt, no_drafts, temperature, top_k, top_p, zeros, seed, /*check=*/true);
   return std::get<0>(result).select(1, 0);
 }
 
@@ -966,7 +976,7 @@ TORCH_LIBRARY(specdec, m) {
   m.set_python_module("specdec_ext.ops");
   m.def(
       "verify(Tensor target_logits, Tensor? draft_logits, Tensor draft_tokens, Tensor temperature, Tensor top_k, Tensor top_p, "
-      "Tensor num_draft_tokens, Tensor seed) -> (Tensor, Tensor)");
+      "Tensor num_draft_tokens, Tensor seed, bool check=True) -> (Tensor, Tensor)");
   m.def("sample(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed) -> Tensor");
 }
 
@@ -977,7 +987,9 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "specdec_ext C++ CPU kernel";
-  m.def("verify", &specdec::verify_cpu, "Fused verification: (tokens (B, K+1) int64, num_accepted (B,) int64)");
+  m.def("verify", &specdec::verify_cpu, "Fused verification: (tokens (B, K+1) int64, num_accepted (B,) int64)", pybind11::arg("target_logits"),
+        pybind11::arg("draft_logits"), pybind11::arg("draft_tokens"), pybind11::arg("temperature"), pybind11::arg("top_k"), pybind11::arg("top_p"),
+        pybind11::arg("num_draft_tokens"), pybind11::arg("seed"), pybind11::arg("check") = true);
   m.def("sample", &specdec::sample_cpu, "One token per row (verify with K = 0)");
   m.def("isa", &specdec::isa, "The instruction-set variant in use");
   m.def("set_isa", &specdec::set_isa, "Pin a variant ('auto', 'avx512', 'avx2', 'base'); False if this CPU lacks it");

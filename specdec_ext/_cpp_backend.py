@@ -41,7 +41,7 @@ def verify(args: VerifyArgs, seed: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     """Fused verification of a validated call; returns (tokens (B, K+1) int64, num_accepted (B,) int64)."""
     if _C is None:
         raise RuntimeError(f"specdec_ext: the C++ backend is unavailable: {unavailable_reason()}")
-    return _C.verify(args.target_logits, args.draft_logits, args.draft_tokens, args.temperature, args.top_k, args.top_p, args.num_draft_tokens, seed)
+    return _C.verify(args.target_logits, args.draft_logits, args.draft_tokens, args.temperature, args.top_k, args.top_p, args.num_draft_tokens, seed, args.check)
 
 
 def isa() -> str:

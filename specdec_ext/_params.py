@@ -6,7 +6,7 @@ backend never has to look at Python scalars or guess defaults.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -15,8 +15,7 @@ TOKEN_DTYPES = (torch.int32, torch.int64)
 BACKENDS = ("auto", "triton", "cpp", "eager")
 
 
-@dataclass(frozen=True)
-class VerifyArgs:
+class VerifyArgs(NamedTuple):
     """A validated verification call. Tensors live on ``target_logits.device``."""
 
     target_logits: torch.Tensor  # (B, K+1, V), float32 / bfloat16 / float16, untouched
@@ -47,6 +46,35 @@ class VerifyArgs:
         return self.draft_logits.shape[2] if self.draft_logits is not None else self.vocab
 
 
+_CONSTANT_ROWS: dict[tuple, torch.Tensor] = {}
+_CONSTANT_ROWS_LIMIT = 64
+_SCALAR_ROWS: dict[tuple, tuple] = {}  # (temperature, top_k, top_p, B, K, device) -> per-row tensors and `filtered`
+_NUMBER_TYPES = (float, int, type(None))  # bool excluded: it is rejected as a parameter
+_INT_TYPES = (int, type(None))
+
+
+def constant_rows(value, batch: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A (B,) tensor filled with ``value``, shared between calls (the backends only read it).
+
+    Building it costs more than the fused kernel at small shapes (a fill per parameter and call, a
+    kernel launch each on CUDA), so it is kept, one per (value, B, dtype, device, CUDA stream, so a
+    stream never reads a fill still queued on another). Not while torch.compile traces or a CUDA
+    graph is being captured: there a fresh tensor belongs to the graph.
+    """
+    if torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return torch.full((batch,), value, dtype=dtype, device=device)
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (value, type(value), batch, dtype, device, stream)
+    rows = _CONSTANT_ROWS.get(key)
+    if rows is None:
+        if len(_CONSTANT_ROWS) >= _CONSTANT_ROWS_LIMIT:
+            _CONSTANT_ROWS.clear()
+        with torch.inference_mode(False):  # a normal tensor, usable in and out of inference mode
+            rows = torch.full((batch,), value, dtype=dtype, device=device)
+        _CONSTANT_ROWS[key] = rows
+    return rows
+
+
 def _per_row(value, name: str, batch: int, device: torch.device, dtype: torch.dtype, default) -> tuple[torch.Tensor, bool]:
     """Broadcast a scalar or (B,) tensor argument to a (B,) tensor; report whether it was a tensor."""
     if value is None:
@@ -63,7 +91,7 @@ def _per_row(value, name: str, batch: int, device: torch.device, dtype: torch.dt
         raise ValueError(f"{name} must be a number or a tensor, got {type(value).__name__}")
     if not dtype.is_floating_point and not isinstance(value, int):
         raise ValueError(f"{name} must be an integer, got {value!r}")
-    return torch.full((batch,), value, dtype=dtype, device=device), False
+    return constant_rows(value, batch, dtype, device), False
 
 
 def _check_scalar_params(temperature, top_k, top_p) -> None:
@@ -122,12 +150,30 @@ def validate_verify(target_logits, draft_logits, draft_tokens, *, temperature, t
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
 
+    if num_draft_tokens is None and device.type == "cpu" and type(temperature) in _NUMBER_TYPES and type(top_k) in _INT_TYPES and type(top_p) in _NUMBER_TYPES:
+        # The common call (scalar parameters) in one lookup: validation costs more than the kernel
+        # at small shapes. Values are checked once, when the key is first seen.
+        key = (temperature, top_k, top_p, batch, num_positions, device)
+        rows = _SCALAR_ROWS.get(key)
+        if rows is None or torch.compiler.is_compiling():
+            _check_scalar_params(temperature, top_k, top_p)
+            rows = (
+                constant_rows(1.0 if temperature is None else float(temperature), batch, torch.float32, device), constant_rows(top_k or 0, batch, torch.int64, device),
+                constant_rows(1.0 if top_p is None else float(top_p), batch, torch.float32, device), constant_rows(num_positions, batch, torch.int64, device),
+                bool(top_k) or (top_p is not None and top_p < 1),
+            )
+            if len(_SCALAR_ROWS) >= _CONSTANT_ROWS_LIMIT:
+                _SCALAR_ROWS.clear()
+            if not torch.compiler.is_compiling():
+                _SCALAR_ROWS[key] = rows
+        return VerifyArgs(target_logits, draft_logits, draft_tokens, *rows[:4], generator, check, rows[4])
+
     _check_scalar_params(temperature, top_k, top_p)
     temperature_t, temperature_is_tensor = _per_row(temperature, "temperature", batch, device, torch.float32, 1.0)
     top_k_t, top_k_is_tensor = _per_row(top_k, "top_k", batch, device, torch.int64, 0)
     top_p_t, top_p_is_tensor = _per_row(top_p, "top_p", batch, device, torch.float32, 1.0)
     if num_draft_tokens is None:
-        num_draft_t = torch.full((batch,), num_positions, dtype=torch.int64, device=device)
+        num_draft_t = constant_rows(num_positions, batch, torch.int64, device)
         num_draft_is_tensor = False
     else:
         if isinstance(num_draft_tokens, (list, tuple)):
@@ -177,17 +223,25 @@ def raise_for_bad_rows(args: VerifyArgs, blanked: torch.Tensor) -> None:
     raise ValueError(f"target_logits: row {row} could not be verified (non-finite values after temperature and filtering)")
 
 
-def row_problems(args: VerifyArgs) -> list[tuple[str, torch.Tensor, str]]:
+def row_problems(args: VerifyArgs, reached: torch.Tensor | None = None) -> list[tuple[str, torch.Tensor, str]]:
     """(argument, (B,) bad-row mask, description) for every value problem, at the positions a row uses.
 
     Used by the check (to raise) and by the eager backend with ``check=False`` (to blank the row).
     One max per logits line finds all of NaN (max is NaN), +inf (max is +inf) and an empty line
     (max is -inf); dividing that max by the temperature finds overflow of the scaled logits.
+
+    ``reached``: (B,) position j where each row's acceptance walk stopped (its first rejection, or
+    n_b). Given, only the lines the verification reads count: target and draft lines at positions
+    <= j, and no draft line of a greedy row. Draft ids are checked at every position < n_b either way.
     """
     num_positions = args.num_positions
     positions = torch.arange(num_positions + 1, device=args.target_logits.device)
     target_used = positions[None, :] <= args.num_draft_tokens[:, None]  # (B, K+1)
-    draft_used = target_used[:, 1:] if num_positions else target_used[:, :0]  # position k < n_b
+    token_used = target_used[:, 1:] if num_positions else target_used[:, :0]  # position k < n_b
+    draft_used = token_used
+    if reached is not None:
+        target_used = target_used & (positions[None, :] <= reached[:, None])
+        draft_used = target_used[:, :-1] & token_used & (args.temperature > 0)[:, None]
 
     def line_problems(logits: torch.Tensor, used: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         line_max = logits.amax(dim=2).float()  # (B, L)
@@ -213,16 +267,17 @@ def row_problems(args: VerifyArgs) -> list[tuple[str, torch.Tensor, str]]:
         ]
     if num_positions:
         tokens = args.draft_tokens
-        out_of_range = ((tokens < 0) | (tokens >= args.draft_vocab)) & draft_used
+        out_of_range = ((tokens < 0) | (tokens >= args.draft_vocab)) & token_used
         problems.append(("draft_tokens", out_of_range.any(1), f"holds an id outside [0, {args.draft_vocab})"))
     return problems
 
 
-def invalid_rows(args: VerifyArgs) -> torch.Tensor:
-    """(B,) bool: rows that ``check=True`` would reject (or bad parameter values)."""
+def invalid_rows(args: VerifyArgs, reached: torch.Tensor | None = None) -> torch.Tensor:
+    """(B,) bool: rows that ``check=True`` would reject (or bad parameter values); with ``reached``,
+    only bad values in the lines the verification reads count (see :func:`row_problems`)."""
     bad = ~(args.temperature >= 0) | torch.isinf(args.temperature) | (args.top_k < 0)
     bad |= ~((args.top_p > 0) & (args.top_p <= 1))
     bad |= (args.num_draft_tokens < 0) | (args.num_draft_tokens > args.num_positions)
-    for _, mask, _ in row_problems(args):
+    for _, mask, _ in row_problems(args, reached):
         bad |= mask
     return bad

@@ -37,7 +37,7 @@ def draw_seed(generator: torch.Generator | None, device: torch.device) -> torch.
     """Draw the per-call Philox key as a (1,) int64 tensor on ``device``, without a host sync."""
     gen_device = generator.device if generator is not None else device
     seed = torch.randint(0, _SEED_BOUND, (1,), generator=generator, device=gen_device, dtype=torch.int64)
-    return seed.to(device, non_blocking=True)
+    return seed if gen_device == device else seed.to(device, non_blocking=True)
 
 
 def _mul_hi_lo(a: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:

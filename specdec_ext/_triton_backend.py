@@ -129,7 +129,7 @@ def verify(args: VerifyArgs, seed: torch.Tensor, num_chunks: int | None = None, 
         t_max, t_sum, t_argval, t_arg, t_bad, d_max, d_sum, d_bad,
         race_val, race_idx, bonus_val, bonus_idx, num_accepted, invalid,
         num_positions, vocab, draft_vocab, target.stride(0), target.stride(1), *d_strides, tok_stride,
-        chunk_size, num_chunks, HAS_DRAFT=has_draft, CHUNKS_POW2=chunks_pow2, BLOCK=block,
+        chunk_size, num_chunks, HAS_DRAFT=has_draft, CHECK_ALL_LINES=args.check, CHUNKS_POW2=chunks_pow2, BLOCK=block,
     )
     k.finalize_kernel[(batch,)](
         tokens, args.num_draft_tokens, args.temperature, t_argval, t_arg,

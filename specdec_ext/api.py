@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import _params
+from . import _cpp_backend, _params
 from ._philox import draw_seed
 from .reference import verify_eager
 
@@ -34,8 +34,6 @@ def _triton_usable(device: torch.device) -> bool:
 
 
 def _cpp_usable(device: torch.device) -> bool:
-    from . import _cpp_backend
-
     return device.type == "cpu" and _cpp_backend.is_available()
 
 
@@ -62,6 +60,8 @@ _warned_fallback = False
 
 def _resolve_backend(backend: str, device: torch.device) -> str:
     global _warned_fallback
+    if backend in ("auto", "cpp") and device.type == "cpu" and _cpp_backend.is_available():
+        return "cpp"  # the common CPU call, first
     if backend not in _params.BACKENDS:
         raise ValueError(f"backend must be one of {_params.BACKENDS}, got {backend!r}")
     if backend == "auto":
@@ -72,8 +72,6 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
         # (Not while torch.compile traces: a warning there breaks the graph; eager calls still warn.)
         if device.type == "cpu" and not _warned_fallback and not torch.compiler.is_compiling():
             _warned_fallback = True
-            from . import _cpp_backend
-
             warnings.warn(f"specdec_ext: the C++ CPU kernel is unavailable ({_cpp_backend.unavailable_reason()}); using the slower eager backend", RuntimeWarning, stacklevel=3)
         return "eager"
     if backend == "triton" and not _triton_usable(device):
@@ -121,9 +119,12 @@ def verify(
         backend: "auto" | "triton" | "cpp" | "eager". auto: triton for CUDA tensors, cpp for CPU
             tensors where the extension is built, else eager.
         check: validate values (NaN / +inf logits, empty rows, out-of-range ids, parameter ranges)
-            and raise ValueError naming the argument and the first bad row. ``check=False`` skips
-            these checks and every host sync (CUDA-graph capturable); an invalid row then gets
-            num_accepted 0 and tokens all -1, never an out-of-range id.
+            in every line up to each row's n_b and raise ValueError naming the argument and the
+            first bad row. ``check=False`` raises nothing and makes no host sync (CUDA-graph
+            capturable): a row with a bad value in a line its verification reads (target and draft
+            lines up to its first rejection; greedy rows read no draft line), an out-of-range draft
+            id or a bad parameter gets num_accepted 0 and tokens all -1, never an out-of-range id.
+            Lines after the first rejection cannot change the tokens and are not read at all.
 
     Returns:
         VerifyResult(tokens (B, K+1) int64 padded with -1, num_accepted (B,) int64).
@@ -155,16 +156,18 @@ def verify(
 
         tokens, num_accepted = _triton_backend.verify(args, seed)
     elif chosen == "cpp":
-        from . import _cpp_backend
-
         tokens, num_accepted = _cpp_backend.verify(args, seed)
     else:
         tokens, num_accepted = verify_eager(args, seed)
     if check and tokens.shape[0]:
-        # Every valid row emits at least one token: a blanked row means bad values (one host sync).
-        blanked = tokens[:, 0] < 0
-        if bool(blanked.any()):
-            _params.raise_for_bad_rows(args, blanked)
+        # Every valid row emits at least one token: a blanked row means bad values (one host sync;
+        # on CPU, through NumPy, which reads the column for a fraction of torch's dispatch cost).
+        if tokens.device.type == "cpu" and not torch.compiler.is_compiling():
+            any_blanked = tokens.numpy()[:, 0].min() < 0
+        else:
+            any_blanked = bool((tokens[:, 0] < 0).any())
+        if any_blanked:
+            _params.raise_for_bad_rows(args, tokens[:, 0] < 0)
     return VerifyResult(tokens, num_accepted)
 
 

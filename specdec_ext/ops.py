@@ -3,7 +3,11 @@
 Schemas (all parameters already normalised to per-row tensors, as in :class:`~specdec_ext._params.VerifyArgs`)::
 
     specdec::verify(Tensor target_logits, Tensor? draft_logits, Tensor draft_tokens, Tensor temperature,
-                    Tensor top_k, Tensor top_p, Tensor num_draft_tokens, Tensor seed) -> (Tensor, Tensor)
+                    Tensor top_k, Tensor top_p, Tensor num_draft_tokens, Tensor seed,
+                    bool check=True) -> (Tensor, Tensor)
+
+``check``: True blanks a row (tokens -1) for a bad value in any line up to its n_b, False only
+for a bad value in a line its verification reads (the lines after the first rejection are not read).
     specdec::sample(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed) -> Tensor
 
 Kernels: CPU -> the C++ kernel (``specdec_ext._C``, which defines the schemas in C++ so compiled
@@ -26,29 +30,29 @@ from ._params import VerifyArgs
 
 VERIFY_SCHEMA = (
     "verify(Tensor target_logits, Tensor? draft_logits, Tensor draft_tokens, Tensor temperature, Tensor top_k, Tensor top_p, "
-    "Tensor num_draft_tokens, Tensor seed) -> (Tensor, Tensor)"
+    "Tensor num_draft_tokens, Tensor seed, bool check=True) -> (Tensor, Tensor)"
 )
 SAMPLE_SCHEMA = "sample(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed) -> Tensor"
 
 
-def _args(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens) -> VerifyArgs:
+def _args(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens, check) -> VerifyArgs:
     """A VerifyArgs for the Python backends (``.to`` is free when the dtype already matches)."""
     return VerifyArgs(
         target_logits, draft_logits, draft_tokens, temperature.to(torch.float32), top_k.to(torch.int64), top_p.to(torch.float32),
-        num_draft_tokens.to(torch.int64), generator=None, check=False,
+        num_draft_tokens.to(torch.int64), generator=None, check=check,
     )
 
 
-def _verify_eager(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens, seed):
+def _verify_eager(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens, seed, check=True):
     from .reference import verify_eager
 
-    return verify_eager(_args(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens), seed)
+    return verify_eager(_args(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens, check), seed)
 
 
-def _verify_triton(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens, seed):
+def _verify_triton(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens, seed, check=True):
     from . import _triton_backend
 
-    return _triton_backend.verify(_args(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens), seed)
+    return _triton_backend.verify(_args(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens, check), seed)
 
 
 def _sample_with(verify_kernel):
@@ -64,7 +68,7 @@ def _sample_with(verify_kernel):
     return sample_kernel
 
 
-def _verify_fake(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens, seed):
+def _verify_fake(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens, seed, check=True):
     batch, length, _ = target_logits.shape
     return target_logits.new_empty((batch, length), dtype=torch.int64), target_logits.new_empty((batch,), dtype=torch.int64)
 
@@ -98,4 +102,6 @@ torch.library.register_fake("specdec::sample", _sample_fake, lib=_lib)
 
 def verify(args: VerifyArgs, seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Run a validated call through ``torch.ops.specdec.verify`` (the path compiled graphs take)."""
-    return torch.ops.specdec.verify(args.target_logits, args.draft_logits, args.draft_tokens, args.temperature, args.top_k, args.top_p, args.num_draft_tokens, seed)
+    return torch.ops.specdec.verify(
+        args.target_logits, args.draft_logits, args.draft_tokens, args.temperature, args.top_k, args.top_p, args.num_draft_tokens, seed, args.check
+    )

@@ -22,6 +22,12 @@ Verification (modified rejection sampling) then, for each row, with draft token 
   exponential race: a draw from r normalised) where ``r = max(p - q, 0)`` after a rejection and
   ``r = p`` for the bonus token. If the residual is zero everywhere (p equals q up to rounding)
   the race runs on p instead. Greedy rows emit the target's argmax (lowest index on ties).
+
+Invalid rows (NaN / +inf logits, an empty line, overflow of logits / temperature, out-of-range
+draft ids, bad parameters) get num_accepted 0 and tokens -1. With ``check=True`` every line up to
+n_b is validated (and :func:`specdec_ext.verify` raises); with ``check=False`` only the lines the
+verification reads count: target and draft lines at positions up to the first rejection (a greedy
+row reads no draft line), so the fused backends never read the lines after it.
 """
 
 from __future__ import annotations
@@ -149,7 +155,9 @@ def verify_eager(args: VerifyArgs, seed: torch.Tensor) -> tuple[torch.Tensor, to
     out = torch.full((batch, num_positions + 1), -1, dtype=torch.int64, device=device)
     out[:, :num_positions] = torch.where(positions[None, :] < num_accepted[:, None], tokens, -1)
     out.scatter_(1, j[:, None], winner[:, None])
-    bad = invalid_rows(args)
+    # check=False reads only the lines up to each row's first rejection: bad values further on
+    # cannot change its tokens and do not blank it (check=True validates every line up to n_b).
+    bad = invalid_rows(args, reached=None if args.check else j)
     out = torch.where(bad[:, None], -1, out)
     num_accepted = torch.where(bad, 0, num_accepted)
     return out, num_accepted

@@ -180,9 +180,11 @@ def test_identity_invalid_rows_without_check(dtype):
     temperature = torch.ones(batch)
     top_p = torch.ones(batch)
     num_draft = torch.full((batch,), k)
-    target[1, 2, 17] = float("nan")
+    # Position 0 is read by every row; later lines only up to the first rejection (tested in
+    # test_validation.py::test_check_false_reads_lines_up_to_the_first_rejection).
+    target[1, 0, 17] = float("nan")
     target[2, 0, 5] = float("inf")
-    target[3, 1] = float("-inf")  # an empty line
+    target[3, 0] = float("-inf")  # an empty line
     draft[4, 0, 3] = float("nan")
     tokens[5, 1] = vocab + 5
     tokens[6, 0] = -1

@@ -99,3 +99,72 @@ def test_check_false_never_raises_on_values_and_blanks_rows():
     out = specdec_ext.verify(target, draft, tokens, check=False, backend="eager")
     assert (out.tokens[1] == -1).all() and out.num_accepted[1] == 0
     assert (out.tokens[0] >= 0).sum() == out.num_accepted[0] + 1
+
+
+def _lazy_backends() -> list[str]:
+    return [b for b in ("eager", "cpp", "triton") if b in specdec_ext.available_backends("cpu")]
+
+
+@pytest.mark.parametrize("backend", _lazy_backends())
+def test_check_false_reads_lines_up_to_the_first_rejection(backend):
+    """check=False blanks a row only for a bad line its verification reads; further lines cannot
+    change its tokens. The oracle is the clean call: a spoiled line past a row's stopping point j
+    leaves the row exactly as it was, a spoiled line at or before j blanks it. check=True raises
+    for every spoiled line up to n_b."""
+    batch, k, vocab = 6, 4, 300
+    g = torch.Generator().manual_seed(11)
+    target = torch.randn(batch, k + 1, vocab, generator=g) * 2
+    draft = target[:, :k] + 0.7 * torch.randn(batch, k, vocab, generator=g)
+    tokens = torch.multinomial(draft.softmax(-1).reshape(-1, vocab), 1, generator=g).reshape(batch, k)
+    temperature = torch.tensor([1.0, 1.0, 0.8, 1.0, 0.0, 0.0])  # rows 4-5 greedy
+    tokens[4] = target[4, :k].argmax(-1)  # a greedy row that accepts everything
+    tokens[5, 1:] = target[5, 1:k].argmax(-1)  # and one that stops at position 0 (most likely)
+
+    def run(t, d, check):
+        return specdec_ext.verify(t, d, tokens, temperature=temperature, generator=torch.Generator().manual_seed(5), backend=backend, check=check)
+
+    clean = run(target, draft, False)
+    stops = clean.num_accepted.tolist()
+    assert len(set(stops)) > 1 and 0 < max(stops[:4])  # rows stop at different positions
+    values = (float("nan"), "empty") if backend == "triton" else (float("nan"), float("inf"), "empty")  # (the interpreter is slow)
+    spoils = [(line, position, value) for position in range(k + 1) for line in ("target", "draft") for value in values]
+    for line, position, value in spoils:
+        if line == "draft" and position == k:
+            continue
+        t, d = target.clone(), draft.clone()
+        spoiled = t if line == "target" else d
+        if value == "empty":
+            spoiled[:, position] = float("-inf")
+        else:
+            spoiled[:, position, 7] = value
+        out = run(t, d, False)
+        for row in range(batch):
+            greedy = float(temperature[row]) == 0
+            read = position <= stops[row] and not (line == "draft" and greedy)
+            if read:
+                assert (out.tokens[row] == -1).all() and int(out.num_accepted[row]) == 0, (line, position, value, row)
+            else:
+                assert torch.equal(out.tokens[row], clean.tokens[row]) and int(out.num_accepted[row]) == stops[row], (line, position, value, row)
+        with pytest.raises(ValueError, match=f"^{line}_logits: row 0 "):
+            run(t, d, True)
+
+
+def test_scalar_parameters_take_the_cached_path_with_the_same_results():
+    """Scalar parameters reuse cached per-row tensors: bad values still raise on every call, and the
+    results equal those of explicit per-row tensors."""
+    target, draft, tokens = _inputs()
+    for _ in range(2):
+        with pytest.raises(ValueError, match="temperature must be a finite number"):
+            specdec_ext.verify(target, draft, tokens, temperature=-1.0)
+        with pytest.raises(ValueError, match="top_p must lie in"):
+            specdec_ext.verify(target, draft, tokens, top_p=1.5)
+    for backend in specdec_ext.available_backends("cpu"):
+        for params in ({}, {"temperature": 0.7, "top_k": 3}, {"temperature": 0, "top_p": 0.9}, {"top_k": 0, "top_p": None}):
+            per_row = {name: torch.tensor([value] * B) for name, value in params.items() if value is not None}
+            for _ in range(2):  # the second call finds the cached tensors
+                a = specdec_ext.verify(target, draft, tokens, generator=torch.Generator().manual_seed(1), backend=backend, **params)
+                b = specdec_ext.verify(target, draft, tokens, generator=torch.Generator().manual_seed(1), backend=backend, **per_row)
+                assert torch.equal(a.tokens, b.tokens) and torch.equal(a.num_accepted, b.num_accepted), (backend, params)
+    args = specdec_ext._params.validate_verify(target, draft, tokens, temperature=0.7, top_k=3, top_p=None, num_draft_tokens=None, generator=None, check=True)
+    assert args.temperature.tolist() == pytest.approx([0.7] * B) and args.top_k.tolist() == [3] * B
+    assert args.top_p.tolist() == [1.0] * B and args.num_draft_tokens.tolist() == [K] * B and args.filtered

@@ -158,6 +158,7 @@ def race_kernel(
     chunk_size,
     num_chunks,
     HAS_DRAFT: tl.constexpr,
+    CHECK_ALL_LINES: tl.constexpr,  # blank for a bad value in any line up to n_b, not only the lines the walk reads
     CHUNKS_POW2: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -172,7 +173,9 @@ def race_kernel(
     t_row = target_ptr + row.to(tl.int64) * t_stride_b
     d_row = draft_ptr + row.to(tl.int64) * d_stride_b
 
-    # Acceptance walk: every used line is also checked for bad values, accepted or not.
+    # Acceptance walk. A line the walk reads (positions up to the first rejection; a greedy row reads
+    # no draft line) blanks the row when it holds a bad value; with CHECK_ALL_LINES every used line
+    # does. Out-of-range draft ids always do.
     alive = 1
     num_accepted = 0
     invalid = 0
@@ -185,23 +188,32 @@ def race_kernel(
         t_maxv, t_norm, t_bad = _combine_line(t_max_ptr, t_sum_ptr, t_bad_ptr, t_line, num_chunks, CHUNKS_POW2)
         s = tl.load(t_row + k * t_stride_k + token).to(tl.float32) / scale
         p = _prob(s, t_maxv, t_norm, tl.load(tau_t_ptr + t_line))
-        line_bad = t_bad | token_bad
+        line_bad = t_bad
         if HAS_DRAFT:
             d_line = row * K + k
             d_maxv, d_norm, d_bad = _combine_line(d_max_ptr, d_sum_ptr, d_bad_ptr, d_line, num_chunks, CHUNKS_POW2)
             d = tl.load(d_row + k * d_stride_k + token).to(tl.float32) / scale
             q = _prob(d, d_maxv, d_norm, tl.load(tau_d_ptr + d_line))
-            line_bad = line_bad | d_bad
+            if CHECK_ALL_LINES:
+                line_bad = line_bad | d_bad
+            else:
+                line_bad = line_bad | (d_bad & ~greedy)
         else:
             q = 1.0
         coin = open_uniform(seed, 0, k, row, ACCEPT_STREAM)
         target_argmax = _combine_argmax(t_argval_ptr, t_arg_ptr, t_line, num_chunks, CHUNKS_POW2)
         accept = tl.where(greedy, token == target_argmax, coin * q < p)
-        invalid = invalid | (used & line_bad).to(tl.int32)
+        if CHECK_ALL_LINES:
+            read = used
+        else:
+            read = used & (alive != 0)
+        invalid = invalid | (used & token_bad).to(tl.int32) | (read & line_bad).to(tl.int32)
         alive = alive & (used & accept).to(tl.int32)
         num_accepted += alive
     bonus_line = row * (K + 1) + num_draft
     _, _, bonus_bad = _combine_line(t_max_ptr, t_sum_ptr, t_bad_ptr, bonus_line, num_chunks, CHUNKS_POW2)
+    if not CHECK_ALL_LINES:
+        bonus_bad = bonus_bad & (num_accepted == num_draft)  # read only when every draft was accepted
     invalid = invalid | bonus_bad.to(tl.int32) | (requested != num_draft).to(tl.int32)
     if chunk == 0:
         tl.store(num_accepted_ptr + row, num_accepted.to(tl.int64))
