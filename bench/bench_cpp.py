@@ -21,7 +21,9 @@ way in the same rounds. Python's cyclic GC is off while timing (as in ``timeit``
 tenth round, untimed.
 
 Rows: ``cpp`` is the default path, ``specdec_ext.verify(..., backend="cpp", check=False)``, which
-calls the extension directly; ``cpp-op`` does the same argument handling and then goes through
+calls the extension directly; ``cpp-check`` is the same call with ``check=True`` (every line up to
+n_b validated, including the lines after the first rejection that ``check=False`` never reads, and one
+look at the result for blanked rows); ``cpp-op`` does the same argument handling and then goes through
 ``torch.ops.specdec.verify`` (the path compiled graphs use); ``kernel`` / ``kernel-op`` call the
 extension / the op on prepared arguments, without the Python argument handling (with a fresh
 seed each call, like verify, since the work follows the accepted prefix); ``kernel-openmp`` /
@@ -97,6 +99,7 @@ def methods(target, draft, drafts) -> dict[str, Callable[[], object]]:
         found.update(
             {
                 "cpp": lambda: specdec_ext.verify(target, draft, drafts, backend="cpp", check=False),
+                "cpp-check": lambda: specdec_ext.verify(target, draft, drafts, backend="cpp", check=True),
                 "cpp-op": lambda: ops.verify(
                     _params.validate_verify(target, draft, drafts, temperature=1.0, top_k=None, top_p=None, num_draft_tokens=None, generator=None, check=False),
                     draw_seed(None, target.device),
@@ -191,6 +194,7 @@ def run(threads: int | None, budget_s: float, scheduler: str | None) -> dict:
             case["floor_gbs"] = logits_bytes / (stats["floor"]["median_us"] * 1e-6) / 1e9
             case["op_overhead_us"] = stats["kernel-op"]["median_us"] - stats["kernel"]["median_us"]
             case["api_op_overhead_us"] = stats["cpp-op"]["median_us"] - stats["cpp"]["median_us"]
+            case["check_overhead_us"] = stats["cpp-check"]["median_us"] - stats["cpp"]["median_us"]
             goals = GOALS.get((batch, k, vocab), {})
             case["goals"] = {
                 f">= {factor:g}x {base}": {"measured": round(case[f"speedup_vs_{base}"], 2), "pass": case[f"speedup_vs_{base}"] >= factor}
@@ -230,7 +234,7 @@ def _version(name: str) -> str | None:
 
 
 def format_table(doc: dict) -> str:
-    order = ["cpp", "kernel", "cpp-op", "kernel-op", "kernel-openmp", "kernel-pool", "eager", "transformers", "floor"]
+    order = ["cpp", "cpp-check", "kernel", "cpp-op", "kernel-op", "kernel-openmp", "kernel-pool", "eager", "transformers", "floor"]
     host = doc["host"]
     lines = [
         f"specdec_ext C++ kernel: {doc['kernel']['isa'] or 'unavailable'} / {doc['kernel']['scheduler']} scheduler, "
@@ -256,6 +260,8 @@ def format_table(doc: dict) -> str:
                 note = f"{case['op_overhead_us']:+.1f} us vs the direct call"
             elif name in ("kernel-openmp", "kernel-pool"):
                 note = f"kernel with the {name.split('-')[1]} scheduler (default: {doc['kernel']['scheduler']})"
+            elif name == "cpp-check" and "check_overhead_us" in case:
+                note = f"{case['check_overhead_us']:+.1f} us vs the default path (validates every line up to n_b)"
             elif name == "cpp-op" and "api_op_overhead_us" in case:
                 note = f"{case['api_op_overhead_us']:+.1f} us vs the default path"
             lines.append(f"{label:<24} {name:<13} {m['median_us']:>11.1f} {m['p10_us']:>10.1f} {m['reps']:>6}   {note}")
