@@ -91,7 +91,8 @@ def verify(args: VerifyArgs, seed: torch.Tensor, num_chunks: int | None = None, 
 
     def stats(logits: torch.Tensor, length: int, used_shift: int, width: int):
         lines = batch * length
-        tau = torch.full((max(lines, 1),), float("-inf"), dtype=torch.float32, device=device)
+        # Without filters the kernels never read tau (FILTERED=False): no buffer to fill.
+        tau = torch.full((max(lines, 1),), float("-inf"), dtype=torch.float32, device=device) if args.filtered else args.temperature
         if args.filtered and lines:
             k.threshold_kernel[(lines,)](
                 logits, tau, args.temperature, args.top_k, args.top_p, args.num_draft_tokens,
@@ -102,7 +103,7 @@ def verify(args: VerifyArgs, seed: torch.Tensor, num_chunks: int | None = None, 
             k.line_stats_kernel[(lines, num_chunks)](
                 logits, tau, args.temperature, args.num_draft_tokens, *part,
                 length, width, logits.stride(0), logits.stride(1), chunk_size, num_chunks,
-                USED_SHIFT=used_shift, BLOCK=block,
+                USED_SHIFT=used_shift, FILTERED=args.filtered, BLOCK=block,
             )
         return tau, part
 
@@ -129,7 +130,7 @@ def verify(args: VerifyArgs, seed: torch.Tensor, num_chunks: int | None = None, 
         t_max, t_sum, t_argval, t_arg, t_bad, d_max, d_sum, d_bad,
         race_val, race_idx, bonus_val, bonus_idx, num_accepted, invalid,
         num_positions, vocab, draft_vocab, target.stride(0), target.stride(1), *d_strides, tok_stride,
-        chunk_size, num_chunks, HAS_DRAFT=has_draft, CHECK_ALL_LINES=args.check, CHUNKS_POW2=chunks_pow2, BLOCK=block,
+        chunk_size, num_chunks, HAS_DRAFT=has_draft, CHECK_ALL_LINES=args.check, FILTERED=args.filtered, CHUNKS_POW2=chunks_pow2, BLOCK=block,
     )
     k.finalize_kernel[(batch,)](
         tokens, args.num_draft_tokens, args.temperature, t_argval, t_arg,

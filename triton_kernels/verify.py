@@ -33,7 +33,7 @@ def _running_argmax(values, start, best_val, best_idx):
 @triton.jit
 def line_stats_kernel(
     logits_ptr,  # (B, L, Vl) raw logits, any float dtype, last dim contiguous
-    tau_ptr,  # (B * L,) float32 cut-offs (keep s >= tau)
+    tau_ptr,  # (B * L,) float32 cut-offs (keep s >= tau); read only when FILTERED
     temperature_ptr,  # (B,) float32, 0 = greedy
     num_draft_ptr,  # (B,) int64
     part_max_ptr,  # (B * L, NUM_CHUNKS) float32 out: max of scaled logits
@@ -48,6 +48,7 @@ def line_stats_kernel(
     chunk_size,
     num_chunks,
     USED_SHIFT: tl.constexpr,  # line l of row b is used iff l + USED_SHIFT <= n_b
+    FILTERED: tl.constexpr,  # some row uses top-k / top-p (else every tau is -inf and never stored)
     BLOCK: tl.constexpr,
 ):
     line = tl.program_id(0)
@@ -58,7 +59,7 @@ def line_stats_kernel(
         temperature = tl.load(temperature_ptr + row)
         greedy = temperature == 0
         scale = tl.where(greedy, 1.0, temperature)
-        tau = tl.where(greedy, float("-inf"), tl.load(tau_ptr + line))
+        tau = tl.where(greedy, float("-inf"), _load_tau(tau_ptr, line, FILTERED))
         base = logits_ptr + row.to(tl.int64) * stride_b + pos.to(tl.int64) * stride_l
         chunk_start = chunk * chunk_size
         chunk_end = tl.minimum(chunk_start + chunk_size, Vl)
@@ -118,6 +119,15 @@ def _combine_argmax(part_argval_ptr, part_arg_ptr, line, num_chunks, CHUNKS_POW2
 
 
 @triton.jit
+def _load_tau(tau_ptr, line, FILTERED: tl.constexpr):
+    """The cut-off of a line; -inf without filters, where the host skips filling the buffer."""
+    if FILTERED:
+        return tl.load(tau_ptr + line)
+    else:
+        return float("-inf")
+
+
+@triton.jit
 def _prob(value, line_max, normaliser, tau):
     """Processed probability of scaled logit ``value`` on a line with the given statistics."""
     return tl.where((value >= tau) & (value > float("-inf")), tl.exp(value - line_max) / normaliser, 0.0)
@@ -131,8 +141,8 @@ def race_kernel(
     seed_ptr,  # (1,) int64 Philox key
     temperature_ptr,  # (B,) float32
     num_draft_ptr,  # (B,) int64
-    tau_t_ptr,  # (B * (K+1),) float32
-    tau_d_ptr,  # (B * K,) float32
+    tau_t_ptr,  # (B * (K+1),) float32 (read only when FILTERED)
+    tau_d_ptr,  # (B * K,) float32 (read only when FILTERED)
     t_max_ptr,
     t_sum_ptr,
     t_argval_ptr,
@@ -159,6 +169,7 @@ def race_kernel(
     num_chunks,
     HAS_DRAFT: tl.constexpr,
     CHECK_ALL_LINES: tl.constexpr,  # blank for a bad value in any line up to n_b, not only the lines the walk reads
+    FILTERED: tl.constexpr,
     CHUNKS_POW2: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -187,13 +198,13 @@ def race_kernel(
         t_line = row * (K + 1) + k
         t_maxv, t_norm, t_bad = _combine_line(t_max_ptr, t_sum_ptr, t_bad_ptr, t_line, num_chunks, CHUNKS_POW2)
         s = tl.load(t_row + k * t_stride_k + token).to(tl.float32) / scale
-        p = _prob(s, t_maxv, t_norm, tl.load(tau_t_ptr + t_line))
+        p = _prob(s, t_maxv, t_norm, _load_tau(tau_t_ptr, t_line, FILTERED))
         line_bad = t_bad
         if HAS_DRAFT:
             d_line = row * K + k
             d_maxv, d_norm, d_bad = _combine_line(d_max_ptr, d_sum_ptr, d_bad_ptr, d_line, num_chunks, CHUNKS_POW2)
             d = tl.load(d_row + k * d_stride_k + token).to(tl.float32) / scale
-            q = _prob(d, d_maxv, d_norm, tl.load(tau_d_ptr + d_line))
+            q = _prob(d, d_maxv, d_norm, _load_tau(tau_d_ptr, d_line, FILTERED))
             if CHECK_ALL_LINES:
                 line_bad = line_bad | d_bad
             else:
@@ -224,12 +235,12 @@ def race_kernel(
     rejected = j < num_draft
     t_line = row * (K + 1) + j
     t_maxv, t_norm, _ = _combine_line(t_max_ptr, t_sum_ptr, t_bad_ptr, t_line, num_chunks, CHUNKS_POW2)
-    t_tau = tl.load(tau_t_ptr + t_line)
+    t_tau = _load_tau(tau_t_ptr, t_line, FILTERED)
     j_draft = tl.minimum(j, K - 1)
     if HAS_DRAFT:
         d_line = row * K + j_draft
         d_maxv, d_norm, _ = _combine_line(d_max_ptr, d_sum_ptr, d_bad_ptr, d_line, num_chunks, CHUNKS_POW2)
-        d_tau = tl.load(tau_d_ptr + d_line)
+        d_tau = _load_tau(tau_d_ptr, d_line, FILTERED)
     rejected_token = tl.load(tokens_ptr + row.to(tl.int64) * tok_stride_b + j_draft, mask=rejected, other=-1).to(tl.int32)
     chunk_start = chunk * chunk_size
     chunk_end = tl.minimum(chunk_start + chunk_size, V)
