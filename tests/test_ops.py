@@ -136,3 +136,42 @@ def test_cuda_op_runs_the_triton_kernels():
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     compiled = torch.compile(lambda t, d, x: specdec_ext.verify(t, d, x, check=False).tokens, fullgraph=True)
     assert compiled(target, draft, tokens).shape == target.shape[:2]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_check_false_replays_from_a_cuda_graph():
+    """verify(check=False) captured in a CUDA graph: every replay draws a fresh key from the default
+    generator, greedy rows give the reference's tokens, and every row keeps the output layout."""
+    g = torch.Generator().manual_seed(3)
+    batch, k, vocab = 4, 4, 32000
+    target = 2 * torch.randn(batch, k + 1, vocab, generator=g)
+    draft = target[:, :k] + 0.5 * torch.randn(batch, k, vocab, generator=g)
+    tokens = torch.multinomial(draft.softmax(-1).reshape(-1, vocab), 1, generator=g).reshape(batch, k)
+    temperature = torch.tensor([0.0, 1.0, 0.7, 0.0])
+    greedy_rows = [0, 3]
+    expected = specdec_ext.verify(target, draft, tokens, temperature=temperature, backend="eager")
+    inputs = [x.cuda() for x in (target, draft, tokens, temperature)]
+
+    def run():
+        return specdec_ext.verify(inputs[0], inputs[1], inputs[2], temperature=inputs[3], check=False)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    sampled = set()
+    for _ in range(20):
+        graph.replay()
+        tokens_out, accepted = out.tokens.cpu(), out.num_accepted.cpu()
+        assert torch.equal(tokens_out[greedy_rows], expected.tokens[greedy_rows])
+        for row in range(batch):
+            n = int(accepted[row])
+            assert (tokens_out[row, : n + 1] >= 0).all() and (tokens_out[row, : n + 1] < vocab).all() and (tokens_out[row, n + 1 :] == -1).all()
+        sampled.add(tuple(tokens_out[1].tolist()))
+    assert len(sampled) > 1  # a fresh Philox key per replay

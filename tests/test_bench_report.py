@@ -1,0 +1,36 @@
+"""The benchmark report's own logic (bench/micro.py): which backends run where, and how the goals
+are judged from result rows. Timing itself is never tested."""
+
+from __future__ import annotations
+
+import pytest
+
+micro = pytest.importorskip("bench.micro")
+
+
+def _row(backend, median_us, speedup, **case):
+    row = {"op": "verify", "batch": 1, "k": 4, "vocab": 128256, "dtype": "fp32", "filters": False, "check": False}
+    row.update(case, backend=backend, median_us=median_us, speedup_vs_baseline=speedup, wall_us=median_us + 5, peak_extra_bytes=None)
+    return row
+
+
+def _b1_goals(rows):
+    doc = {"device": "NVIDIA H200", "device_type": "cuda", "results": rows}
+    return [g for g in micro.evaluate_goals(doc) if g["goal"].startswith("fused verify B=1")]
+
+
+def test_graph_replay_is_benchmarked_on_cuda_small_batches_only():
+    case = micro.Case("verify", 1, 4, 128256, "fp32", False)
+    assert micro.GRAPHED not in micro.backends_for("verify", "cpu", case)
+    assert micro.GRAPHED not in micro.backends_for("sample", "cpu")
+
+
+def test_b1_goal_passes_on_either_launch_path_and_shows_both():
+    fp32 = _b1_goals([_row("triton", 35.0, 40.0), _row(micro.GRAPHED, 12.0, 110.0)])[0]
+    assert fp32["status"] == "pass" and "launched 35.0 us" in fp32["measured"] and "graph replay 12.0 us" in fp32["measured"]
+    fp32 = _b1_goals([_row("triton", 35.0, 40.0), _row(micro.GRAPHED, 25.0, 60.0)])[0]
+    assert fp32["status"] == "fail"
+    fp32 = _b1_goals([_row("triton", 18.0, 9.0)])[0]  # fast enough but under 10x: fails
+    assert fp32["status"] == "fail" and "graph replay" not in fp32["measured"]
+    bf16 = _b1_goals([_row("triton", 35.0, 40.0)])[1]
+    assert bf16["status"] == "n/a"
