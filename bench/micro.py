@@ -224,27 +224,29 @@ def make_call(case: Case, backend: str, inputs: dict[str, torch.Tensor]) -> Call
     raise ValueError(f"unknown backend {backend!r}")
 
 
-def _graphed_verify(inputs: dict[str, torch.Tensor], params: dict) -> Callable[[], object]:
-    """``verify(check=False)`` on these inputs captured in a CUDA graph; the call replays it.
+def capture_cuda_graph(run: Callable[[], object], warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, object]:
+    """Capture ``run()`` in a CUDA graph; returns the graph and the outputs each replay rewrites.
 
-    The default CUDA generator is graph-safe: every replay draws a fresh Philox key. Warm-up runs on
-    a side stream first (Triton compiles, cached tensors and allocator pools settle), as PyTorch's
-    CUDA-graph notes advise.
+    Warm-up runs on a side stream first (Triton compiles, cached tensors and allocator pools
+    settle), as PyTorch's CUDA-graph notes advise. The default CUDA generator is graph-safe: every
+    replay of a verify call draws a fresh Philox key.
     """
-    target, draft, drafts = inputs["target"], inputs["draft"], inputs["drafts"]
-
-    def run():
-        return specdec_ext.verify(target, draft, drafts, backend="triton", check=False, **params)
-
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(3):
+        for _ in range(warmup):
             run()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outputs = run()
+    return graph, outputs
+
+
+def _graphed_verify(inputs: dict[str, torch.Tensor], params: dict) -> Callable[[], object]:
+    """``verify(check=False)`` on these inputs captured in a CUDA graph; the call replays it."""
+    target, draft, drafts = inputs["target"], inputs["draft"], inputs["drafts"]
+    graph, outputs = capture_cuda_graph(lambda: specdec_ext.verify(target, draft, drafts, backend="triton", check=False, **params))
 
     def replay():
         graph.replay()

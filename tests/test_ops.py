@@ -153,18 +153,9 @@ def test_check_false_replays_from_a_cuda_graph():
     expected = specdec_ext.verify(target, draft, tokens, temperature=temperature, backend="eager")
     inputs = [x.cuda() for x in (target, draft, tokens, temperature)]
 
-    def run():
-        return specdec_ext.verify(inputs[0], inputs[1], inputs[2], temperature=inputs[3], check=False)
+    from bench.micro import capture_cuda_graph
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
+    graph, out = capture_cuda_graph(lambda: specdec_ext.verify(inputs[0], inputs[1], inputs[2], temperature=inputs[3], check=False))
     sampled = set()
     for _ in range(20):
         graph.replay()
