@@ -144,7 +144,8 @@ class _Clock:
         return [end - start for start, end in zip(marks, marks[1:], strict=False)]
 
 
-def _new_cache(model):
+def new_cache(model):
+    """An empty DynamicCache for ``model`` (the constructor's arguments differ across transformers 5.x)."""
     from transformers import DynamicCache
 
     if "config" in inspect.signature(DynamicCache.__init__).parameters:
@@ -169,7 +170,7 @@ class _Cache:
         # transformers would test on the host whether the mask is all ones, a sync per draft token.
         self.attention = getattr(model.config, "_attn_implementation", None)
         self.dtype = model.dtype
-        self.cache = _new_cache(model)
+        self.cache = new_cache(model)
         self.forwards = 0
         self.slots = attention_mask[:, :0].to(self.device)
         positions = (attention_mask.cumsum(1) - 1).clamp(min=0)

@@ -8,6 +8,7 @@ fused hook) and :func:`specdec_ext.generate` side by side from one process.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from dataclasses import dataclass, field
 
@@ -15,7 +16,7 @@ import torch
 
 from . import hf
 from .api import verify
-from .generate import expected_speedup, generate
+from .generate import expected_speedup, generate, new_cache
 
 
 @dataclass
@@ -143,13 +144,15 @@ def forward_cost_ratio(target, draft, input_ids, *, repeats: int = 10) -> float:
     """c of Leviathan et al.: one cached single-token forward of the draft over one of the target."""
 
     def step_seconds(model) -> float:
+        # Newer transformers name the cache argument `cache` (`past_key_values` is deprecated there).
+        cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        cache = new_cache(model)
         with torch.no_grad():
-            out = model(input_ids, use_cache=True)
-            cache = out.past_key_values
+            model(input_ids, use_cache=True, **{cache_argument: cache})
             token = input_ids[:, -1:]
 
             def one():
-                model(token, past_key_values=cache, use_cache=True)
+                model(token, use_cache=True, **{cache_argument: cache})
                 cache.crop(-1)  # drop the token again (a negative count works on every transformers 5.x)
 
             return _median_seconds(one, repeats, target.device)
