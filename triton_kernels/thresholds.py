@@ -10,7 +10,8 @@ strictly-greater mass inside the top-k set is below ``top_p`` times that set's m
 import triton
 import triton.language as tl
 
-INT32_MIN: tl.constexpr = -2147483648
+# The smallest order key, -2**31, written as a literal where used (a module-level constant is a plain
+# int to the interpreter but must be a tl.constexpr object to the compiler).
 
 
 @triton.jit
@@ -62,9 +63,9 @@ def threshold_kernel(
         max_key = order_key(row_max).to(tl.int64)
 
         # top-k: the largest key t with count(key >= t) >= k is the k-th largest value.
-        k_key = tl.full((), INT32_MIN, tl.int64)
+        k_key = tl.full((), -2147483648, tl.int64)
         if use_k:
-            lo = tl.full((), INT32_MIN, tl.int64)
+            lo = tl.full((), -2147483648, tl.int64)
             hi = max_key
             for _ in range(32):
                 mid = lo + (hi - lo + 1) // 2
@@ -104,5 +105,5 @@ def threshold_kernel(
                 hi = tl.where(searching & ok, mid, hi)
                 lo = tl.where(searching & ~ok, mid, lo)
             tau_key = hi
-        tau = tl.where(tau_key == INT32_MIN, float("-inf"), key_to_float(tau_key))
+        tau = tl.where(tau_key == -2147483648, float("-inf"), key_to_float(tau_key))
     tl.store(tau_ptr + line, tau)

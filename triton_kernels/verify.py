@@ -17,8 +17,9 @@ import triton.language as tl
 
 from .random import open_uniform
 
-ACCEPT_STREAM: tl.constexpr = 0
-SAMPLE_STREAM: tl.constexpr = 1
+# Philox streams (specdec_ext/_philox.py): 0 = acceptance coins, 1 = the race's exponentials. They
+# are written as literals at the call sites: a module-level constant is a plain int to the
+# interpreter but must be a tl.constexpr object to the compiler, and no one spelling suits both.
 
 
 @triton.jit
@@ -211,7 +212,7 @@ def race_kernel(
                 line_bad = line_bad | (d_bad & ~greedy)
         else:
             q = 1.0
-        coin = open_uniform(seed, 0, k, row, ACCEPT_STREAM)
+        coin = open_uniform(seed, 0, k, row, 0)  # stream 0: acceptance
         target_argmax = _combine_argmax(t_argval_ptr, t_arg_ptr, t_line, num_chunks, CHUNKS_POW2)
         accept = tl.where(greedy, token == target_argmax, coin * q < p)
         if CHECK_ALL_LINES:
@@ -263,7 +264,7 @@ def race_kernel(
             else:
                 q = tl.where(idx == rejected_token, 1.0, 0.0)
             residual = tl.maximum(p - q, 0.0)
-            exponential = -tl.log(open_uniform(seed, idx, j, row, SAMPLE_STREAM))
+            exponential = -tl.log(open_uniform(seed, idx, j, row, 1))  # stream 1: the race
             key_r = tl.where(mask, residual / exponential, -1.0)
             key_p = tl.where(mask, p / exponential, -1.0)
             best_r, best_r_idx = _running_argmax(key_r, start, best_r, best_r_idx)
