@@ -14,6 +14,11 @@ from ._params import VerifyArgs
 # One tile of the vocabulary per loop step. Interpreted programs pay per step, not per lane.
 _GPU_BLOCK = 1024
 _INTERPRETER_BLOCK = 8192
+# Top-k / top-p candidates (triton_kernels/thresholds.py): a chunk of the line per program, held in
+# registers, keeps its CANDIDATES largest values (1/64 of the line: a small fraction of the logits).
+_GPU_CANDIDATE_CHUNK = 4096
+_INTERPRETER_CANDIDATE_CHUNK = 8192
+_CANDIDATES = 64
 
 
 @cache
@@ -63,11 +68,43 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def verify(args: VerifyArgs, seed: torch.Tensor, num_chunks: int | None = None, block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def thresholds(args: VerifyArgs, logits: torch.Tensor, length: int, used_shift: int, width: int, block: int, candidate_chunk: int | None = None) -> torch.Tensor:
+    """(B * length,) float32 top-k / top-p cut-offs of the lines of (B, length, width) logits (keep
+    s >= tau; -inf where nothing is cut, and for greedy or unused lines): candidates, then the search."""
+    import triton
+
+    k = kernels()
+    device = logits.device
+    lines = args.batch * length
+    tau = torch.full((max(lines, 1),), float("-inf"), dtype=torch.float32, device=device)
+    if not lines:
+        return tau
+    chunk = candidate_chunk or (_GPU_CANDIDATE_CHUNK if device.type == "cuda" else _INTERPRETER_CANDIDATE_CHUNK)
+    chunks = _cdiv(width, chunk)
+    candidates = torch.empty((lines, chunks, _CANDIDATES), dtype=torch.float32, device=device)
+    count, floor = (torch.empty((lines, chunks), dtype=torch.int32, device=device) for _ in range(2))
+    chunk_max, chunk_sum = (torch.empty((lines, chunks), dtype=torch.float32, device=device) for _ in range(2))
+    per_row = (args.temperature, args.top_k, args.top_p, args.num_draft_tokens)
+    k.candidates_kernel[(lines, chunks)](
+        logits, *per_row, candidates, count, floor, chunk_max, chunk_sum,
+        length, width, logits.stride(0), logits.stride(1), chunks, USED_SHIFT=used_shift, CHUNK=chunk, CAND=_CANDIDATES,
+    )
+    k.threshold_kernel[(lines,)](
+        logits, tau, *per_row, candidates, count, floor, chunk_max, chunk_sum,
+        length, width, logits.stride(0), logits.stride(1), chunks,
+        USED_SHIFT=used_shift, CHUNKS_POW2=triton.next_power_of_2(chunks), CAND=_CANDIDATES, BLOCK=block,
+    )
+    return tau
+
+
+def verify(
+    args: VerifyArgs, seed: torch.Tensor, num_chunks: int | None = None, block: int | None = None, candidate_chunk: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the fused kernels; returns (tokens (B, K+1) int64, num_accepted (B,) int64). No host sync.
 
-    ``num_chunks`` and ``block`` override the launch heuristics (tests use them to cover several
-    chunks per row and ragged last tiles).
+    ``num_chunks``, ``block`` and ``candidate_chunk`` (a power of two) override the launch
+    heuristics (tests use them to cover several chunks per row, ragged last tiles and the
+    top-k / top-p candidate search on small vocabularies).
     """
     import triton
 
@@ -92,12 +129,7 @@ def verify(args: VerifyArgs, seed: torch.Tensor, num_chunks: int | None = None, 
     def stats(logits: torch.Tensor, length: int, used_shift: int, width: int):
         lines = batch * length
         # Without filters the kernels never read tau (FILTERED=False): no buffer to fill.
-        tau = torch.full((max(lines, 1),), float("-inf"), dtype=torch.float32, device=device) if args.filtered else args.temperature
-        if args.filtered and lines:
-            k.threshold_kernel[(lines,)](
-                logits, tau, args.temperature, args.top_k, args.top_p, args.num_draft_tokens,
-                length, width, logits.stride(0), logits.stride(1), USED_SHIFT=used_shift, BLOCK=block,
-            )
+        tau = thresholds(args, logits, length, used_shift, width, block, candidate_chunk) if args.filtered else args.temperature
         part = [torch.empty((max(lines, 1), num_chunks), dtype=dt, device=device) for dt in (torch.float32, torch.float32, torch.float32, torch.int32, torch.int32)]
         if lines:
             k.line_stats_kernel[(lines, num_chunks)](

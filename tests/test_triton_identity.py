@@ -91,3 +91,48 @@ def test_unused_positions_may_hold_garbage():
     tokens[0, 2] = -1
     out = _both(target, draft, tokens, num_draft_tokens=torch.tensor([2, 3]))
     assert (out.tokens >= -1).all() and out.tokens[0, 0] >= 0
+
+
+def _reference_thresholds(args) -> torch.Tensor:
+    """Eager tau of every target line (-inf for greedy rows and unused positions)."""
+    from specdec_ext.reference import filter_thresholds
+
+    batch, length, vocab = args.target_logits.shape
+    greedy = args.temperature == 0
+    scale = torch.where(greedy, torch.ones_like(args.temperature), args.temperature)
+    scaled = args.target_logits.float() / scale[:, None, None]
+    per_line = lambda x: x.repeat_interleave(length)  # noqa: E731
+    tau = filter_thresholds(scaled.reshape(-1, vocab), per_line(torch.where(greedy, 0, args.top_k)), per_line(torch.where(greedy, 1.0, args.top_p)))
+    used = (torch.arange(length)[None, :] <= args.num_draft_tokens[:, None]).reshape(-1)
+    return torch.where(used, tau, float("-inf"))
+
+
+@pytest.mark.parametrize(
+    "name,logits_fn,params",
+    [
+        # top-k found among the candidates (k well below the 64 slots per chunk) ...
+        ("top-k small", lambda g: 2 * torch.randn(2, 3, 3000, generator=g), {"top_k": torch.tensor([5, 40])}),
+        # ... and on the whole line (k beyond what the candidates above the floor cover).
+        ("top-k large", lambda g: 2 * torch.randn(2, 3, 3000, generator=g), {"top_k": 900}),
+        # top-p alone: peaked logits put the cut among the candidates, flat ones below their floor.
+        ("top-p peaked", lambda g: 6 * torch.randn(2, 3, 3000, generator=g), {"top_p": 0.9}),
+        ("top-p flat", lambda g: 0.3 * torch.randn(2, 3, 3000, generator=g), {"top_p": 0.95}),
+        ("top-k + top-p", lambda g: 2 * torch.randn(2, 3, 3000, generator=g), {"temperature": 0.7, "top_k": 50, "top_p": 0.8}),
+        # Ties at the chunks' floors (slots overflow), and -inf entries (chunks with few finite values).
+        ("ties", lambda g: torch.round(2 * torch.randn(2, 3, 3000, generator=g)), {"top_k": 30, "top_p": 0.9}),
+        ("ties top-p", lambda g: torch.round(torch.randn(2, 3, 3000, generator=g)), {"top_p": 0.6}),
+        ("-inf", lambda g: torch.where(torch.rand(2, 3, 3000, generator=g) < 0.97, float("-inf"), torch.randn(2, 3, 3000, generator=g)), {"top_k": 20, "top_p": 0.9}),
+        ("greedy and ragged", lambda g: torch.randn(2, 3, 3000, generator=g), {"temperature": torch.tensor([0.0, 1.0]), "top_k": 10, "num_draft_tokens": torch.tensor([2, 1])}),
+    ],
+)
+def test_thresholds_match_the_reference(name, logits_fn, params):
+    """The candidate search (several 256-value chunks per line here) finds the reference's cut-offs
+    exactly, whether it resolves among the candidates or falls back to the whole line."""
+    g = torch.Generator().manual_seed(len(name))
+    target = logits_fn(g)
+    tokens = torch.zeros(target.shape[0], target.shape[1] - 1, dtype=torch.int64)
+    kw = {"temperature": 1.0, "top_k": None, "top_p": None, "num_draft_tokens": None} | params
+    args = _params.validate_verify(target, None, tokens, generator=None, check=False, **kw)
+    got = _triton_backend.thresholds(args, target, target.shape[1], 0, target.shape[2], block=1024, candidate_chunk=256)
+    expected = _reference_thresholds(args)
+    assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"

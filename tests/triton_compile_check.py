@@ -25,7 +25,7 @@ def _pointer_type(name: str, logits: str, tokens: str) -> str:
         return tokens
     if name in ("top_k_ptr", "num_draft_ptr", "seed_ptr", "num_accepted_ptr", "out_ptr"):
         return "*i64"
-    if name.endswith(("_arg_ptr", "_idx_ptr", "_bad_ptr")) or name == "invalid_ptr":
+    if name.endswith(("_arg_ptr", "_idx_ptr", "_bad_ptr")) or name in ("invalid_ptr", "cand_count_ptr", "cand_floor_ptr"):
         return "*i32"
     return "*fp32"
 
@@ -33,7 +33,8 @@ def _pointer_type(name: str, logits: str, tokens: str) -> str:
 def variants(k):
     """(label, kernel, constexprs, logits type, tokens type) for every launch the backend makes."""
     for dtype, shift in itertools.product(LOGIT_TYPES, (0, 1)):
-        yield f"threshold {dtype} shift={shift}", k.threshold_kernel, {"USED_SHIFT": shift, "BLOCK": 1024}, LOGIT_TYPES[dtype], "*i64"
+        yield f"candidates {dtype} shift={shift}", k.candidates_kernel, {"USED_SHIFT": shift, "CHUNK": 4096, "CAND": 64}, LOGIT_TYPES[dtype], "*i64"
+        yield f"threshold {dtype} shift={shift}", k.threshold_kernel, {"USED_SHIFT": shift, "CHUNKS_POW2": 64, "CAND": 64, "BLOCK": 1024}, LOGIT_TYPES[dtype], "*i64"
         for filtered in (False, True):
             yield f"line_stats {dtype} shift={shift} filtered={filtered}", k.line_stats_kernel, {"USED_SHIFT": shift, "FILTERED": filtered, "BLOCK": 1024}, LOGIT_TYPES[dtype], "*i64"
     for dtype, has_draft, check_all, filtered, tokens in itertools.product(("fp32", "bf16"), (False, True), (False, True), (False, True), ("*i64", "*i32")):

@@ -3,7 +3,7 @@
 Only ``@triton.jit`` functions live here; launchers are in ``specdec_ext._triton_backend``.
 """
 
-from .thresholds import threshold_kernel
+from .thresholds import candidates_kernel, threshold_kernel
 from .verify import finalize_kernel, line_stats_kernel, race_kernel
 
-__all__ = ["finalize_kernel", "line_stats_kernel", "race_kernel", "threshold_kernel"]
+__all__ = ["candidates_kernel", "finalize_kernel", "line_stats_kernel", "race_kernel", "threshold_kernel"]

@@ -1,17 +1,28 @@
-"""Top-k / top-p cut-offs of one logits line by bisection on the float order, with no sort.
+"""Top-k / top-p cut-offs of each logits line, without a sort, in two steps.
 
-The kept set of top-k then top-p is always ``{s >= tau}``. We search ``tau`` over the 32-bit
-order keys of float32 (an int32 whose order is the float order), so each search is exactly 32
-counting (top-k) or summing (top-p) passes over the vocabulary and the result is a value present
-in the line: top-k finds the k-th largest value (ties counted), top-p the smallest value whose
+The kept set of top-k then top-p is always ``{s >= tau}`` for one value ``tau`` present in the line.
+``tau`` is searched over the 32-bit order keys of float32 (an int32 whose order is the float
+order): top-k's is the k-th largest value (ties counted), top-p's the smallest value whose
 strictly-greater mass inside the top-k set is below ``top_p`` times that set's mass.
+
+1. ``candidates_kernel``, grid (lines, vocabulary chunks): each program holds one chunk in
+   registers, finds the chunk's CAND-th largest key ``t_c`` by bisection there, and stores the
+   chunk's values with key > t_c, then as many with key == t_c as fit, in CAND slots; also the
+   chunk's max and sum-exp, for the line's normaliser.
+2. ``threshold_kernel``, grid (lines,): with ``T = max_c t_c``, the candidates hold *every* value
+   of the line with key > T, so any count or mass above a key > T is exact over the candidates
+   alone (about 1/64 of the line). When the cut provably lies above T (top-k: more than k
+   candidates above T; top-p alone: their mass reaches the budget) the bisection runs over the
+   candidates; otherwise (a large k, a flat distribution under top-p) over the whole line, as
+   before. Either way the result is the same exact key.
 """
 
 import triton
 import triton.language as tl
 
-# The smallest order key, -2**31, written as a literal where used (a module-level constant is a plain
-# int to the interpreter but must be a tl.constexpr object to the compiler).
+# -2**31, the smallest order key, and the candidate slots per chunk are written as literals or
+# constexpr arguments: a module-level constant is a plain int to the interpreter but must be a
+# tl.constexpr object to the compiler, and no one spelling suits both.
 
 
 @triton.jit
@@ -28,6 +39,136 @@ def key_to_float(key):
 
 
 @triton.jit
+def _filter_params(line, L, Vl, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, USED_SHIFT: tl.constexpr):
+    """(row, pos, temperature, top_k, top_p, use_k, use_p, active) of one line."""
+    row = line // L
+    pos = line % L
+    temperature = tl.load(temperature_ptr + row)
+    top_k = tl.load(top_k_ptr + row)
+    top_p = tl.load(top_p_ptr + row)
+    use_k = (top_k > 0) & (top_k < Vl)
+    use_p = top_p < 1.0
+    active = (temperature > 0) & (pos + USED_SHIFT <= tl.load(num_draft_ptr + row)) & (use_k | use_p)
+    return row, pos, temperature, top_k, top_p, use_k, use_p, active
+
+
+@triton.jit
+def candidates_kernel(
+    logits_ptr,  # (B, L, Vl) raw logits, any float dtype, last dim contiguous
+    temperature_ptr,  # (B,) float32, 0 = greedy
+    top_k_ptr,  # (B,) int64, 0 = off
+    top_p_ptr,  # (B,) float32, 1 = off
+    num_draft_ptr,  # (B,) int64: line l of row b is used iff l + USED_SHIFT <= n_b
+    cand_ptr,  # (B * L, NUM_CHUNKS, CAND) float32 out: scaled values, slots [0, count) used
+    cand_count_ptr,  # (B * L, NUM_CHUNKS) int32 out: used slots
+    cand_floor_ptr,  # (B * L, NUM_CHUNKS) int32 out: t_c, the chunk's CAND-th largest key
+    chunk_max_ptr,  # (B * L, NUM_CHUNKS) float32 out: max of the scaled chunk
+    chunk_sum_ptr,  # (B * L, NUM_CHUNKS) float32 out: sum of exp(s - chunk max)
+    L,
+    Vl,
+    stride_b,
+    stride_l,
+    num_chunks,
+    USED_SHIFT: tl.constexpr,
+    CHUNK: tl.constexpr,  # values per program, held in registers
+    CAND: tl.constexpr,  # candidate slots per chunk
+):
+    line = tl.program_id(0)
+    chunk = tl.program_id(1)
+    row, pos, temperature, top_k, top_p, use_k, use_p, active = _filter_params(line, L, Vl, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, USED_SHIFT)
+    if active:
+        base = logits_ptr + row.to(tl.int64) * stride_b + pos.to(tl.int64) * stride_l
+        idx = chunk * CHUNK + tl.arange(0, CHUNK)
+        valid = idx < Vl
+        s = tl.load(base + idx, mask=valid, other=float("-inf")).to(tl.float32) / temperature
+        key = tl.where(valid, order_key(s), -2147483648)  # padding never counts: below every real key
+        chunk_max = tl.max(s, axis=0)
+        chunk_sum = tl.sum(tl.where(s > float("-inf"), tl.exp(s - chunk_max), 0.0), axis=0)
+
+        # t_c: the largest key t with at least CAND valid keys >= t (-2**31 keeps every value).
+        lo = tl.full((), -2147483648, tl.int64)
+        hi = tl.max(key, axis=0).to(tl.int64)
+        if tl.sum(valid.to(tl.int32), axis=0) > CAND:
+            for _ in range(32):
+                mid = lo + (hi - lo + 1) // 2
+                ok = tl.sum(((key >= mid) & valid).to(tl.int32), axis=0) >= CAND
+                lo = tl.where(ok, mid, lo)
+                hi = tl.where(ok, hi, mid - 1)
+        floor = lo.to(tl.int32)
+
+        # Slots: every value above t_c first (fewer than CAND of them), then ties at t_c while room lasts.
+        above = valid & (key > floor)
+        tied = valid & (key == floor)
+        above_count = tl.sum(above.to(tl.int32), axis=0)
+        slot = tl.where(above, tl.cumsum(above.to(tl.int32), axis=0) - 1, above_count + tl.cumsum(tied.to(tl.int32), axis=0) - 1)
+        keep = (above | tied) & (slot < CAND)
+        out = line.to(tl.int64) * num_chunks + chunk
+        tl.store(cand_ptr + out * CAND + slot, s, mask=keep)
+        tl.store(cand_count_ptr + out, tl.minimum(above_count + tl.sum(tied.to(tl.int32), axis=0), CAND))
+        tl.store(cand_floor_ptr + out, floor)
+        tl.store(chunk_max_ptr + out, chunk_max)
+        tl.store(chunk_sum_ptr + out, chunk_sum)
+
+
+@triton.jit
+def _load_values(base, cand_base, cand_count_base, start, Vl, temperature, offsets, FROM_CANDIDATES: tl.constexpr, CAND: tl.constexpr):
+    """One tile of scaled values: of the line, or of its candidate slots (-inf where unused)."""
+    idx = start + offsets
+    if FROM_CANDIDATES:
+        used = tl.load(cand_count_base + idx // CAND, mask=idx < Vl, other=0)
+        return tl.load(cand_base + idx, mask=(idx < Vl) & (idx % CAND < used), other=float("-inf"))
+    else:
+        return tl.load(base + idx, mask=idx < Vl, other=float("-inf")).to(tl.float32) / temperature
+
+
+@triton.jit
+def _count_at_least(base, cand_base, cand_count_base, n, temperature, mid, FROM_CANDIDATES: tl.constexpr, CAND: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    count = tl.zeros((), tl.int64)
+    for start in range(0, n, BLOCK):
+        s = _load_values(base, cand_base, cand_count_base, start, n, temperature, offsets, FROM_CANDIDATES, CAND)
+        count += tl.sum(((order_key(s) >= mid) & (start + offsets < n) & (s > float("-inf"))).to(tl.int64), axis=0)
+    return count
+
+
+@triton.jit
+def _mass_above(base, cand_base, cand_count_base, n, temperature, above_key, floor_key, row_max, FROM_CANDIDATES: tl.constexpr, CAND: tl.constexpr, BLOCK: tl.constexpr):
+    """Sum of exp(s - row_max) over the values with key > above_key and key >= floor_key."""
+    offsets = tl.arange(0, BLOCK)
+    mass = 0.0
+    for start in range(0, n, BLOCK):
+        s = _load_values(base, cand_base, cand_count_base, start, n, temperature, offsets, FROM_CANDIDATES, CAND)
+        key = order_key(s)
+        mass += tl.sum(tl.where((key > above_key) & (key >= floor_key) & (s > float("-inf")), tl.exp(s - row_max), 0.0), axis=0)
+    return mass
+
+
+@triton.jit
+def _top_k_key(base, cand_base, cand_count_base, n, temperature, top_k, lo, hi, FROM_CANDIDATES: tl.constexpr, CAND: tl.constexpr, BLOCK: tl.constexpr):
+    """The largest key t in [lo, hi] with count(key >= t) >= top_k, given that lo qualifies."""
+    for _ in range(32):
+        mid = lo + (hi - lo + 1) // 2
+        ok = _count_at_least(base, cand_base, cand_count_base, n, temperature, mid, FROM_CANDIDATES, CAND, BLOCK) >= top_k
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def _top_p_key(base, cand_base, cand_count_base, n, temperature, budget, k_key, row_max, lo, hi, FROM_CANDIDATES: tl.constexpr, CAND: tl.constexpr, BLOCK: tl.constexpr):
+    """The smallest key t in (lo, hi] whose mass above (inside key >= k_key) is below budget, given
+    that lo's is not and hi's is."""
+    for _ in range(33):
+        mid = lo + (hi - lo) // 2
+        above = _mass_above(base, cand_base, cand_count_base, n, temperature, mid, k_key, row_max, FROM_CANDIDATES, CAND, BLOCK)
+        searching = hi - lo > 1
+        ok = above < budget
+        hi = tl.where(searching & ok, mid, hi)
+        lo = tl.where(searching & ~ok, mid, lo)
+    return hi
+
+
+@triton.jit
 def threshold_kernel(
     logits_ptr,  # (B, L, Vl) raw logits, any float dtype, last dim contiguous
     tau_ptr,  # (B * L,) float32 out: keep s >= tau (-inf = keep all)
@@ -35,75 +176,69 @@ def threshold_kernel(
     top_k_ptr,  # (B,) int64, 0 = off
     top_p_ptr,  # (B,) float32, 1 = off
     num_draft_ptr,  # (B,) int64: line l of row b is used iff l + USED_SHIFT <= n_b
+    cand_ptr,  # candidates_kernel's outputs for these lines
+    cand_count_ptr,
+    cand_floor_ptr,
+    chunk_max_ptr,
+    chunk_sum_ptr,
     L,
     Vl,
     stride_b,
     stride_l,
+    num_chunks,
     USED_SHIFT: tl.constexpr,  # 0 for target lines (positions 0..n_b), 1 for draft lines (0..n_b-1)
+    CHUNKS_POW2: tl.constexpr,
+    CAND: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     line = tl.program_id(0)
-    row = line // L
-    pos = line % L
-    temperature = tl.load(temperature_ptr + row)
-    top_k = tl.load(top_k_ptr + row)
-    top_p = tl.load(top_p_ptr + row)
-    num_draft = tl.load(num_draft_ptr + row)
-    use_k = (top_k > 0) & (top_k < Vl)
-    use_p = top_p < 1.0
-    base = logits_ptr + row.to(tl.int64) * stride_b + pos.to(tl.int64) * stride_l
+    row, pos, temperature, top_k, top_p, use_k, use_p, active = _filter_params(line, L, Vl, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, USED_SHIFT)
     tau = float("-inf")
-    if (temperature > 0) & (pos + USED_SHIFT <= num_draft) & (use_k | use_p):
-        offsets = tl.arange(0, BLOCK)
-        row_max = float("-inf")
-        for start in range(0, Vl, BLOCK):
-            idx = start + offsets
-            s = tl.load(base + idx, mask=idx < Vl, other=float("-inf")).to(tl.float32) / temperature
-            row_max = tl.maximum(row_max, tl.max(s, axis=0))
+    if active:
+        base = logits_ptr + row.to(tl.int64) * stride_b + pos.to(tl.int64) * stride_l
+        chunks = tl.arange(0, CHUNKS_POW2)
+        cmask = chunks < num_chunks
+        part = line.to(tl.int64) * num_chunks + chunks
+        part_max = tl.load(chunk_max_ptr + part, mask=cmask, other=float("-inf"))
+        row_max = tl.max(part_max, axis=0)
         max_key = order_key(row_max).to(tl.int64)
+        # T: every value with key > T is among the candidates.
+        floor = tl.max(tl.load(cand_floor_ptr + part, mask=cmask, other=-2147483648), axis=0).to(tl.int64)
+        cand_base = cand_ptr + line.to(tl.int64) * num_chunks * CAND
+        cand_count_base = cand_count_ptr + line.to(tl.int64) * num_chunks
+        num_cand = num_chunks * CAND
 
         # top-k: the largest key t with count(key >= t) >= k is the k-th largest value.
         k_key = tl.full((), -2147483648, tl.int64)
+        k_from_candidates = top_k < 0  # False, as a runtime value like the one assigned below
         if use_k:
-            lo = tl.full((), -2147483648, tl.int64)
-            hi = max_key
-            for _ in range(32):
-                mid = lo + (hi - lo + 1) // 2
-                count = tl.zeros((), tl.int64)
-                for start in range(0, Vl, BLOCK):
-                    idx = start + offsets
-                    s = tl.load(base + idx, mask=idx < Vl, other=float("-inf")).to(tl.float32) / temperature
-                    count += tl.sum(((order_key(s) >= mid) & (idx < Vl)).to(tl.int64), axis=0)
-                ok = count >= top_k
-                lo = tl.where(ok, mid, lo)
-                hi = tl.where(ok, hi, mid - 1)
-            k_key = lo
+            k_from_candidates = _count_at_least(base, cand_base, cand_count_base, num_cand, temperature, floor + 1, True, CAND, BLOCK) >= top_k
+            if k_from_candidates:
+                k_key = _top_k_key(base, cand_base, cand_count_base, num_cand, temperature, top_k, floor + 1, max_key, True, CAND, BLOCK)
+            else:
+                k_key = _top_k_key(base, cand_base, cand_count_base, Vl, temperature, top_k, k_key, max_key, False, CAND, BLOCK)
 
         # top-p: the smallest key t whose strictly-greater mass (inside top-k) is below top_p * mass.
         tau_key = k_key
         if use_p:
-            kept_mass = 0.0
-            for start in range(0, Vl, BLOCK):
-                idx = start + offsets
-                s = tl.load(base + idx, mask=idx < Vl, other=float("-inf")).to(tl.float32) / temperature
-                w = tl.where((order_key(s) >= k_key) & (s > float("-inf")), tl.exp(s - row_max), 0.0)
-                kept_mass += tl.sum(w, axis=0)
+            if use_k:
+                from_candidates = k_from_candidates  # the whole top-k set is among them
+                if from_candidates:
+                    kept_mass = _mass_above(base, cand_base, cand_count_base, num_cand, temperature, k_key - 1, k_key, row_max, True, CAND, BLOCK)
+                else:
+                    kept_mass = _mass_above(base, cand_base, cand_count_base, Vl, temperature, k_key - 1, k_key, row_max, False, CAND, BLOCK)
+                lo = k_key - 1  # mass above lo is the whole top-k mass: not below budget
+            else:
+                part_sum = tl.load(chunk_sum_ptr + part, mask=cmask, other=0.0)
+                kept_mass = tl.sum(tl.where(part_max > float("-inf"), part_sum * tl.exp(part_max - row_max), 0.0), axis=0)
+                # The cut lies above T when the candidates above T alone reach the budget.
+                above_floor = _mass_above(base, cand_base, cand_count_base, num_cand, temperature, floor, floor, row_max, True, CAND, BLOCK)
+                from_candidates = above_floor >= top_p * kept_mass
+                lo = tl.where(from_candidates, floor, k_key - 1)
             budget = top_p * kept_mass
-            lo = k_key - 1  # mass above lo is the whole top-k mass: not below budget
-            hi = max_key  # nothing lies above the maximum: below budget
-            for _ in range(33):
-                mid = lo + (hi - lo) // 2
-                above = 0.0
-                for start in range(0, Vl, BLOCK):
-                    idx = start + offsets
-                    s = tl.load(base + idx, mask=idx < Vl, other=float("-inf")).to(tl.float32) / temperature
-                    key = order_key(s)
-                    w = tl.where((key > mid) & (key >= k_key) & (s > float("-inf")), tl.exp(s - row_max), 0.0)
-                    above += tl.sum(w, axis=0)
-                searching = hi - lo > 1
-                ok = above < budget
-                hi = tl.where(searching & ok, mid, hi)
-                lo = tl.where(searching & ~ok, mid, lo)
-            tau_key = hi
+            if from_candidates:
+                tau_key = _top_p_key(base, cand_base, cand_count_base, num_cand, temperature, budget, k_key, row_max, lo, max_key, True, CAND, BLOCK)
+            else:
+                tau_key = _top_p_key(base, cand_base, cand_count_base, Vl, temperature, budget, k_key, row_max, lo, max_key, False, CAND, BLOCK)
         tau = tl.where(tau_key == -2147483648, float("-inf"), key_to_float(tau_key))
     tl.store(tau_ptr + line, tau)

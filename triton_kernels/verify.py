@@ -5,6 +5,8 @@ size (B, K, V) is ever written: per line we keep partial (max, sum-exp, argmax, 
 vocabulary chunk, which every later step combines on the fly. The vocabulary is split into chunks
 so that even batch 1 spreads over many programs; each program loops over masked tiles of its chunk.
 
+0. (with top-k / top-p) ``candidates_kernel`` and ``threshold_kernel`` (thresholds.py): each
+   line's cut-off tau, read by the kernels below.
 1. ``line_stats_kernel``   grid (lines, chunks): temperature, cut-off, max and sum-exp partials.
 2. ``race_kernel``         grid (B, chunks): acceptance walk (cheap, repeated by every chunk
                            program of the row), then the exponential race of the residual (after
