@@ -92,7 +92,8 @@ def thresholds(args: VerifyArgs, logits: torch.Tensor, length: int, used_shift: 
     k.threshold_kernel[(lines,)](
         logits, tau, *per_row, candidates, count, floor, chunk_max, chunk_sum,
         length, width, logits.stride(0), logits.stride(1), chunks,
-        USED_SHIFT=used_shift, CHUNKS_POW2=triton.next_power_of_2(chunks), CAND=_CANDIDATES, BLOCK=block,
+        USED_SHIFT=used_shift, CHUNKS_POW2=triton.next_power_of_2(chunks), CAND=_CANDIDATES,
+        CANDS_POW2=triton.next_power_of_2(chunks * _CANDIDATES), BLOCK=block,
     )
     return tau
 

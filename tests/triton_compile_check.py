@@ -34,7 +34,7 @@ def variants(k):
     """(label, kernel, constexprs, logits type, tokens type) for every launch the backend makes."""
     for dtype, shift in itertools.product(LOGIT_TYPES, (0, 1)):
         yield f"candidates {dtype} shift={shift}", k.candidates_kernel, {"USED_SHIFT": shift, "CHUNK": 4096, "CAND": 64}, LOGIT_TYPES[dtype], "*i64"
-        yield f"threshold {dtype} shift={shift}", k.threshold_kernel, {"USED_SHIFT": shift, "CHUNKS_POW2": 64, "CAND": 64, "BLOCK": 1024}, LOGIT_TYPES[dtype], "*i64"
+        yield f"threshold {dtype} shift={shift}", k.threshold_kernel, {"USED_SHIFT": shift, "CHUNKS_POW2": 64, "CAND": 64, "CANDS_POW2": 4096, "BLOCK": 1024}, LOGIT_TYPES[dtype], "*i64"
         for filtered in (False, True):
             yield f"line_stats {dtype} shift={shift} filtered={filtered}", k.line_stats_kernel, {"USED_SHIFT": shift, "FILTERED": filtered, "BLOCK": 1024}, LOGIT_TYPES[dtype], "*i64"
     for dtype, has_draft, check_all, filtered, tokens in itertools.product(("fp32", "bf16"), (False, True), (False, True), (False, True), ("*i64", "*i32")):

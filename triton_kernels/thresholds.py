@@ -111,56 +111,63 @@ def candidates_kernel(
 
 
 @triton.jit
-def _load_values(base, cand_base, cand_count_base, start, Vl, temperature, offsets, FROM_CANDIDATES: tl.constexpr, CAND: tl.constexpr):
-    """One tile of scaled values: of the line, or of its candidate slots (-inf where unused)."""
+def _line_values(base, start, Vl, temperature, offsets):
+    """One tile of the line's scaled values (-inf past the end)."""
     idx = start + offsets
+    return tl.load(base + idx, mask=idx < Vl, other=float("-inf")).to(tl.float32) / temperature
+
+
+# The search helpers read either the candidates, held in registers (FROM_CANDIDATES: one reduction
+# per probe), or the whole line (a loop over its tiles per probe: the fallback).
+
+
+@triton.jit
+def _count_at_least(base, Vl, temperature, cand_key, cand_finite, mid, FROM_CANDIDATES: tl.constexpr, BLOCK: tl.constexpr):
+    """Number of finite values with key >= mid."""
     if FROM_CANDIDATES:
-        used = tl.load(cand_count_base + idx // CAND, mask=idx < Vl, other=0)
-        return tl.load(cand_base + idx, mask=(idx < Vl) & (idx % CAND < used), other=float("-inf"))
+        return tl.sum(((cand_key >= mid) & cand_finite).to(tl.int64), axis=0)
     else:
-        return tl.load(base + idx, mask=idx < Vl, other=float("-inf")).to(tl.float32) / temperature
+        offsets = tl.arange(0, BLOCK)
+        count = tl.zeros((), tl.int64)
+        for start in range(0, Vl, BLOCK):
+            s = _line_values(base, start, Vl, temperature, offsets)
+            count += tl.sum(((order_key(s) >= mid) & (s > float("-inf"))).to(tl.int64), axis=0)
+        return count
 
 
 @triton.jit
-def _count_at_least(base, cand_base, cand_count_base, n, temperature, mid, FROM_CANDIDATES: tl.constexpr, CAND: tl.constexpr, BLOCK: tl.constexpr):
-    offsets = tl.arange(0, BLOCK)
-    count = tl.zeros((), tl.int64)
-    for start in range(0, n, BLOCK):
-        s = _load_values(base, cand_base, cand_count_base, start, n, temperature, offsets, FROM_CANDIDATES, CAND)
-        count += tl.sum(((order_key(s) >= mid) & (start + offsets < n) & (s > float("-inf"))).to(tl.int64), axis=0)
-    return count
-
-
-@triton.jit
-def _mass_above(base, cand_base, cand_count_base, n, temperature, above_key, floor_key, row_max, FROM_CANDIDATES: tl.constexpr, CAND: tl.constexpr, BLOCK: tl.constexpr):
+def _mass_above(base, Vl, temperature, cand_key, cand_weight, above_key, floor_key, row_max, FROM_CANDIDATES: tl.constexpr, BLOCK: tl.constexpr):
     """Sum of exp(s - row_max) over the values with key > above_key and key >= floor_key."""
-    offsets = tl.arange(0, BLOCK)
-    mass = 0.0
-    for start in range(0, n, BLOCK):
-        s = _load_values(base, cand_base, cand_count_base, start, n, temperature, offsets, FROM_CANDIDATES, CAND)
-        key = order_key(s)
-        mass += tl.sum(tl.where((key > above_key) & (key >= floor_key) & (s > float("-inf")), tl.exp(s - row_max), 0.0), axis=0)
-    return mass
+    if FROM_CANDIDATES:
+        return tl.sum(tl.where((cand_key > above_key) & (cand_key >= floor_key), cand_weight, 0.0), axis=0)
+    else:
+        offsets = tl.arange(0, BLOCK)
+        mass = 0.0
+        for start in range(0, Vl, BLOCK):
+            s = _line_values(base, start, Vl, temperature, offsets)
+            key = order_key(s)
+            mass += tl.sum(tl.where((key > above_key) & (key >= floor_key) & (s > float("-inf")), tl.exp(s - row_max), 0.0), axis=0)
+        return mass
 
 
 @triton.jit
-def _top_k_key(base, cand_base, cand_count_base, n, temperature, top_k, lo, hi, FROM_CANDIDATES: tl.constexpr, CAND: tl.constexpr, BLOCK: tl.constexpr):
+def _top_k_key(base, Vl, temperature, cand_key, cand_finite, top_k, lo, hi, FROM_CANDIDATES: tl.constexpr, BLOCK: tl.constexpr):
     """The largest key t in [lo, hi] with count(key >= t) >= top_k, given that lo qualifies."""
     for _ in range(32):
         mid = lo + (hi - lo + 1) // 2
-        ok = _count_at_least(base, cand_base, cand_count_base, n, temperature, mid, FROM_CANDIDATES, CAND, BLOCK) >= top_k
+        ok = _count_at_least(base, Vl, temperature, cand_key, cand_finite, mid, FROM_CANDIDATES, BLOCK) >= top_k
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid - 1)
     return lo
 
 
 @triton.jit
-def _top_p_key(base, cand_base, cand_count_base, n, temperature, budget, k_key, row_max, lo, hi, FROM_CANDIDATES: tl.constexpr, CAND: tl.constexpr, BLOCK: tl.constexpr):
+def _top_p_key(base, Vl, temperature, cand_key, cand_weight, budget, k_key, row_max, lo, hi, FROM_CANDIDATES: tl.constexpr, BLOCK: tl.constexpr):
     """The smallest key t in (lo, hi] whose mass above (inside key >= k_key) is below budget, given
     that lo's is not and hi's is."""
     for _ in range(33):
         mid = lo + (hi - lo) // 2
-        above = _mass_above(base, cand_base, cand_count_base, n, temperature, mid, k_key, row_max, FROM_CANDIDATES, CAND, BLOCK)
+        above = _mass_above(base, Vl, temperature, cand_key, cand_weight, mid, k_key, row_max, FROM_CANDIDATES, BLOCK)
         searching = hi - lo > 1
         ok = above < budget
         hi = tl.where(searching & ok, mid, hi)
@@ -189,6 +196,7 @@ def threshold_kernel(
     USED_SHIFT: tl.constexpr,  # 0 for target lines (positions 0..n_b), 1 for draft lines (0..n_b-1)
     CHUNKS_POW2: tl.constexpr,
     CAND: tl.constexpr,
+    CANDS_POW2: tl.constexpr,  # next power of two of num_chunks * CAND: the candidates held in registers
     BLOCK: tl.constexpr,
 ):
     line = tl.program_id(0)
@@ -204,19 +212,24 @@ def threshold_kernel(
         max_key = order_key(row_max).to(tl.int64)
         # T: every value with key > T is among the candidates.
         floor = tl.max(tl.load(cand_floor_ptr + part, mask=cmask, other=-2147483648), axis=0).to(tl.int64)
-        cand_base = cand_ptr + line.to(tl.int64) * num_chunks * CAND
-        cand_count_base = cand_count_ptr + line.to(tl.int64) * num_chunks
-        num_cand = num_chunks * CAND
+        # The candidates, once, into registers: slot j of chunk c is used when j < its count.
+        slots = tl.arange(0, CANDS_POW2)
+        slot_chunk = slots // CAND
+        used = tl.load(cand_count_ptr + line.to(tl.int64) * num_chunks + slot_chunk, mask=slot_chunk < num_chunks, other=0)
+        cand_s = tl.load(cand_ptr + line.to(tl.int64) * num_chunks * CAND + slots, mask=(slot_chunk < num_chunks) & (slots % CAND < used), other=float("-inf"))
+        cand_key = order_key(cand_s)
+        cand_finite = cand_s > float("-inf")
+        cand_weight = tl.where(cand_finite, tl.exp(cand_s - row_max), 0.0)
 
         # top-k: the largest key t with count(key >= t) >= k is the k-th largest value.
         k_key = tl.full((), -2147483648, tl.int64)
         k_from_candidates = top_k < 0  # False, as a runtime value like the one assigned below
         if use_k:
-            k_from_candidates = _count_at_least(base, cand_base, cand_count_base, num_cand, temperature, floor + 1, True, CAND, BLOCK) >= top_k
+            k_from_candidates = _count_at_least(base, Vl, temperature, cand_key, cand_finite, floor + 1, True, BLOCK) >= top_k
             if k_from_candidates:
-                k_key = _top_k_key(base, cand_base, cand_count_base, num_cand, temperature, top_k, floor + 1, max_key, True, CAND, BLOCK)
+                k_key = _top_k_key(base, Vl, temperature, cand_key, cand_finite, top_k, floor + 1, max_key, True, BLOCK)
             else:
-                k_key = _top_k_key(base, cand_base, cand_count_base, Vl, temperature, top_k, k_key, max_key, False, CAND, BLOCK)
+                k_key = _top_k_key(base, Vl, temperature, cand_key, cand_finite, top_k, k_key, max_key, False, BLOCK)
 
         # top-p: the smallest key t whose strictly-greater mass (inside top-k) is below top_p * mass.
         tau_key = k_key
@@ -224,21 +237,21 @@ def threshold_kernel(
             if use_k:
                 from_candidates = k_from_candidates  # the whole top-k set is among them
                 if from_candidates:
-                    kept_mass = _mass_above(base, cand_base, cand_count_base, num_cand, temperature, k_key - 1, k_key, row_max, True, CAND, BLOCK)
+                    kept_mass = _mass_above(base, Vl, temperature, cand_key, cand_weight, k_key - 1, k_key, row_max, True, BLOCK)
                 else:
-                    kept_mass = _mass_above(base, cand_base, cand_count_base, Vl, temperature, k_key - 1, k_key, row_max, False, CAND, BLOCK)
+                    kept_mass = _mass_above(base, Vl, temperature, cand_key, cand_weight, k_key - 1, k_key, row_max, False, BLOCK)
                 lo = k_key - 1  # mass above lo is the whole top-k mass: not below budget
             else:
                 part_sum = tl.load(chunk_sum_ptr + part, mask=cmask, other=0.0)
                 kept_mass = tl.sum(tl.where(part_max > float("-inf"), part_sum * tl.exp(part_max - row_max), 0.0), axis=0)
                 # The cut lies above T when the candidates above T alone reach the budget.
-                above_floor = _mass_above(base, cand_base, cand_count_base, num_cand, temperature, floor, floor, row_max, True, CAND, BLOCK)
+                above_floor = _mass_above(base, Vl, temperature, cand_key, cand_weight, floor, floor, row_max, True, BLOCK)
                 from_candidates = above_floor >= top_p * kept_mass
                 lo = tl.where(from_candidates, floor, k_key - 1)
             budget = top_p * kept_mass
             if from_candidates:
-                tau_key = _top_p_key(base, cand_base, cand_count_base, num_cand, temperature, budget, k_key, row_max, lo, max_key, True, CAND, BLOCK)
+                tau_key = _top_p_key(base, Vl, temperature, cand_key, cand_weight, budget, k_key, row_max, lo, max_key, True, BLOCK)
             else:
-                tau_key = _top_p_key(base, cand_base, cand_count_base, Vl, temperature, budget, k_key, row_max, lo, max_key, False, CAND, BLOCK)
+                tau_key = _top_p_key(base, Vl, temperature, cand_key, cand_weight, budget, k_key, row_max, lo, max_key, False, BLOCK)
         tau = tl.where(tau_key == -2147483648, float("-inf"), key_to_float(tau_key))
     tl.store(tau_ptr + line, tau)
