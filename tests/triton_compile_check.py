@@ -12,7 +12,10 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
+import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 LOGIT_TYPES = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
@@ -45,6 +48,18 @@ def variants(k):
     yield "finalize", k.finalize_kernel, {"CHUNKS_POW2": 128, "K1_POW2": 16}, "*fp32", "*i64"
 
 
+def resource_usage(cubin: bytes, cuobjdump: str) -> str:
+    """'REG:n ... LOCAL:n' of a cubin (registers per thread; LOCAL > 0 means spills), or ''."""
+    if not os.path.exists(cuobjdump):
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+).*LOCAL:(\d+)", out)
+    return f"{found.group(1)} registers, {found.group(2)} bytes spilled" if found else ""
+
+
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("unset TRITON_INTERPRET: the interpreter replaces the compiler", file=sys.stderr)
@@ -61,6 +76,7 @@ def main() -> int:
     from specdec_ext._triton_backend import kernels
 
     target = GPUTarget("cuda", 90, 32)
+    cuobjdump = str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
     count = 0
     for label, kernel, constexprs, logits, tokens in variants(kernels()):
         signature = {}
@@ -84,7 +100,8 @@ def main() -> int:
             print(f"FAILED {label}: no cubin")
             return 1
         count += 1
-        print(f"compiled {label}")
+        usage = resource_usage(compiled.asm["cubin"], cuobjdump)
+        print(f"compiled {label}" + (f": {usage}" if usage else ""))
     print(f"ok {count}")
     return 0
 
