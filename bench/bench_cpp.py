@@ -170,6 +170,34 @@ def summarise(samples: list[float]) -> dict[str, float]:
     }
 
 
+def race_costs(vocab: int = 128256, rounds: int = 15, reps: int = 5) -> dict | None:
+    """Microseconds per bonus race (r = p) over one line on one thread (the kernel's race_ns hook),
+    for every instruction-set variant this CPU runs: ``bench_line``, a target line of the B=1 case
+    (3 * randn, as above), and ``flat_line``, all logits equal, where no id can be pruned, so every
+    id pays its Philox draw, log and divide. Lines and variants alternate, round after round;
+    median over rounds."""
+    if not _cpp_backend.is_available() or not hasattr(_cpp_backend._C, "race_ns"):
+        return None
+    lines = {"bench_line": make_inputs(1, 0, vocab)[0][0, 0].contiguous(), "flat_line": torch.zeros(vocab)}
+    used = _cpp_backend.isa()
+    variants = [isa for isa in ("avx512", "avx2", "neon", "base") if _cpp_backend._C.set_isa(isa)]
+    samples: dict[tuple[str, str], list[float]] = {(isa, name): [] for isa in variants for name in lines}
+    try:
+        for _ in range(rounds):
+            for isa in variants:
+                _cpp_backend._C.set_isa(isa)
+                for name, line in lines.items():
+                    samples[isa, name].append(_cpp_backend._C.race_ns(line, reps) / 1e3)
+    finally:
+        _cpp_backend._C.set_isa(used)
+    return {
+        "vocab": vocab,
+        "default_isa": used,
+        "us": {isa: {name: round(statistics.median(samples[isa, name]), 1) for name in lines} for isa in variants},
+        "min_us": {isa: {name: round(min(samples[isa, name]), 1) for name in lines} for isa in variants},
+    }
+
+
 def run(threads: int | None, budget_s: float, scheduler: str | None) -> dict:
     if threads:
         torch.set_num_threads(threads)
@@ -221,6 +249,7 @@ def run(threads: int | None, budget_s: float, scheduler: str | None) -> dict:
         },
         "timing": "methods take turns in a shuffled order each round; per turn one untimed call then two timed (time.perf_counter), warm caches, GC off; median (p10, min also kept)",
         "cases": rows,
+        "race": race_costs(),
     }
 
 
@@ -268,6 +297,11 @@ def format_table(doc: dict) -> str:
             label = ""
         for goal, result in case.get("goals", {}).items():
             lines.append(f"{'':<24} goal {goal}: {result['measured']}x -> {'PASS' if result['pass'] else 'FAIL'}")
+    race = doc.get("race")
+    if race:
+        lines += ["", f"race over V={race['vocab']} on one thread, median us (bench line / flat line, nothing pruned):"]
+        for isa, values in race["us"].items():
+            lines.append(f"  {isa:<8} {values['bench_line']:>9.1f} / {values['flat_line']:>9.1f}")
     return "\n".join(lines)
 
 

@@ -967,6 +967,48 @@ at::Tensor sample_cpu(const at::Tensor& logits, const at::Tensor& temperature, c
   return std::get<0>(result).select(1, 0);
 }
 
+// Benchmark hook (bench/bench_cpp.py): nanoseconds per bonus race (r = p, no draft) over a whole
+// float32 line, on the calling thread, chunk after chunk as a verify call runs it; a fresh key
+// each repetition. The line statistics are computed once, outside the timing.
+double race_ns(const at::Tensor& line, int64_t reps) {
+  TORCH_CHECK(line.dim() == 1 && line.scalar_type() == at::kFloat && line.device().is_cpu() && line.is_contiguous(),
+              "specdec: race_ns takes a contiguous (V,) float32 CPU tensor");
+  TORCH_CHECK(reps >= 1, "specdec: reps must be >= 1");
+  const Kernels& k = kernels();
+  const int64_t vocab = line.size(0);
+  StatsResult st;
+  k.stats(line.const_data_ptr(), kF32, vocab, 1.0f, &st);
+  RaceArgs a{};
+  a.target = line.const_data_ptr();
+  a.target_dtype = kF32;
+  a.scale = 1.0f;
+  a.p_max = st.m;
+  a.p_norm = st.z;
+  a.p_tau = -kInf;
+  a.draft = nullptr;
+  a.q_norm = 1.0f;
+  a.one_hot = -1;
+  a.residual = false;
+  int64_t sink = 0;
+  const int64_t start = now_ns();
+  for (int64_t rep = 0; rep < reps; ++rep) {
+    uint32_t shared = 0;
+    a.key0 = static_cast<uint32_t>(rep);
+    a.key1 = 0x5EEDu;
+    a.shared_best = &shared;
+    RaceBest best{0.0f, -1};
+    for (int64_t begin = 0; begin < vocab; begin += kChunk) {
+      RaceBest part{0.0f, -1};
+      k.race(&a, begin, std::min(kChunk, vocab - begin), &part);
+      if (part.index >= 0 && part.value > best.value) best = part;
+    }
+    sink += best.index;
+  }
+  const int64_t elapsed = now_ns() - start;
+  TORCH_CHECK(sink >= 0, "specdec: race_ns found no winner");
+  return static_cast<double>(elapsed) / static_cast<double>(reps);
+}
+
 }  // namespace
 }  // namespace specdec
 
@@ -991,6 +1033,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("draft_logits"), pybind11::arg("draft_tokens"), pybind11::arg("temperature"), pybind11::arg("top_k"), pybind11::arg("top_p"),
         pybind11::arg("num_draft_tokens"), pybind11::arg("seed"), pybind11::arg("check") = true);
   m.def("sample", &specdec::sample_cpu, "One token per row (verify with K = 0)");
+  m.def("race_ns", &specdec::race_ns, "Benchmark hook: ns per bonus race over a (V,) float32 line on one thread", pybind11::arg("line"),
+        pybind11::arg("reps"));
   m.def("isa", &specdec::isa, "The instruction-set variant in use");
   m.def("set_isa", &specdec::set_isa, "Pin a variant ('auto', 'avx512', 'avx2', 'base'); False if this CPU lacks it");
   m.def("scheduler", &specdec::scheduler, "How work is spread over threads: 'auto' (default), 'openmp' or 'pool'");
