@@ -1,19 +1,21 @@
 // The vectorised loops behind kernel.h. Included by kernel_avx512.cpp, kernel_avx2.cpp and
-// kernel_base.cpp after their `#pragma GCC target`, with SPECDEC_ISA naming the namespace and
-// SPECDEC_VBYTES the native vector width in bytes (64, 32 or 16).
+// kernel_base.cpp inside a target region (GCC: #pragma GCC target; clang: #pragma clang attribute
+// with a target attribute on every function), with
+// SPECDEC_ISA naming the namespace and SPECDEC_VBYTES the native vector width in bytes (64, 32 or 16).
 //
 // Two kinds of loops:
 // * element-wise loops over small stack blocks (`out[i] = f(in[i])`: exp, log, probabilities),
-//   which GCC vectorises on its own (checked with -fopt-info-vec);
-// * reductions (max, sums, counts), written with GCC vector types as a bundle of 16 lanes held in
+//   which the compiler vectorises on its own (checked with -fopt-info-vec / -Rpass=loop-vectorize);
+// * reductions (max, sums, counts), written with vector types as a bundle of 16 lanes held in
 //   16 / (native width) registers. Element i always lands in lane i % 16 and the 16 lanes are
 //   combined by one fixed tree, so every instruction set (and every thread count) adds in the
-//   same order: the AVX2 and AVX-512 builds agree bit for bit, and the SSE2 build differs only
+//   same order: the AVX2 and AVX-512 builds agree bit for bit, and the portable build differs only
 //   through the last bit of its unfused exp / log (fastmath.h).
 //
-// Philox needs 32x32->64-bit products; the vectoriser picks slow 64-bit multiplies for them, so
-// that loop uses the pmuludq intrinsics directly (even / odd lanes). The race (race_block) skips
-// the ids that provably cannot win before drawing their exponentials.
+// Philox needs 32x32->64-bit products, which the vectorisers compile poorly, so it is written with
+// intrinsics per instruction set (SSE2, AVX2, AVX-512, NEON). One Philox evaluation gives the race
+// words of four consecutive ids (stream v2). The race (race_block) skips the ids that provably
+// cannot win, first in logit space (no exp, no Philox), before drawing their exponentials.
 #ifndef SPECDEC_ISA
 #error "define SPECDEC_ISA before including kernel_impl.h"
 #endif
@@ -21,9 +23,19 @@
 #define SPECDEC_VBYTES 16
 #endif
 
+#include <cmath>
+
 #include "fastmath.h"
 #include "kernel.h"
 #include "philox.h"
+
+#if defined(SPECDEC_EMULATE_AVX512)
+#include "tests/avx512_emulation.h"
+#elif defined(__x86_64__)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 namespace specdec {
 namespace SPECDEC_ISA {
@@ -40,22 +52,31 @@ using fastmath::log_pos;
 constexpr int kLanes = 16;
 constexpr int kW = SPECDEC_VBYTES / 4;  // floats per native vector
 constexpr int kJ = kLanes / kW;         // native vectors per 16-lane bundle
-constexpr int64_t kBlock = 512;         // element-wise block (a multiple of kLanes), kept on the stack
+constexpr int kDW = SPECDEC_VBYTES / 8;  // doubles per native vector
+constexpr int kDJ = kLanes / kDW;        // native double vectors per 16-lane bundle
+constexpr int64_t kBlock = 512;          // element-wise block (a multiple of 64), kept on the stack
 constexpr int kNoDraft = -1;
-constexpr int64_t kPrefetchBlocks = 4;  // software prefetch distance of the one-pass statistics
 constexpr float kPruneFactor = 5e-8f;  // below -log(1 - 2^-24), the smallest exponential
 
 typedef float vfloat __attribute__((vector_size(SPECDEC_VBYTES)));
 typedef int32_t vint __attribute__((vector_size(SPECDEC_VBYTES)));
+typedef double vdouble __attribute__((vector_size(SPECDEC_VBYTES)));
+typedef float vfhalf __attribute__((vector_size(SPECDEC_VBYTES / 2)));
 
-inline __attribute__((always_inline)) vfloat vload(const float* p) {
+SPECDEC_ALWAYS_INLINE vfloat vload(const float* p) {
   vfloat v;
   __builtin_memcpy(&v, p, sizeof(v));
   return v;
 }
 
+SPECDEC_ALWAYS_INLINE vdouble vload_widen(const float* p) {
+  vfhalf h;
+  __builtin_memcpy(&h, p, sizeof(h));
+  return __builtin_convertvector(h, vdouble);
+}
+
 template <int DT>
-inline __attribute__((always_inline)) float load(const void* p, int64_t i) {
+SPECDEC_ALWAYS_INLINE float load(const void* p, int64_t i) {
   if constexpr (DT == kF32) {
     return static_cast<const float*>(p)[i];
   } else if constexpr (DT == kBF16) {
@@ -65,11 +86,11 @@ inline __attribute__((always_inline)) float load(const void* p, int64_t i) {
   }
 }
 
-// Lane l of a bundle is acc[l / kW][l % kW]; the tree below is the same for every kW.
-SPECDEC_ALWAYS_INLINE float tree_sum(const vfloat* acc) {
-  float lanes[kLanes];
-  for (int j = 0; j < kJ; ++j) {
-    for (int l = 0; l < kW; ++l) lanes[j * kW + l] = acc[j][l];
+// Lane l of a bundle is acc[l / kDW][l % kDW]; the tree below is the same for every width.
+SPECDEC_ALWAYS_INLINE double tree_sum(const vdouble* acc) {
+  double lanes[kLanes];
+  for (int j = 0; j < kDJ; ++j) {
+    for (int l = 0; l < kDW; ++l) lanes[j * kDW + l] = acc[j][l];
   }
   for (int width = kLanes / 2; width > 0; width /= 2) {
     for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
@@ -77,36 +98,54 @@ SPECDEC_ALWAYS_INLINE float tree_sum(const vfloat* acc) {
   return lanes[0];
 }
 
-// acc += values[0, n) with n a multiple of kLanes.
-SPECDEC_ALWAYS_INLINE void bundle_add(const float* values, int64_t n, vfloat* acc) {
+// acc += values[0, n) widened to double, with n a multiple of kLanes.
+SPECDEC_ALWAYS_INLINE void bundle_add(const float* values, int64_t n, vdouble* acc) {
   for (int64_t i = 0; i < n; i += kLanes) {
-#pragma GCC unroll 4
-    for (int j = 0; j < kJ; ++j) acc[j] += vload(values + i + j * kW);
+#pragma GCC unroll 8
+    for (int j = 0; j < kDJ; ++j) acc[j] += vload_widen(values + i + j * kDW);
   }
 }
 
-// Max of values[0, n) (n a multiple of kLanes) into *mx, OR of NaN flags into *nan.
+// Max of values[0, n) (n a multiple of kLanes) into *mx, OR of NaN flags into *nan. Max and OR do
+// not depend on the order, so four independent bundles keep the loads streaming.
 SPECDEC_ALWAYS_INLINE void bundle_max_nan(const float* values, int64_t n, float* mx, bool* nan) {
-  vfloat m[kJ];
-  vint flag[kJ];
-  for (int j = 0; j < kJ; ++j) {
-    m[j] = vfloat{} + *mx;
-    flag[j] = vint{};
+  constexpr int kU = 4;
+  vfloat m[kU][kJ];
+  vint flag[kU][kJ];
+  for (int u = 0; u < kU; ++u) {
+    for (int j = 0; j < kJ; ++j) {
+      m[u][j] = vfloat{} + *mx;
+      flag[u][j] = vint{};
+    }
   }
-  for (int64_t i = 0; i < n; i += kLanes) {
+  int64_t i = 0;
+  for (; i + kU * kLanes <= n; i += kU * kLanes) {
+#pragma GCC unroll 16
+    for (int u = 0; u < kU; ++u) {
+#pragma GCC unroll 4
+      for (int j = 0; j < kJ; ++j) {
+        const vfloat v = vload(values + i + u * kLanes + j * kW);
+        m[u][j] = v > m[u][j] ? v : m[u][j];
+        flag[u][j] |= v != v;
+      }
+    }
+  }
+  for (; i < n; i += kLanes) {
 #pragma GCC unroll 4
     for (int j = 0; j < kJ; ++j) {
       const vfloat v = vload(values + i + j * kW);
-      m[j] = v > m[j] ? v : m[j];
-      flag[j] |= v != v;
+      m[0][j] = v > m[0][j] ? v : m[0][j];
+      flag[0][j] |= v != v;
     }
   }
   float out = *mx;
   int32_t any = 0;
-  for (int j = 0; j < kJ; ++j) {
-    for (int l = 0; l < kW; ++l) {
-      out = m[j][l] > out ? m[j][l] : out;
-      any |= flag[j][l];
+  for (int u = 0; u < kU; ++u) {
+    for (int j = 0; j < kJ; ++j) {
+      for (int l = 0; l < kW; ++l) {
+        out = m[u][j][l] > out ? m[u][j][l] : out;
+        any |= flag[u][j][l];
+      }
     }
   }
   *mx = out;
@@ -148,110 +187,263 @@ SPECDEC_ALWAYS_INLINE int64_t bundle_count_above(const float* values, int64_t n,
 
 SPECDEC_ALWAYS_INLINE int64_t round_up_lanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
+// Bit l set where values[l] > t, for 16 values.
+SPECDEC_ALWAYS_INLINE uint32_t gt_mask16(const float* values, float t) {
+  uint32_t mask = 0;
+  for (int j = 0; j < kJ; ++j) {
+    const vint hit = vload(values + j * kW) > t;
+    for (int l = 0; l < kW; ++l) mask |= static_cast<uint32_t>(hit[l] & 1) << (j * kW + l);
+  }
+  return mask;
+}
+
+// Bit l set where values[l] >= t, for 16 values.
+SPECDEC_ALWAYS_INLINE uint32_t ge_mask16(const float* values, float t) {
+#if defined(__x86_64__) && SPECDEC_VBYTES == 64
+  return _mm512_cmp_ps_mask(_mm512_loadu_ps(values), _mm512_set1_ps(t), _CMP_GE_OQ);
+#elif defined(__x86_64__) && SPECDEC_VBYTES == 32
+  const __m256 bound = _mm256_set1_ps(t);
+  const uint32_t low = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(values), bound, _CMP_GE_OQ)));
+  const uint32_t high = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(values + 8), bound, _CMP_GE_OQ)));
+  return low | (high << 8);
+#elif defined(__x86_64__)
+  const __m128 bound = _mm_set1_ps(t);
+  uint32_t mask = 0;
+  for (int q = 0; q < 4; ++q) mask |= static_cast<uint32_t>(_mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(values + 4 * q), bound))) << (4 * q);
+  return mask;
+#else
+  uint32_t mask = 0;
+  for (int j = 0; j < kJ; ++j) {
+    const vint hit = vload(values + j * kW) >= t;
+    for (int l = 0; l < kW; ++l) mask |= static_cast<uint32_t>(hit[l] & 1) << (j * kW + l);
+  }
+  return mask;
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
-// Philox word 0 for ids [v0, v0 + n): 16 / 8 / 4 ids per step with pmuludq.
+// Philox4x32-10 on vectors of counters. Two layouts:
+// * groups: lane g evaluates counter (v0 / 4 + g, p_lo, p_hi, stream) and its four words are
+//   stored, transposed, as the race words of ids v0 + 4g .. v0 + 4g + 3 (one evaluation per four ids);
+// * list: lane i evaluates the counter of ids[i] and keeps word ids[i] & 3 (sparse id lists).
+// Each instruction set supplies: p_set1, p_iota (0, 1, ..., L-1), p_add, p_xor3, p_shr2, p_and3,
+// p_mulhilo (high and low words of 32x32-bit products), p_load / p_store, p_store_groups (the 4 x L
+// transpose) and p_select (word ids & 3 of the four).
 
 #if defined(__x86_64__) && SPECDEC_VBYTES == 64
-// AVX-512: even and odd ids in separate registers of 64-bit lanes whose low words hold the state.
-// pmuludq reads only the low words, so the high words may hold garbage and no re-packing is
-// needed between rounds (12 instead of 14 operations per round and 16 ids).
-#define SPECDEC_PHILOX_AVX512 1
+#define SPECDEC_PHILOX_LANES 16
+typedef __m512i vphilox;
+SPECDEC_ALWAYS_INLINE vphilox p_set1(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
+SPECDEC_ALWAYS_INLINE vphilox p_iota() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+SPECDEC_ALWAYS_INLINE vphilox p_add(vphilox a, vphilox b) { return _mm512_add_epi32(a, b); }
+SPECDEC_ALWAYS_INLINE vphilox p_xor3(vphilox a, vphilox b, vphilox c) { return _mm512_ternarylogic_epi32(a, b, c, 0x96); }
+SPECDEC_ALWAYS_INLINE vphilox p_shr2(vphilox a) { return _mm512_srli_epi32(a, 2); }
+SPECDEC_ALWAYS_INLINE vphilox p_load(const uint32_t* in) { return _mm512_loadu_si512(in); }
+SPECDEC_ALWAYS_INLINE void p_store(uint32_t* out, vphilox x) { _mm512_storeu_si512(out, x); }
+SPECDEC_ALWAYS_INLINE void p_mulhilo(vphilox a, vphilox b, vphilox* hi, vphilox* lo) {
+  const vphilox even = _mm512_mul_epu32(a, b);                       // 64-bit products of lanes 0, 2, ...
+  const vphilox odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), b);  // of lanes 1, 3, ...
+  *lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
+  *hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
+}
+SPECDEC_ALWAYS_INLINE vphilox p_select(vphilox c0, vphilox c1, vphilox c2, vphilox c3, vphilox ids) {
+  const vphilox which = _mm512_and_si512(ids, _mm512_set1_epi32(3));
+  vphilox w = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(which, _mm512_set1_epi32(1)), c0, c1);
+  w = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(which, _mm512_set1_epi32(2)), w, c2);
+  return _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(which, _mm512_set1_epi32(3)), w, c3);
+}
+// out[4g + w] = c_w[g] for g < 16: a 4 x 4 transpose inside each 128-bit lane, then one of the
+// four 128-bit lanes.
+SPECDEC_ALWAYS_INLINE void p_store_groups(uint32_t* out, vphilox c0, vphilox c1, vphilox c2, vphilox c3) {
+  const vphilox t0 = _mm512_unpacklo_epi32(c0, c1), t1 = _mm512_unpacklo_epi32(c2, c3);
+  const vphilox t2 = _mm512_unpackhi_epi32(c0, c1), t3 = _mm512_unpackhi_epi32(c2, c3);
+  const vphilox u0 = _mm512_unpacklo_epi64(t0, t1), u1 = _mm512_unpackhi_epi64(t0, t1);  // groups 4l, 4l + 1 of lane l
+  const vphilox u2 = _mm512_unpacklo_epi64(t2, t3), u3 = _mm512_unpackhi_epi64(t2, t3);  // groups 4l + 2, 4l + 3
+  const vphilox a01 = _mm512_shuffle_i32x4(u0, u1, 0x44), a23 = _mm512_shuffle_i32x4(u2, u3, 0x44);  // lanes 0, 1
+  const vphilox b01 = _mm512_shuffle_i32x4(u0, u1, 0xEE), b23 = _mm512_shuffle_i32x4(u2, u3, 0xEE);  // lanes 2, 3
+  p_store(out, _mm512_shuffle_i32x4(a01, a23, 0x88));       // groups 0-3
+  p_store(out + 16, _mm512_shuffle_i32x4(a01, a23, 0xDD));  // groups 4-7
+  p_store(out + 32, _mm512_shuffle_i32x4(b01, b23, 0x88));  // groups 8-11
+  p_store(out + 48, _mm512_shuffle_i32x4(b01, b23, 0xDD));  // groups 12-15
+}
 #elif defined(__x86_64__) && SPECDEC_VBYTES == 32
+#define SPECDEC_PHILOX_LANES 8
 typedef __m256i vphilox;
-inline vphilox p_set1(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
-inline vphilox p_xor3(vphilox a, vphilox b, vphilox c) { return _mm256_xor_si256(_mm256_xor_si256(a, b), c); }
-inline vphilox p_ids(uint32_t base) { return _mm256_add_epi32(p_set1(base), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
-inline void p_mulhilo(vphilox a, vphilox b, vphilox* hi, vphilox* lo) {
+SPECDEC_ALWAYS_INLINE vphilox p_set1(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
+SPECDEC_ALWAYS_INLINE vphilox p_iota() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
+SPECDEC_ALWAYS_INLINE vphilox p_add(vphilox a, vphilox b) { return _mm256_add_epi32(a, b); }
+SPECDEC_ALWAYS_INLINE vphilox p_xor3(vphilox a, vphilox b, vphilox c) { return _mm256_xor_si256(_mm256_xor_si256(a, b), c); }
+SPECDEC_ALWAYS_INLINE vphilox p_shr2(vphilox a) { return _mm256_srli_epi32(a, 2); }
+SPECDEC_ALWAYS_INLINE vphilox p_load(const uint32_t* in) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in)); }
+SPECDEC_ALWAYS_INLINE void p_store(uint32_t* out, vphilox x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), x); }
+SPECDEC_ALWAYS_INLINE void p_mulhilo(vphilox a, vphilox b, vphilox* hi, vphilox* lo) {
   const vphilox even = _mm256_mul_epu32(a, b);
   const vphilox odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), b);
   *lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
   *hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
 }
-inline void p_store(uint32_t* out, vphilox x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), x); }
-inline vphilox p_load(const uint32_t* in) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in)); }
-#define SPECDEC_HAVE_PHILOX_SIMD 1
+SPECDEC_ALWAYS_INLINE vphilox p_select(vphilox c0, vphilox c1, vphilox c2, vphilox c3, vphilox ids) {
+  const vphilox which = _mm256_and_si256(ids, _mm256_set1_epi32(3));
+  vphilox w = _mm256_blendv_epi8(c0, c1, _mm256_cmpeq_epi32(which, _mm256_set1_epi32(1)));
+  w = _mm256_blendv_epi8(w, c2, _mm256_cmpeq_epi32(which, _mm256_set1_epi32(2)));
+  return _mm256_blendv_epi8(w, c3, _mm256_cmpeq_epi32(which, _mm256_set1_epi32(3)));
+}
+// out[4g + w] = c_w[g] for g < 8: a 4 x 4 transpose in each 128-bit half, then the halves in order.
+SPECDEC_ALWAYS_INLINE void p_store_groups(uint32_t* out, vphilox c0, vphilox c1, vphilox c2, vphilox c3) {
+  const vphilox t0 = _mm256_unpacklo_epi32(c0, c1), t1 = _mm256_unpacklo_epi32(c2, c3);
+  const vphilox t2 = _mm256_unpackhi_epi32(c0, c1), t3 = _mm256_unpackhi_epi32(c2, c3);
+  const vphilox g04 = _mm256_unpacklo_epi64(t0, t1), g15 = _mm256_unpackhi_epi64(t0, t1);  // groups (0 | 4), (1 | 5)
+  const vphilox g26 = _mm256_unpacklo_epi64(t2, t3), g37 = _mm256_unpackhi_epi64(t2, t3);  // groups (2 | 6), (3 | 7)
+  p_store(out, _mm256_permute2x128_si256(g04, g15, 0x20));
+  p_store(out + 8, _mm256_permute2x128_si256(g26, g37, 0x20));
+  p_store(out + 16, _mm256_permute2x128_si256(g04, g15, 0x31));
+  p_store(out + 24, _mm256_permute2x128_si256(g26, g37, 0x31));
+}
 #elif defined(__x86_64__)
+#define SPECDEC_PHILOX_LANES 4
 typedef __m128i vphilox;
-inline vphilox p_set1(uint32_t x) { return _mm_set1_epi32(static_cast<int>(x)); }
-inline vphilox p_xor3(vphilox a, vphilox b, vphilox c) { return _mm_xor_si128(_mm_xor_si128(a, b), c); }
-inline vphilox p_ids(uint32_t base) { return _mm_add_epi32(p_set1(base), _mm_setr_epi32(0, 1, 2, 3)); }
-inline void p_mulhilo(vphilox a, vphilox b, vphilox* hi, vphilox* lo) {
-  const vphilox even = _mm_mul_epu32(a, b);                       // [lo0 hi0 lo2 hi2]
-  const vphilox odd = _mm_mul_epu32(_mm_srli_epi64(a, 32), b);    // [lo1 hi1 lo3 hi3]
-  const vphilox first = _mm_unpacklo_epi32(even, odd);            // [lo0 lo1 hi0 hi1]
-  const vphilox second = _mm_unpackhi_epi32(even, odd);           // [lo2 lo3 hi2 hi3]
+SPECDEC_ALWAYS_INLINE vphilox p_set1(uint32_t x) { return _mm_set1_epi32(static_cast<int>(x)); }
+SPECDEC_ALWAYS_INLINE vphilox p_iota() { return _mm_setr_epi32(0, 1, 2, 3); }
+SPECDEC_ALWAYS_INLINE vphilox p_add(vphilox a, vphilox b) { return _mm_add_epi32(a, b); }
+SPECDEC_ALWAYS_INLINE vphilox p_xor3(vphilox a, vphilox b, vphilox c) { return _mm_xor_si128(_mm_xor_si128(a, b), c); }
+SPECDEC_ALWAYS_INLINE vphilox p_shr2(vphilox a) { return _mm_srli_epi32(a, 2); }
+SPECDEC_ALWAYS_INLINE vphilox p_load(const uint32_t* in) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(in)); }
+SPECDEC_ALWAYS_INLINE void p_store(uint32_t* out, vphilox x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(out), x); }
+SPECDEC_ALWAYS_INLINE void p_mulhilo(vphilox a, vphilox b, vphilox* hi, vphilox* lo) {
+  const vphilox even = _mm_mul_epu32(a, b);                     // [lo0 hi0 lo2 hi2]
+  const vphilox odd = _mm_mul_epu32(_mm_srli_epi64(a, 32), b);  // [lo1 hi1 lo3 hi3]
+  const vphilox first = _mm_unpacklo_epi32(even, odd);          // [lo0 lo1 hi0 hi1]
+  const vphilox second = _mm_unpackhi_epi32(even, odd);         // [lo2 lo3 hi2 hi3]
   *lo = _mm_unpacklo_epi64(first, second);
   *hi = _mm_unpackhi_epi64(first, second);
 }
-inline void p_store(uint32_t* out, vphilox x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(out), x); }
-inline vphilox p_load(const uint32_t* in) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(in)); }
-#define SPECDEC_HAVE_PHILOX_SIMD 1
+SPECDEC_ALWAYS_INLINE vphilox p_select(vphilox c0, vphilox c1, vphilox c2, vphilox c3, vphilox ids) {
+  // No blendv before SSE4.1: and / andnot / or.
+  const vphilox which = _mm_and_si128(ids, _mm_set1_epi32(3));
+  const vphilox m1 = _mm_cmpeq_epi32(which, _mm_set1_epi32(1)), m2 = _mm_cmpeq_epi32(which, _mm_set1_epi32(2));
+  const vphilox m3 = _mm_cmpeq_epi32(which, _mm_set1_epi32(3)), m0 = _mm_cmpeq_epi32(which, _mm_setzero_si128());
+  return _mm_or_si128(_mm_or_si128(_mm_and_si128(m0, c0), _mm_and_si128(m1, c1)), _mm_or_si128(_mm_and_si128(m2, c2), _mm_and_si128(m3, c3)));
+}
+SPECDEC_ALWAYS_INLINE void p_store_groups(uint32_t* out, vphilox c0, vphilox c1, vphilox c2, vphilox c3) {
+  const vphilox t0 = _mm_unpacklo_epi32(c0, c1), t1 = _mm_unpacklo_epi32(c2, c3);
+  const vphilox t2 = _mm_unpackhi_epi32(c0, c1), t3 = _mm_unpackhi_epi32(c2, c3);
+  p_store(out, _mm_unpacklo_epi64(t0, t1));
+  p_store(out + 4, _mm_unpackhi_epi64(t0, t1));
+  p_store(out + 8, _mm_unpacklo_epi64(t2, t3));
+  p_store(out + 12, _mm_unpackhi_epi64(t2, t3));
+}
+#elif defined(__aarch64__)
+#define SPECDEC_PHILOX_LANES 4
+typedef uint32x4_t vphilox;
+SPECDEC_ALWAYS_INLINE vphilox p_set1(uint32_t x) { return vdupq_n_u32(x); }
+SPECDEC_ALWAYS_INLINE vphilox p_iota() {
+  static const uint32_t kIota[4] = {0, 1, 2, 3};
+  return vld1q_u32(kIota);
+}
+SPECDEC_ALWAYS_INLINE vphilox p_add(vphilox a, vphilox b) { return vaddq_u32(a, b); }
+SPECDEC_ALWAYS_INLINE vphilox p_xor3(vphilox a, vphilox b, vphilox c) { return veorq_u32(veorq_u32(a, b), c); }
+SPECDEC_ALWAYS_INLINE vphilox p_shr2(vphilox a) { return vshrq_n_u32(a, 2); }
+SPECDEC_ALWAYS_INLINE vphilox p_load(const uint32_t* in) { return vld1q_u32(in); }
+SPECDEC_ALWAYS_INLINE void p_store(uint32_t* out, vphilox x) { vst1q_u32(out, x); }
+SPECDEC_ALWAYS_INLINE void p_mulhilo(vphilox a, vphilox b, vphilox* hi, vphilox* lo) {
+  const uint32x4_t low_products = vreinterpretq_u32_u64(vmull_u32(vget_low_u32(a), vget_low_u32(b)));  // [lo0 hi0 lo1 hi1]
+  const uint32x4_t high_products = vreinterpretq_u32_u64(vmull_high_u32(a, b));                       // [lo2 hi2 lo3 hi3]
+  *lo = vuzp1q_u32(low_products, high_products);
+  *hi = vuzp2q_u32(low_products, high_products);
+}
+SPECDEC_ALWAYS_INLINE vphilox p_select(vphilox c0, vphilox c1, vphilox c2, vphilox c3, vphilox ids) {
+  const uint32x4_t which = vandq_u32(ids, vdupq_n_u32(3));
+  uint32x4_t w = vbslq_u32(vceqq_u32(which, vdupq_n_u32(1)), c1, c0);
+  w = vbslq_u32(vceqq_u32(which, vdupq_n_u32(2)), c2, w);
+  return vbslq_u32(vceqq_u32(which, vdupq_n_u32(3)), c3, w);
+}
+SPECDEC_ALWAYS_INLINE void p_store_groups(uint32_t* out, vphilox c0, vphilox c1, vphilox c2, vphilox c3) {
+  uint32x4x4_t words;
+  words.val[0] = c0;
+  words.val[1] = c1;
+  words.val[2] = c2;
+  words.val[3] = c3;
+  vst4q_u32(out, words);  // interleaving store: out[4g + w] = c_w[g]
+}
 #endif
 
-// out[i] = word 0 of Philox(id_i, position, row, sample stream) for i < n (n a multiple of kLanes),
-// with id_i = ids[i], or v0 + i when ids is null.
-void philox_block(const uint32_t* ids, uint32_t v0, int64_t n, uint32_t position, uint32_t row, uint32_t key0, uint32_t key1, uint32_t* out) {
-#if defined(SPECDEC_PHILOX_AVX512)
-  const __m512i round_a = _mm512_set1_epi64(philox::kRoundA), round_b = _mm512_set1_epi64(philox::kRoundB);
-  __m512i keys0[10], keys1[10];
+#if defined(SPECDEC_PHILOX_LANES)
+constexpr int kPL = SPECDEC_PHILOX_LANES;
+
+struct PhiloxKeys {
+  vphilox k0[10], k1[10];
+  vphilox c1, c2, c3;
+};
+
+SPECDEC_ALWAYS_INLINE void philox_setup(const RaceArgs* a, PhiloxKeys* keys) {
   for (int r = 0; r < 10; ++r) {
-    keys0[r] = _mm512_set1_epi64(key0 + static_cast<uint32_t>(r) * philox::kKeyA);
-    keys1[r] = _mm512_set1_epi64(key1 + static_cast<uint32_t>(r) * philox::kKeyB);
+    keys->k0[r] = p_set1(a->key0 + static_cast<uint32_t>(r) * philox::kKeyA);
+    keys->k1[r] = p_set1(a->key1 + static_cast<uint32_t>(r) * philox::kKeyB);
   }
-  const __m512i c1_init = _mm512_set1_epi64(position), c2_init = _mm512_set1_epi64(row);
-  const __m512i c3_init = _mm512_set1_epi64(philox::kSampleStream);
-  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int64_t i = 0; i < n; i += 16) {
-    // 16 ids as 32-bit lanes: the even ones already sit in the low words of the 64-bit lanes.
-    const __m512i x = ids != nullptr ? _mm512_loadu_si512(ids + i) : _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(v0 + static_cast<uint32_t>(i))), iota);
-    __m512i e0 = x, e1 = c1_init, e2 = c2_init, e3 = c3_init;
-    __m512i o0 = _mm512_srli_epi64(x, 32), o1 = c1_init, o2 = c2_init, o3 = c3_init;
-#pragma GCC unroll 10
-    for (int r = 0; r < 10; ++r) {
-      const __m512i prod_be = _mm512_mul_epu32(e2, round_b), prod_ae = _mm512_mul_epu32(e0, round_a);
-      const __m512i prod_bo = _mm512_mul_epu32(o2, round_b), prod_ao = _mm512_mul_epu32(o0, round_a);
-      e0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(prod_be, 32), e1, keys0[r], 0x96);
-      e2 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(prod_ae, 32), e3, keys1[r], 0x96);
-      e1 = prod_be;
-      e3 = prod_ae;
-      o0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(prod_bo, 32), o1, keys0[r], 0x96);
-      o2 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(prod_ao, 32), o3, keys1[r], 0x96);
-      o1 = prod_bo;
-      o3 = prod_ao;
-    }
-    _mm512_storeu_si512(out + i, _mm512_mask_blend_epi32(0xAAAA, e0, _mm512_slli_epi64(o0, 32)));
-  }
-#elif defined(SPECDEC_HAVE_PHILOX_SIMD)
-  constexpr int kStep = SPECDEC_VBYTES / 4;
+  keys->c1 = p_set1(a->p_lo);
+  keys->c2 = p_set1(a->p_hi);
+  keys->c3 = p_set1(a->stream);
+}
+
+SPECDEC_ALWAYS_INLINE void philox_rounds(const PhiloxKeys& keys, vphilox* c0, vphilox* c1, vphilox* c2, vphilox* c3) {
   const vphilox round_a = p_set1(philox::kRoundA), round_b = p_set1(philox::kRoundB);
-  vphilox keys0[10], keys1[10];
-  for (int r = 0; r < 10; ++r) {
-    keys0[r] = p_set1(key0 + static_cast<uint32_t>(r) * philox::kKeyA);
-    keys1[r] = p_set1(key1 + static_cast<uint32_t>(r) * philox::kKeyB);
-  }
-  const vphilox c1_init = p_set1(position), c2_init = p_set1(row), c3_init = p_set1(philox::kSampleStream);
-  for (int64_t i = 0; i < n; i += kStep) {
-    vphilox c0 = ids != nullptr ? p_load(ids + i) : p_ids(v0 + static_cast<uint32_t>(i)), c1 = c1_init, c2 = c2_init, c3 = c3_init;
 #pragma GCC unroll 10
-    for (int r = 0; r < 10; ++r) {
-      vphilox hi_b, lo_b, hi_a, lo_a;
-      p_mulhilo(c2, round_b, &hi_b, &lo_b);
-      p_mulhilo(c0, round_a, &hi_a, &lo_a);
-      c0 = p_xor3(hi_b, c1, keys0[r]);
-      c2 = p_xor3(hi_a, c3, keys1[r]);
-      c1 = lo_b;
-      c3 = lo_a;
+  for (int r = 0; r < 10; ++r) {
+    vphilox hi_b, lo_b, hi_a, lo_a;
+    p_mulhilo(*c2, round_b, &hi_b, &lo_b);
+    p_mulhilo(*c0, round_a, &hi_a, &lo_a);
+    *c0 = p_xor3(hi_b, *c1, keys.k0[r]);
+    *c2 = p_xor3(hi_a, *c3, keys.k1[r]);
+    *c1 = lo_b;
+    *c3 = lo_a;
+  }
+}
+#endif
+
+// out[i] = race word of id v0 + i, for i < n (v0 a multiple of 4, n a multiple of kLanes).
+void race_words_groups(const RaceArgs* a, uint32_t v0, int64_t n, uint32_t* out) {
+#if defined(SPECDEC_PHILOX_LANES)
+  PhiloxKeys keys;
+  philox_setup(a, &keys);
+  const vphilox iota = p_iota();
+  constexpr int64_t kIds = 4 * kPL;  // ids per vector of counters
+  int64_t i = 0;
+  for (; i < n; i += kIds) {
+    vphilox c0 = p_add(p_set1(v0 / 4 + static_cast<uint32_t>(i / 4)), iota), c1 = keys.c1, c2 = keys.c2, c3 = keys.c3;
+    philox_rounds(keys, &c0, &c1, &c2, &c3);
+    if (i + kIds <= n) {
+      p_store_groups(out + i, c0, c1, c2, c3);
+    } else {  // the last, partial vector of counters
+      alignas(64) uint32_t tail[kIds];
+      p_store_groups(tail, c0, c1, c2, c3);
+      for (int64_t t = 0; t < n - i; ++t) out[i + t] = tail[t];
     }
-    p_store(out + i, c0);
   }
 #else
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = philox::word0(ids != nullptr ? ids[i] : v0 + static_cast<uint32_t>(i), position, row, philox::kSampleStream, key0, key1);
+  for (int64_t g = 0; g < n / 4; ++g) {
+    philox::words4(v0 / 4 + static_cast<uint32_t>(g), a->p_lo, a->p_hi, a->stream, a->key0, a->key1, out + 4 * g);
   }
+#endif
+}
+
+// out[i] = race word of ids[i], for i < n (n a multiple of kLanes).
+void race_words_list(const RaceArgs* a, const uint32_t* ids, int64_t n, uint32_t* out) {
+#if defined(SPECDEC_PHILOX_LANES)
+  PhiloxKeys keys;
+  philox_setup(a, &keys);
+  for (int64_t i = 0; i < n; i += kPL) {
+    const vphilox id = p_load(ids + i);
+    vphilox c0 = p_shr2(id), c1 = keys.c1, c2 = keys.c2, c3 = keys.c3;
+    philox_rounds(keys, &c0, &c1, &c2, &c3);
+    p_store(out + i, p_select(c0, c1, c2, c3, id));
+  }
+#else
+  for (int64_t i = 0; i < n; ++i) out[i] = philox::race_word(ids[i], a->p_lo, a->p_hi, a->stream, a->key0, a->key1);
 #endif
 }
 
 // ---------------------------------------------------------------------------------------------
+// Line statistics.
 
 template <int DT>
 int64_t first_equal(const void* x, int64_t n, float target) {
@@ -268,8 +460,9 @@ int64_t first_equal(const void* x, int64_t n, float target) {
   return 0;
 }
 
+// Max and NaN flag of n raw values (any storage type), for the validity scan and the statistics.
 template <int DT>
-void scan_impl(const void* x, int64_t n, bool want_argmax, ScanResult* out) {
+void max_nan(const void* x, int64_t n, float* mx_out, bool* nan_out) {
   float mx = kNegInf;
   bool nan = false;
   if constexpr (DT == kF32) {
@@ -290,21 +483,27 @@ void scan_impl(const void* x, int64_t n, bool want_argmax, ScanResult* out) {
       bundle_max_nan(buf, padded, &mx, &nan);
     }
   }
-  out->max = mx;
-  out->nan = nan;
-  out->argmax = want_argmax && !nan ? first_equal<DT>(x, n, mx) : 0;
+  *mx_out = mx;
+  *nan_out = nan;
 }
 
+template <int DT>
+void scan_impl(const void* x, int64_t n, bool want_argmax, ScanResult* out) {
+  max_nan<DT>(x, n, &out->max, &out->nan);
+  out->argmax = want_argmax && !out->nan ? first_equal<DT>(x, n, out->max) : 0;
+}
+
+// sum of exp(x * inv_t - m) (or exp(x - m) without SCALED) over n values, in double lanes.
 template <int DT, bool SCALED>
-float sum_exp_impl(const void* x, int64_t n, float scale, float m) {
+double sum_exp_impl(const void* x, int64_t n, float inv_t, float m) {
   alignas(64) float buf[kBlock];
-  vfloat acc[kJ];
-  for (int j = 0; j < kJ; ++j) acc[j] = vfloat{};
+  vdouble acc[kDJ];
+  for (int j = 0; j < kDJ; ++j) acc[j] = vdouble{};
   for (int64_t off = 0; off < n; off += kBlock) {
     const int64_t len = n - off < kBlock ? n - off : kBlock;
     for (int64_t i = 0; i < len; ++i) {
       float s = load<DT>(x, off + i);
-      if constexpr (SCALED) s = s / scale;
+      if constexpr (SCALED) s = s * inv_t;
       buf[i] = exp_neg(s - m);
     }
     const int64_t padded = round_up_lanes(len);
@@ -314,71 +513,25 @@ float sum_exp_impl(const void* x, int64_t n, float scale, float m) {
   return tree_sum(acc);
 }
 
-// One pass: each 512-value block is read from memory once, its max found, then its exps summed
-// while it sits in L1. The running sum is kept relative to the running max and rescaled when a
-// later block raises the max (rare after the first blocks), so memory streaming and the exp work
-// interleave instead of running as two passes.
 template <int DT, bool SCALED>
-void stats_impl(const void* x, int64_t n, float scale, StatsResult* out) {
-  alignas(64) float raw[kBlock];
-  alignas(64) float buf[kBlock];
-  vfloat acc[kJ];
-  for (int j = 0; j < kJ; ++j) acc[j] = vfloat{};
-  float raw_max = kNegInf, m = kNegInf;
-  bool nan = false;
-  for (int64_t off = 0; off < n; off += kBlock) {
-    const int64_t len = n - off < kBlock ? n - off : kBlock;
-    const int64_t padded = round_up_lanes(len);
-    // Request the block kPrefetchBlocks ahead now, so memory keeps streaming during the exps.
-    const int64_t ahead = off + kPrefetchBlocks * kBlock;
-    if (ahead < n) {
-      const char* p = static_cast<const char*>(x) + ahead * (DT == kF32 ? 4 : 2);
-      const int64_t bytes = (n - ahead < kBlock ? n - ahead : kBlock) * (DT == kF32 ? 4 : 2);
-      for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
-    }
-    const float* values;
-    if constexpr (DT == kF32) {
-      if (len == padded) {
-        values = static_cast<const float*>(x) + off;
-      } else {
-        for (int64_t i = 0; i < len; ++i) raw[i] = load<DT>(x, off + i);
-        for (int64_t i = len; i < padded; ++i) raw[i] = kNegInf;
-        values = raw;
-      }
-    } else {
-      for (int64_t i = 0; i < len; ++i) raw[i] = load<DT>(x, off + i);
-      for (int64_t i = len; i < padded; ++i) raw[i] = kNegInf;
-      values = raw;
-    }
-    float block_max = kNegInf;
-    bool block_nan = false;
-    bundle_max_nan(values, padded, &block_max, &block_nan);
-    raw_max = block_max > raw_max ? block_max : raw_max;
-    nan = nan || block_nan;
-    if (nan || raw_max == fastmath::kPosInf) continue;  // the line is invalid; only the flags matter now
-    if (block_max == kNegInf) continue;                   // contributes exp(-inf) = 0
-    const float block_m = SCALED ? block_max / scale : block_max;
-    if (block_m > m) {
-      if (m > kNegInf) {
-        const float factor = exp_neg(m - block_m);
-        for (int j = 0; j < kJ; ++j) acc[j] *= factor;
-      }
-      m = block_m;
-    }
-    for (int64_t i = 0; i < padded; ++i) {
-      float s = values[i];
-      if constexpr (SCALED) s = s / scale;
-      buf[i] = exp_neg(s - m);
-    }
-    bundle_add(buf, padded, acc);
-  }
+void stats_impl(const void* x, int64_t n, float inv_t, bool want_raw, StatsResult* out) {
+  float raw_max;
+  bool nan;
+  max_nan<DT>(x, n, &raw_max, &nan);
   out->raw_max = raw_max;
   out->nan = nan;
-  const bool finite = !nan && raw_max < fastmath::kPosInf && m > kNegInf && m < fastmath::kPosInf;
-  out->m = finite ? m : kNegInf;
-  out->z = finite ? tree_sum(acc) : 0.0f;
+  out->m = kNegInf;
+  out->z = 0.0;
+  out->raw_z = 0.0;
+  // NaN / +inf make the line invalid; an all -inf piece contributes nothing; a non-finite scaled
+  // maximum (temperature too small) makes the line invalid too.
+  if (nan || !(raw_max > kNegInf && raw_max < fastmath::kPosInf)) return;
+  const float m = SCALED ? raw_max * inv_t : raw_max;
+  if (!(m > kNegInf && m < fastmath::kPosInf)) return;
+  out->m = m;
+  out->z = sum_exp_impl<DT, SCALED>(x, n, inv_t, m);
+  if (want_raw) out->raw_z = SCALED ? sum_exp_impl<DT, false>(x, n, 1.0f, raw_max) : out->z;
 }
-
 
 void weights_impl(const float* s, int64_t n, float m, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = exp_neg(s[i] - m);
@@ -399,46 +552,49 @@ double mass_impl(const float* s, int64_t n, float m) {
   return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-// p(v) = exp(s - m) / z on the kept set {s >= tau}, else 0. The race multiplies by 1 / z: a
-// vector division costs as much as the exp, and a last-bit difference in p can only change the
-// winner at an exact tie of two race values. (Acceptance, p(x) of single ids, divides as the
-// reference does; s itself is always computed exactly, so {s >= tau} is the reference's kept set.)
+// Candidates of a filtered line: every s >= t, found 16 values at a time with a compare mask, so
+// the cost is about one read of the line plus the candidates themselves.
 template <int DT, bool SCALED>
-inline void probs_block(const void* x, int64_t v0, int64_t len, float scale, float m, float inv_z, float tau, float* out) {
-  for (int64_t i = 0; i < len; ++i) {
-    float s = load<DT>(x, v0 + i);
-    if constexpr (SCALED) s = s / scale;
-    const float p = exp_neg(s - m) * inv_z;
-    out[i] = s >= tau ? p : 0.0f;
+int64_t collect_impl(const void* x, int64_t n, float inv_t, float t, int64_t id_base, float* out_s, int64_t* out_ids, float* max_s, bool* nan) {
+  alignas(64) float buf[kBlock];
+  int64_t count = 0;
+  float mx = kNegInf;
+  bool any_nan = false;
+  for (int64_t off = 0; off < n; off += kBlock) {
+    const int64_t len = n - off < kBlock ? n - off : kBlock;
+    const int64_t padded = round_up_lanes(len);
+    const float* values = buf;
+    if (DT == kF32 && !SCALED && len == padded) {
+      values = static_cast<const float*>(x) + off;
+    } else {
+      for (int64_t i = 0; i < len; ++i) {
+        float s = load<DT>(x, off + i);
+        if constexpr (SCALED) s = s * inv_t;
+        buf[i] = s;
+      }
+      for (int64_t i = len; i < padded; ++i) buf[i] = kNegInf;  // >= t only when t is -inf: skipped below
+    }
+    bundle_max_nan(values, padded, &mx, &any_nan);
+    for (int64_t i = 0; i < padded; i += kLanes) {
+      uint32_t mask = ge_mask16(values + i, t);
+      while (mask != 0) {
+        const int64_t at = i + __builtin_ctz(mask);
+        mask &= mask - 1;
+        if (at >= len) break;  // padding
+        out_s[count] = values[at];
+        out_ids[count] = id_base + off + at;
+        ++count;
+      }
+    }
   }
+  *max_s = mx;
+  *nan = any_nan;
+  return count;
 }
 
-// r = max(p - q, 0) with q from the draft line.
-template <int DT, bool SCALED>
-inline void residual_block(const void* x, int64_t v0, int64_t len, float scale, float m, float inv_z, float tau, float* r) {
-  for (int64_t i = 0; i < len; ++i) {
-    float s = load<DT>(x, v0 + i);
-    if constexpr (SCALED) s = s / scale;
-    const float q = s >= tau ? exp_neg(s - m) * inv_z : 0.0f;
-    const float d = r[i] - q;
-    r[i] = d > 0.0f ? d : 0.0f;
-  }
-}
+// ---------------------------------------------------------------------------------------------
+// The race.
 
-// r / E with E = -log(u): the race value of one id (the sparse path; same arithmetic as the block loop).
-SPECDEC_ALWAYS_INLINE float race_value(float r, uint32_t id, const RaceArgs* a) {
-  const float u = philox::to_uniform(philox::word0(id, a->position, a->row, philox::kSampleStream, a->key0, a->key1));
-  return r / -log_pos(u);
-}
-
-// Race values r / E of one block (r[0, padded), padded a multiple of kLanes, zero past len) for ids
-// ids[i] (or v0 + i when ids is null); updates *best: strictly greater wins, so the lowest id
-// among equal values (ids ascend).
-//
-// An id can only win if r / E > best. Every E = -log(u) is at least -log(1 - 2^-24) = 5.96e-8
-// (u <= 1 - 2^-24), so r <= best * 5e-8 gives r / E <= 0.84 * best: such ids are skipped without
-// drawing their exponential. This changes no result, only the work: in a peaked distribution
-// much of the vocabulary is below the bound once a likely id has been seen.
 // Raise the race's shared best to `value` (a compare-and-swap loop on the float's bits).
 SPECDEC_ALWAYS_INLINE void publish_best(const RaceArgs* a, float value) {
   if (a->shared_best == nullptr) return;
@@ -454,12 +610,57 @@ SPECDEC_ALWAYS_INLINE float known_best(const RaceArgs* a, const RaceBest* best) 
   return shared > best->value ? shared : best->value;
 }
 
-SPECDEC_ALWAYS_INLINE void race_block(const float* r, const uint32_t* ids, int64_t v0, int64_t len, int64_t padded, const RaceArgs* a, RaceBest* best) {
+// r / E with E = -log(u): the race value of one id (the sparse path; same arithmetic as the block loop).
+SPECDEC_ALWAYS_INLINE float race_value(float r, uint32_t id, const RaceArgs* a) {
+  const float u = philox::to_uniform(philox::race_word(id, a->p_lo, a->p_hi, a->stream, a->key0, a->key1));
+  return r / -log_pos(u);
+}
+
+// r(v) of one id from its processed logit s: p(v), or max(p - q, 0) after a rejection. The same
+// float operations as the block loops below, so the same value.
+template <int DDT, bool SCALED>
+SPECDEC_ALWAYS_INLINE float residual_at(const RaceArgs* a, int64_t v, float s, float p_inv, float q_inv) {
+  float r = s >= a->p_tau ? exp_neg(s - a->p_max) * p_inv : 0.0f;
+  if (a->residual) {
+    if constexpr (DDT != kNoDraft) {
+      if (v < a->draft_vocab) {
+        float sq = load<DDT>(a->draft, v);
+        if constexpr (SCALED) sq = sq * a->inv_t;
+        const float q = sq >= a->q_tau ? exp_neg(sq - a->q_max) * q_inv : 0.0f;
+        const float d = r - q;
+        r = d > 0.0f ? d : 0.0f;
+      }
+    }
+    if (v == a->one_hot) {
+      const float d = r - 1.0f;
+      r = d > 0.0f ? d : 0.0f;
+    }
+  }
+  return r;
+}
+
+// The largest processed logit an id may have and still be unable to win, given a bound on r:
+// s <= cut implies p(v) = exp(s - m) / z <= bound * e^-0.001 (computed in double with a margin far
+// above the float rounding of s - m and of exp), so r <= p <= bound, which race_block prunes anyway.
+SPECDEC_ALWAYS_INLINE float logit_cut(const RaceArgs* a, float bound) {
+  if (!(bound > 0.0f)) return kNegInf;
+  const double cut = static_cast<double>(a->p_max) + std::log(static_cast<double>(bound) * static_cast<double>(a->p_norm)) - 1e-3;
+  float cut_f = static_cast<float>(cut);
+  if (static_cast<double>(cut_f) > cut) cut_f = std::nextafter(cut_f, kNegInf);
+  return cut_f;
+}
+
+// Race values r / E of one block (r[0, padded), padded a multiple of kLanes, zero past len) for ids
+// ids[i] (or v0 + i when ids is null); updates *best: strictly greater wins, so the lowest id
+// among equal values (ids ascend).
+//
+// An id can only win if r / E > best. Every E = -log(u) is at least -log(1 - 2^-24) = 5.96e-8
+// (u <= 1 - 2^-24), so r <= best * 5e-8 gives r / E <= 0.84 * best: such ids are skipped without
+// drawing their exponential. This changes no result, only the work.
+SPECDEC_ALWAYS_INLINE void race_block(const float* r, const uint32_t* ids, int64_t v0, int64_t len, int64_t padded, float bound, const RaceArgs* a,
+                                      RaceBest* best) {
   alignas(64) float value[kBlock];
   alignas(64) uint32_t words[kBlock];
-  // Pruning may use any value some id of this race reaches (here or in another chunk): the final
-  // winner's value is at least that, so a pruned id could neither win nor tie.
-  const float bound = known_best(a, best) * kPruneFactor;
   const int64_t candidates = bundle_count_above(r, padded, bound);
   if (candidates == 0) return;
   auto id_at = [&](int64_t i) -> int64_t { return ids != nullptr ? static_cast<int64_t>(ids[i]) : v0 + i; };
@@ -498,7 +699,7 @@ SPECDEC_ALWAYS_INLINE void race_block(const float* r, const uint32_t* ids, int64
       kept_r[i] = 0.0f;
       kept_ids[i] = 0;
     }
-    philox_block(kept_ids, 0, kept_padded, a->position, a->row, a->key0, a->key1, words);
+    race_words_list(a, kept_ids, kept_padded, words);
     for (int64_t i = 0; i < kept_padded; ++i) value[i] = kept_r[i] / -log_pos(philox::to_uniform(words[i]));
     const float block_max = bundle_max(value, kept_padded, 0.0f);
     if (block_max > best->value) {
@@ -511,7 +712,11 @@ SPECDEC_ALWAYS_INLINE void race_block(const float* r, const uint32_t* ids, int64
     return;
   }
 #endif
-  philox_block(ids, static_cast<uint32_t>(v0), padded, a->position, a->row, a->key0, a->key1, words);
+  if (ids != nullptr) {
+    race_words_list(a, ids, padded, words);
+  } else {
+    race_words_groups(a, static_cast<uint32_t>(v0), padded, words);
+  }
   for (int64_t i = 0; i < padded; ++i) value[i] = r[i] / -log_pos(philox::to_uniform(words[i]));
   const float block_max = bundle_max(value, padded, 0.0f);
   if (block_max > best->value) {
@@ -523,28 +728,74 @@ SPECDEC_ALWAYS_INLINE void race_block(const float* r, const uint32_t* ids, int64
   }
 }
 
+// The race over ids [begin, begin + n) (begin a multiple of 4). Per block of 512 ids: the processed
+// logits s first; the ids whose s cannot reach the current bound (logit_cut) are dropped before
+// any exp; a block without a candidate costs one read; few candidates are drawn one by one;
+// otherwise r is computed for the whole block and race_block draws what survives its bound.
 template <int TDT, int DDT, bool SCALED>
 void race_impl(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) {
+  alignas(64) float s[kBlock];
   alignas(64) float r[kBlock];
   const float p_inv = 1.0f / a->p_norm, q_inv = 1.0f / a->q_norm;
   for (int64_t off = 0; off < n; off += kBlock) {
     const int64_t len = n - off < kBlock ? n - off : kBlock;
     const int64_t v0 = begin + off;
-    probs_block<TDT, SCALED>(a->target, v0, len, a->scale, a->p_max, p_inv, a->p_tau, r);
+    const int64_t padded = round_up_lanes(len);
+    for (int64_t i = 0; i < len; ++i) {
+      float x = load<TDT>(a->target, v0 + i);
+      if constexpr (SCALED) x = x * a->inv_t;
+      s[i] = x;
+    }
+    for (int64_t i = len; i < padded; ++i) s[i] = kNegInf;
+    const float bound = known_best(a, best) * kPruneFactor;
+    // Below the filter's threshold p is 0; below the cut it is too small to win.
+    const float cut_tau = std::nextafter(a->p_tau, kNegInf);  // s > cut_tau  <=>  s >= tau
+    const float cut_bound = logit_cut(a, bound);
+    const float cut = cut_tau > cut_bound ? cut_tau : cut_bound;
+    const int64_t alive = bundle_count_above(s, padded, cut);
+    if (alive == 0) continue;
+    if (alive * 16 <= len) {
+      for (int64_t i = 0; i < padded; i += kLanes) {
+        uint32_t mask = gt_mask16(s + i, cut);
+        while (mask != 0) {
+          const int64_t at = i + __builtin_ctz(mask);
+          mask &= mask - 1;
+          const float rv = residual_at<DDT, SCALED>(a, v0 + at, s[at], p_inv, q_inv);
+          if (rv > bound) {
+            const float v = race_value(rv, static_cast<uint32_t>(v0 + at), a);
+            if (v > best->value) {
+              best->value = v;
+              best->index = v0 + at;
+              publish_best(a, v);
+            }
+          }
+        }
+      }
+      continue;
+    }
+    for (int64_t i = 0; i < len; ++i) {
+      const float p = exp_neg(s[i] - a->p_max) * p_inv;
+      r[i] = s[i] >= a->p_tau ? p : 0.0f;
+    }
     if (a->residual) {
       if constexpr (DDT != kNoDraft) {
         int64_t dense = a->draft_vocab - v0;
         dense = dense < 0 ? 0 : (dense > len ? len : dense);
-        residual_block<DDT, SCALED>(a->draft, v0, dense, a->scale, a->q_max, q_inv, a->q_tau, r);
+        for (int64_t i = 0; i < dense; ++i) {
+          float sq = load<DDT>(a->draft, v0 + i);
+          if constexpr (SCALED) sq = sq * a->inv_t;
+          const float q = sq >= a->q_tau ? exp_neg(sq - a->q_max) * q_inv : 0.0f;
+          const float d = r[i] - q;
+          r[i] = d > 0.0f ? d : 0.0f;
+        }
       }
       if (a->one_hot >= v0 && a->one_hot < v0 + len) {
         const float d = r[a->one_hot - v0] - 1.0f;
         r[a->one_hot - v0] = d > 0.0f ? d : 0.0f;
       }
     }
-    const int64_t padded = round_up_lanes(len);
     for (int64_t i = len; i < padded; ++i) r[i] = 0.0f;
-    race_block(r, nullptr, v0, len, padded, a, best);
+    race_block(r, nullptr, v0, len, padded, bound, a, best);
   }
 }
 
@@ -561,7 +812,7 @@ void race_list_impl(const RaceArgs* a, const int64_t* ids, int64_t count, RaceBe
     const int64_t* block = ids + off;
     for (int64_t i = 0; i < len; ++i) {
       float s = load<TDT>(a->target, block[i]);
-      if constexpr (SCALED) s = s / a->scale;
+      if constexpr (SCALED) s = s * a->inv_t;
       const float p = exp_neg(s - a->p_max) * p_inv;
       r[i] = s >= a->p_tau ? p : 0.0f;
     }
@@ -571,7 +822,7 @@ void race_list_impl(const RaceArgs* a, const int64_t* ids, int64_t count, RaceBe
           const int64_t v = block[i];
           const bool dense = v < a->draft_vocab;
           float sq = load<DDT>(a->draft, dense ? v : 0);
-          if constexpr (SCALED) sq = sq / a->scale;
+          if constexpr (SCALED) sq = sq * a->inv_t;
           const float q = sq >= a->q_tau ? exp_neg(sq - a->q_max) * q_inv : 0.0f;
           const float d = r[i] - q;
           r[i] = dense ? (d > 0.0f ? d : 0.0f) : r[i];
@@ -588,13 +839,48 @@ void race_list_impl(const RaceArgs* a, const int64_t* ids, int64_t count, RaceBe
     for (int64_t i = len; i < padded; ++i) r[i] = 0.0f;
     for (int64_t i = 0; i < len; ++i) ids32[i] = static_cast<uint32_t>(block[i]);
     for (int64_t i = len; i < padded; ++i) ids32[i] = 0;
-    race_block(r, ids32, 0, len, padded, a, best);
+    race_block(r, ids32, 0, len, padded, known_best(a, best) * kPruneFactor, a, best);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch on storage types and on whether a temperature scales the logits.
+
+template <int TDT, int DDT>
+void race_scaled(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) {
+  if (a->inv_t == 1.0f) {
+    race_impl<TDT, DDT, false>(a, begin, n, best);
+  } else {
+    race_impl<TDT, DDT, true>(a, begin, n, best);
+  }
+}
+
+template <int TDT>
+void race_target(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) {
+  if (a->draft == nullptr || !a->residual) {
+    race_scaled<TDT, kNoDraft>(a, begin, n, best);
+  } else if (a->draft_dtype == kF32) {
+    race_scaled<TDT, kF32>(a, begin, n, best);
+  } else if (a->draft_dtype == kBF16) {
+    race_scaled<TDT, kBF16>(a, begin, n, best);
+  } else {
+    race_scaled<TDT, kF16>(a, begin, n, best);
+  }
+}
+
+void race(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) {
+  if (a->target_dtype == kF32) {
+    race_target<kF32>(a, begin, n, best);
+  } else if (a->target_dtype == kBF16) {
+    race_target<kBF16>(a, begin, n, best);
+  } else {
+    race_target<kF16>(a, begin, n, best);
   }
 }
 
 template <int TDT, int DDT>
 void race_list_scaled(const RaceArgs* a, const int64_t* ids, int64_t count, RaceBest* best) {
-  if (a->scale == 1.0f) {
+  if (a->inv_t == 1.0f) {
     race_list_impl<TDT, DDT, false>(a, ids, count, best);
   } else {
     race_list_impl<TDT, DDT, true>(a, ids, count, best);
@@ -624,98 +910,15 @@ void race_list(const RaceArgs* a, const int64_t* ids, int64_t count, RaceBest* b
   }
 }
 
-// Bit l set where values[l] >= t, for 16 values.
-SPECDEC_ALWAYS_INLINE uint32_t ge_mask16(const float* values, float t) {
-#if defined(__x86_64__) && SPECDEC_VBYTES == 64
-  return _mm512_cmp_ps_mask(_mm512_loadu_ps(values), _mm512_set1_ps(t), _CMP_GE_OQ);
-#elif defined(__x86_64__) && SPECDEC_VBYTES == 32
-  const __m256 bound = _mm256_set1_ps(t);
-  const uint32_t low = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(values), bound, _CMP_GE_OQ)));
-  const uint32_t high = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(values + 8), bound, _CMP_GE_OQ)));
-  return low | (high << 8);
-#elif defined(__x86_64__)
-  const __m128 bound = _mm_set1_ps(t);
-  uint32_t mask = 0;
-  for (int q = 0; q < 4; ++q) mask |= static_cast<uint32_t>(_mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(values + 4 * q), bound))) << (4 * q);
-  return mask;
-#else
-  uint32_t mask = 0;
-  for (int l = 0; l < 16; ++l) mask |= static_cast<uint32_t>(values[l] >= t) << l;
-  return mask;
-#endif
-}
-
-// Candidates of a filtered line: every s >= t, found 16 values at a time with a compare mask, so
-// the cost is about one read of the line plus the candidates themselves.
-template <int DT, bool SCALED>
-int64_t collect_impl(const void* x, int64_t n, float scale, float t, float* out_s, int64_t* out_ids, float* max_s, bool* nan) {
-  alignas(64) float buf[kBlock];
-  int64_t count = 0;
-  float mx = kNegInf;
-  bool any_nan = false;
-  for (int64_t off = 0; off < n; off += kBlock) {
-    const int64_t len = n - off < kBlock ? n - off : kBlock;
-    const int64_t padded = round_up_lanes(len);
-    const float* values = buf;
-    if (DT == kF32 && !SCALED && len == padded) {
-      values = static_cast<const float*>(x) + off;
-    } else {
-      for (int64_t i = 0; i < len; ++i) {
-        float s = load<DT>(x, off + i);
-        if constexpr (SCALED) s = s / scale;
-        buf[i] = s;
-      }
-      for (int64_t i = len; i < padded; ++i) buf[i] = kNegInf;  // >= t only when t is -inf: skipped below
-    }
-    bundle_max_nan(values, padded, &mx, &any_nan);
-    for (int64_t i = 0; i < padded; i += kLanes) {
-      uint32_t mask = ge_mask16(values + i, t);
-      while (mask != 0) {
-        const int64_t at = i + __builtin_ctz(mask);
-        mask &= mask - 1;
-        if (at >= len) break;  // padding
-        out_s[count] = values[at];
-        out_ids[count] = off + at;
-        ++count;
-      }
-    }
+int64_t collect(const void* x, int32_t dtype, int64_t n, float inv_t, float t, int64_t id_base, float* out_s, int64_t* out_ids, float* max_s, bool* nan) {
+  if (inv_t == 1.0f) {
+    if (dtype == kF32) return collect_impl<kF32, false>(x, n, inv_t, t, id_base, out_s, out_ids, max_s, nan);
+    if (dtype == kBF16) return collect_impl<kBF16, false>(x, n, inv_t, t, id_base, out_s, out_ids, max_s, nan);
+    return collect_impl<kF16, false>(x, n, inv_t, t, id_base, out_s, out_ids, max_s, nan);
   }
-  *max_s = mx;
-  *nan = any_nan;
-  return count;
-}
-
-int64_t collect(const void* x, int32_t dtype, int64_t n, float scale, float t, float* out_s, int64_t* out_ids, float* max_s, bool* nan) {
-  if (scale == 1.0f) {
-    if (dtype == kF32) return collect_impl<kF32, false>(x, n, scale, t, out_s, out_ids, max_s, nan);
-    if (dtype == kBF16) return collect_impl<kBF16, false>(x, n, scale, t, out_s, out_ids, max_s, nan);
-    return collect_impl<kF16, false>(x, n, scale, t, out_s, out_ids, max_s, nan);
-  }
-  if (dtype == kF32) return collect_impl<kF32, true>(x, n, scale, t, out_s, out_ids, max_s, nan);
-  if (dtype == kBF16) return collect_impl<kBF16, true>(x, n, scale, t, out_s, out_ids, max_s, nan);
-  return collect_impl<kF16, true>(x, n, scale, t, out_s, out_ids, max_s, nan);
-}
-
-template <int TDT, int DDT>
-void race_scaled(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) {
-  if (a->scale == 1.0f) {
-    race_impl<TDT, DDT, false>(a, begin, n, best);
-  } else {
-    race_impl<TDT, DDT, true>(a, begin, n, best);
-  }
-}
-
-template <int TDT>
-void race_target(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) {
-  if (a->draft == nullptr || !a->residual) {
-    race_scaled<TDT, kNoDraft>(a, begin, n, best);
-  } else if (a->draft_dtype == kF32) {
-    race_scaled<TDT, kF32>(a, begin, n, best);
-  } else if (a->draft_dtype == kBF16) {
-    race_scaled<TDT, kBF16>(a, begin, n, best);
-  } else {
-    race_scaled<TDT, kF16>(a, begin, n, best);
-  }
+  if (dtype == kF32) return collect_impl<kF32, true>(x, n, inv_t, t, id_base, out_s, out_ids, max_s, nan);
+  if (dtype == kBF16) return collect_impl<kBF16, true>(x, n, inv_t, t, id_base, out_s, out_ids, max_s, nan);
+  return collect_impl<kF16, true>(x, n, inv_t, t, id_base, out_s, out_ids, max_s, nan);
 }
 
 void scan(const void* x, int32_t dtype, int64_t n, bool want_argmax, ScanResult* out) {
@@ -728,47 +931,27 @@ void scan(const void* x, int32_t dtype, int64_t n, bool want_argmax, ScanResult*
   }
 }
 
-void stats(const void* x, int32_t dtype, int64_t n, float scale, StatsResult* out) {
-  if (scale == 1.0f) {
-    if (dtype == kF32) return stats_impl<kF32, false>(x, n, scale, out);
-    if (dtype == kBF16) return stats_impl<kBF16, false>(x, n, scale, out);
-    return stats_impl<kF16, false>(x, n, scale, out);
+void stats(const void* x, int32_t dtype, int64_t n, float inv_t, bool want_raw, StatsResult* out) {
+  if (inv_t == 1.0f) {
+    if (dtype == kF32) return stats_impl<kF32, false>(x, n, inv_t, want_raw, out);
+    if (dtype == kBF16) return stats_impl<kBF16, false>(x, n, inv_t, want_raw, out);
+    return stats_impl<kF16, false>(x, n, inv_t, want_raw, out);
   }
-  if (dtype == kF32) return stats_impl<kF32, true>(x, n, scale, out);
-  if (dtype == kBF16) return stats_impl<kBF16, true>(x, n, scale, out);
-  return stats_impl<kF16, true>(x, n, scale, out);
-}
-
-template <bool SCALED>
-float sum_exp_typed(const void* x, int32_t dtype, int64_t n, float scale, float m) {
-  if (dtype == kF32) return sum_exp_impl<kF32, SCALED>(x, n, scale, m);
-  if (dtype == kBF16) return sum_exp_impl<kBF16, SCALED>(x, n, scale, m);
-  return sum_exp_impl<kF16, SCALED>(x, n, scale, m);
-}
-
-float sum_exp(const void* x, int32_t dtype, int64_t n, float scale, float m) {
-  return scale == 1.0f ? sum_exp_typed<false>(x, dtype, n, scale, m) : sum_exp_typed<true>(x, dtype, n, scale, m);
-}
-
-
-void race(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) {
-  if (a->target_dtype == kF32) {
-    race_target<kF32>(a, begin, n, best);
-  } else if (a->target_dtype == kBF16) {
-    race_target<kBF16>(a, begin, n, best);
-  } else {
-    race_target<kF16>(a, begin, n, best);
-  }
+  if (dtype == kF32) return stats_impl<kF32, true>(x, n, inv_t, want_raw, out);
+  if (dtype == kBF16) return stats_impl<kBF16, true>(x, n, inv_t, want_raw, out);
+  return stats_impl<kF16, true>(x, n, inv_t, want_raw, out);
 }
 
 #define SPECDEC_STRINGIFY2(x) #x
 #define SPECDEC_STRINGIFY(x) SPECDEC_STRINGIFY2(x)
+#ifndef SPECDEC_ISA_NAME
+#define SPECDEC_ISA_NAME SPECDEC_STRINGIFY(SPECDEC_ISA)
+#endif
 
-const Kernels kTable = {SPECDEC_STRINGIFY(SPECDEC_ISA), scan, stats, sum_exp, mass_impl, weights_impl, collect, race, race_list};
+const Kernels kTable = {SPECDEC_ISA_NAME, scan, stats, mass_impl, weights_impl, collect, race, race_list, race_words_groups, race_words_list};
 
 }  // namespace
-
-const Kernels* kernels() { return &kTable; }
-
 }  // namespace SPECDEC_ISA
 }  // namespace specdec
+// (The including file defines SPECDEC_ISA::kernels() after its target region: an exported function
+// keeps the declaration's plain target, so no compiler treats it as a multiversioned function.)

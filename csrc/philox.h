@@ -1,6 +1,9 @@
-// Philox4x32-10, word 0 only: the random stream shared with specdec_ext/_philox.py and the Triton
-// kernels (counters = (vocabulary index, position, row, stream), key = the 64-bit seed's two words).
-// Plain integer code so that a loop over vocabulary indices vectorises (32x32->64 multiplies).
+// Philox4x32-10: the random stream shared with specdec_ext/_philox.py and the Triton kernels
+// (stream v2). Row b is keyed by its own 64-bit key (k0 = low word, k1 = high word); counters are
+//   acceptance coin at position P:      (0,      P_lo, P_hi, 0), word 0
+//   race exponential of vocabulary id v: (v >> 2, P_lo, P_hi, S), word v & 3
+// with S = 1 for verify and 2 for sample. One evaluation serves four consecutive ids.
+// Plain integer code (the vectorised versions live in kernel_impl.h).
 #pragma once
 
 #include <cstdint>
@@ -13,9 +16,12 @@ static constexpr uint32_t kKeyB = 0xBB67AE85u;
 static constexpr uint32_t kRoundA = 0xD2511F53u;
 static constexpr uint32_t kRoundB = 0xCD9E8D57u;
 static constexpr uint32_t kAcceptStream = 0;
-static constexpr uint32_t kSampleStream = 1;
+static constexpr uint32_t kVerifyStream = 1;
+static constexpr uint32_t kSampleStream = 2;
 
-static inline __attribute__((always_inline)) uint32_t word0(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+// The four output words of Philox4x32-10 for counter (c0, c1, c2, c3) and key (k0, k1).
+static inline __attribute__((always_inline)) void words4(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
+                                                         uint32_t out[4]) {
 #pragma GCC unroll 10
   for (int round = 0; round < 10; ++round) {
     const uint64_t prod_b = static_cast<uint64_t>(c2) * kRoundB;
@@ -29,7 +35,23 @@ static inline __attribute__((always_inline)) uint32_t word0(uint32_t c0, uint32_
     k0 += kKeyA;
     k1 += kKeyB;
   }
-  return c0;
+  out[0] = c0;
+  out[1] = c1;
+  out[2] = c2;
+  out[3] = c3;
+}
+
+static inline __attribute__((always_inline)) uint32_t word0(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+  uint32_t w[4];
+  words4(c0, c1, c2, c3, k0, k1, w);
+  return w[0];
+}
+
+// The race word of vocabulary id v: word v & 3 of counter (v >> 2, p_lo, p_hi, stream).
+static inline __attribute__((always_inline)) uint32_t race_word(uint32_t v, uint32_t p_lo, uint32_t p_hi, uint32_t stream, uint32_t k0, uint32_t k1) {
+  uint32_t w[4];
+  words4(v >> 2, p_lo, p_hi, stream, k0, k1, w);
+  return w[v & 3u];
 }
 
 // The open-interval uniform ((x >> 9) + 0.5) * 2^-23; exact in float32, never 0 or 1.

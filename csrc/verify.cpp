@@ -1,22 +1,23 @@
-// Fused CPU verification and sampling: the semantics of specdec_ext/reference.py without
-// (B, K+1, V) temporaries; logits are read in place in their own dtype, each line once.
+// Fused CPU verification and sampling: the semantics of specdec_ext/reference.py (contract v2:
+// per-row keys and offsets, stream v2, logprobs, accept_probs) without (B, K+1, V) temporaries;
+// logits are read in place in their own dtype, each line at most once per pass.
 //
 // The work runs in regions, one parallel pass each (see verify_impl):
 // * line statistics: max m, normaliser z and the top-k / top-p threshold tau of a (row, position)
-//   line, when a row reaches that position; unfiltered lines are cut into fixed chunks so one line
-//   spreads over all threads, filtered lines are processed whole with per-thread scratch;
+//   line, when a row reaches that position; every line is cut into fixed chunks so one line
+//   spreads over all threads (filtered lines too: lines.h, filter.cpp);
 // * acceptance between regions: u * q(x) < p(x) (or the argmax test for greedy rows), so the exp
 //   work follows the accepted prefix instead of K;
 // * the exponential race for the corrected / bonus token of each finished row, in fixed
 //   vocabulary chunks (or over the kept ids of a filtered line), sharing a pass with the
 //   validity scan of the lines no row reached, when `check` asks for every line up to n_b to be
-//   validated. Without it those lines are never read: a row is blanked only for a bad value in a
-//   line its verification reads (target and draft lines up to the first rejection; a greedy row
-//   reads target lines only).
+//   validated (a max / NaN scan: the check needs no softmax statistics). Without it those lines
+//   are never read: a row is blanked only for a bad value in a line its verification reads (target
+//   and draft lines up to the first rejection; a greedy row reads target lines only).
 //
-// Chunk boundaries never depend on the number of threads and partial results are combined in
-// chunk order, so the tokens are the same for any thread count. Work is handed out dynamically
-// (an atomic counter), which balances uneven items without affecting any result.
+// A row's numbers depend only on its own lines, parameters, key and offset: chunk boundaries never
+// depend on the thread count or the batch, partial results are combined in chunk order, and work
+// handed out dynamically (an atomic counter) only balances the load.
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -28,46 +29,53 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <limits>
-#include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "fastmath.h"
 #include "kernel.h"
+#include "lines.h"
 #include "philox.h"
+#include "scheduler.h"
+
+// setup.py passes the torch version as a bare token (a quoted string does not survive every build
+// tool's shell quoting); it is turned into a string here.
+#define SPECDEC_STRINGIFY2(x) #x
+#define SPECDEC_STRINGIFY(x) SPECDEC_STRINGIFY2(x)
+#ifdef SPECDEC_TORCH_VERSION
+#define SPECDEC_TORCH_VERSION_STRING SPECDEC_STRINGIFY(SPECDEC_TORCH_VERSION)
+#else
+#define SPECDEC_TORCH_VERSION_STRING "unknown"
+#endif
 
 namespace specdec {
 namespace {
 
 using fastmath::exp_neg;
 
-constexpr int64_t kChunk = 8192;               // elements per work item; fixed for determinism
-constexpr int64_t kSerialElements = 1 << 16;   // below this much work a parallel region costs more than it saves
-constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr int32_t kLogprobsNone = 0, kLogprobsProcessed = 1, kLogprobsRaw = 2;
 
 // ---------------------------------------------------------------------------------------------
 // Instruction-set dispatch.
 
 bool cpu_has_avx512() {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+         __builtin_cpu_supports("bmi2");
 #else
   return false;
 #endif
 }
 
 bool cpu_has_avx2() {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2");
 #else
   return false;
 #endif
@@ -90,7 +98,7 @@ const Kernels& kernels() {
   return *k;
 }
 
-// Tests pin each variant to check that they agree bit for bit.
+// Tests pin each variant to check that they agree.
 bool set_isa(const std::string& name) {
   const Kernels* k = nullptr;
   if (name == "auto") {
@@ -99,7 +107,7 @@ bool set_isa(const std::string& name) {
     k = cpu_has_avx512() ? avx512::kernels() : nullptr;
   } else if (name == "avx2") {
     k = cpu_has_avx2() ? avx2::kernels() : nullptr;
-  } else if (name == "base") {
+  } else if (name == "base" || name == base::kernels()->name) {  // "neon" on aarch64
     k = base::kernels();
   }
   if (k == nullptr) return false;
@@ -110,8 +118,29 @@ bool set_isa(const std::string& name) {
 std::string isa() { return kernels().name; }
 
 // ---------------------------------------------------------------------------------------------
-// Small readers for per-row parameters of any layout (a 0-d tensor expanded to (B,) has stride 0).
+// Arguments.
 
+// Every tensor the kernel reads must be a dense CPU tensor: a meta tensor has no data and a CUDA
+// one would be read as a host pointer.
+void check_cpu_tensor(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.defined(), "specdec: ", name, " is an undefined tensor");
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "specdec: ", name, " must be a CPU tensor for the C++ kernel, got one on ", t.device());
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "specdec: ", name, " must be a dense (strided) tensor, got layout ", t.layout());
+}
+
+void check_row_vector(const at::Tensor& t, const char* name, int64_t batch) {
+  check_cpu_tensor(t, name);
+  TORCH_CHECK_VALUE(t.dim() == 0 || (t.dim() == 1 && t.size(0) == batch), "specdec: ", name, " must be a scalar or a (", batch, ",) tensor, got ", t.sizes());
+}
+
+void check_keys(const std::optional<at::Tensor>& t, const char* name, int64_t batch) {
+  if (!t.has_value() || !t->defined()) return;
+  check_cpu_tensor(*t, name);
+  TORCH_CHECK_VALUE(t->scalar_type() == at::kLong, "specdec: ", name, " must be an int64 tensor, got ", t->scalar_type());
+  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == batch, "specdec: ", name, " must have shape (", batch, ",), got ", t->sizes());
+}
+
+// Small readers for per-row parameters of any layout (a 0-d tensor expanded to (B,) has stride 0).
 float row_float(const at::Tensor& t, int64_t b) {
   const char* base = static_cast<const char*>(t.const_data_ptr());
   const int64_t off = t.dim() == 0 ? 0 : b * t.stride(0);
@@ -120,7 +149,7 @@ float row_float(const at::Tensor& t, int64_t b) {
     case at::kDouble: return static_cast<float>(reinterpret_cast<const double*>(base)[off]);
     case at::kHalf: return static_cast<float>(reinterpret_cast<const at::Half*>(base)[off]);
     case at::kBFloat16: return static_cast<float>(reinterpret_cast<const at::BFloat16*>(base)[off]);
-    default: TORCH_CHECK(false, "specdec: expected a floating-point parameter tensor, got ", t.scalar_type());
+    default: TORCH_CHECK_VALUE(false, "specdec: expected a floating-point parameter tensor, got ", t.scalar_type());
   }
 }
 
@@ -132,539 +161,94 @@ int64_t row_int(const at::Tensor& t, int64_t b) {
     case at::kInt: return reinterpret_cast<const int32_t*>(base)[off];
     case at::kShort: return reinterpret_cast<const int16_t*>(base)[off];
     case at::kByte: return reinterpret_cast<const uint8_t*>(base)[off];
-    default: TORCH_CHECK(false, "specdec: expected an integer parameter tensor, got ", t.scalar_type());
+    default: TORCH_CHECK_VALUE(false, "specdec: expected an integer parameter tensor, got ", t.scalar_type());
   }
 }
 
-int32_t dtype_code(at::ScalarType t) {
+int32_t dtype_code(at::ScalarType t, const char* name) {
   switch (t) {
     case at::kFloat: return kF32;
     case at::kBFloat16: return kBF16;
     case at::kHalf: return kF16;
-    default: TORCH_CHECK(false, "specdec: logits must be float32, bfloat16 or float16, got ", t);
+    default: TORCH_CHECK_VALUE(false, "specdec: ", name, " must be float32, bfloat16 or float16, got ", t);
   }
-}
-
-int64_t dtype_size(int32_t code) { return code == kF32 ? 4 : 2; }
-
-float load_one(const char* p, int32_t dtype, int64_t i) {
-  if (dtype == kF32) return reinterpret_cast<const float*>(p)[i];
-  uint16_t h;
-  std::memcpy(&h, p + 2 * i, 2);
-  return dtype == kBF16 ? fastmath::bf16_to_float(h) : fastmath::half_to_float(h);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Lines and their statistics.
-
-enum Mode : int8_t {
-  kUnused = 0,
-  kArgmax,  // greedy target line: argmax of the raw logits
-  kCheck,   // greedy row's draft line: only the validity check reads it
-  kStats,   // m and z, no filtering (chunked)
-  kFilter,  // top-k / top-p: m, tau, z over the whole line
-};
-
-struct Line {
-  const char* ptr = nullptr;
-  int32_t dtype = kF32;
-  int8_t mode = kUnused;
-  int64_t n = 0;
-  float scale = 1.0f;  // temperature; 1 for greedy rows (the reference divides by 1)
-  int64_t top_k = 0;
-  float top_p = 1.0f;
-  int64_t first_chunk = 0;  // index of its first chunk result (chunked modes)
-  // results
-  float raw_max = -kInf;
-  int64_t argmax = 0;
-  float m = 0.0f, z = 1.0f, tau = -kInf;
-  bool bad = false;
-  bool scan_only = false;      // read only for the validity check (no row reaches this position)
-  bool done = false;           // read (statistics or scan) and combined
-  bool has_kept = false;       // filtered line whose kept set is small: the race visits only these ids
-  std::vector<int64_t> kept;   // ascending ids with s >= tau
-};
-
-struct ChunkStats {
-  float raw_max;
-  int64_t argmax;
-  bool nan;
-  float m;
-  float z;
-};
-
-// NaN, +inf, an all -inf line, or logits / temperature overflowing: the rows _params.row_problems rejects.
-bool line_is_bad(bool nan, float raw_max, float scale) {
-  return nan || raw_max == kInf || raw_max == -kInf || raw_max / scale == kInf;
-}
-
-float scaled_max(float raw_max, float scale) { return scale == 1.0f ? raw_max : raw_max / scale; }
-
-// A growable buffer that is never zero-filled (std::vector::resize would write every element).
-template <typename T>
-struct Buffer {
-  std::unique_ptr<T[]> data;
-  int64_t capacity = 0;
-  T* get(int64_t n) {
-    if (n > capacity) {
-      data.reset(new T[n]);
-      capacity = n;
-    }
-    return data.get();
-  }
-};
-
-// Per-thread working memory for filtered lines, O(V) per thread (never O(B * K * V)). Kept across
-// calls (thread_local in run_items) so a call does not pay for fresh pages.
-struct Scratch {
-  Buffer<float> values;  // candidate values s of a filtered line
-  Buffer<int64_t> ids;   // and their ids
-  Buffer<float> work;
-  Buffer<float> window;
-  Buffer<float> weights;
-  Buffer<int32_t> buckets;
-  Buffer<int64_t> kept_ids;
-  std::vector<float> sample;
-};
-
-// tau of transformers' top-p inside the candidates (the values >= tau_k), as in
-// reference.filter_thresholds: the smallest value v whose sorted-order "mass before" (a float
-// cumsum accumulated in double, minus its own weight) is below the budget top_p * Z. A quickselect
-// on values with masses summed per partition finds it in expected O(n) instead of sorting. Only
-// values above the cut contribute to a mass before, so the candidates need only include every
-// value down to (at least) the cut.
-// `above` is the mass of the values larger than all candidates (0 when they are the top of the line);
-// *found is false when no candidate qualifies (then the top value of the line is returned).
-float top_p_quickselect(float* cand, int64_t count, float m, float budget, double above, bool* found_out, const Kernels& k) {
-  bool found = false;
-  float best = m;  // nothing qualifies only if the budget underflows: keep the top value (clamp(min=1))
-  int64_t lo = 0, hi = count;
-  while (lo < hi) {
-    const float a = cand[lo], b = cand[lo + (hi - lo) / 2], c = cand[hi - 1];
-    const float pivot = std::max(std::min(a, b), std::min(std::max(a, b), c));
-    // Three-way partition, descending: [lo, gt) > pivot, [gt, lt) == pivot, [lt, hi) < pivot.
-    int64_t gt = lo, i = lo, lt = hi;
-    while (i < lt) {
-      if (cand[i] > pivot) {
-        std::swap(cand[i++], cand[gt++]);
-      } else if (cand[i] < pivot) {
-        std::swap(cand[i], cand[--lt]);
-      } else {
-        ++i;
-      }
-    }
-    const double mass_greater = above + k.mass(cand + lo, gt - lo, m);
-    const float w = exp_neg(pivot - m);
-    const float before = static_cast<float>(mass_greater + static_cast<double>(w)) - w;
-    if (before < budget) {
-      found = true;
-      best = pivot;
-      above = mass_greater + static_cast<double>(w) * static_cast<double>(lt - gt);
-      lo = lt;
-    } else {
-      hi = gt;
-    }
-  }
-  *found_out = found;
-  return found ? best : m;
-}
-
-// The same cut for many candidates: a histogram of their mass over value buckets (1/16 of the
-// candidates' range each) locates the bucket where the cumulative mass crosses the budget, and the
-// exact quickselect then runs on that bucket and its two neighbours only, with the mass of the
-// buckets above as its starting point. Falls back to all candidates if the window holds no cut.
-float top_p_threshold(float* cand, int64_t count, float m, float budget, const Kernels& k, Scratch& scratch) {
-  bool found = false;
-  constexpr int64_t kDirect = 4096;
-  if (count <= kDirect) return top_p_quickselect(cand, count, m, budget, 0.0, &found, k);
-  // Buckets of 0.1 nat below the maximum; exp(-104) is 0 in float32, so everything lower weighs nothing.
-  constexpr int kBuckets = 1024;
-  constexpr float kSpan = 104.0f;
-  constexpr float kPerNat = static_cast<float>(kBuckets) / kSpan;
-  std::vector<double> mass(kBuckets, 0.0);
-  float* weight = scratch.weights.get(count);
-  int32_t* bucket = scratch.buckets.get(count);
-  k.weights(cand, count, m, weight);
-  for (int64_t i = 0; i < count; ++i) {
-    const float d = m - cand[i];
-    bucket[i] = d < kSpan ? static_cast<int32_t>(d * kPerNat) : kBuckets - 1;
-  }
-  for (int64_t i = 0; i < count; ++i) bucket[i] = bucket[i] < kBuckets - 1 ? bucket[i] : kBuckets - 1;
-  for (int64_t i = 0; i < count; ++i) mass[bucket[i]] += static_cast<double>(weight[i]);
-  int crossing = kBuckets - 1;
-  double cumulative = 0.0;
-  for (int b = 0; b < kBuckets; ++b) {
-    if (cumulative + mass[b] >= static_cast<double>(budget)) {
-      crossing = b;
-      break;
-    }
-    cumulative += mass[b];
-  }
-  const int first = std::max(crossing - 1, 0), last = std::min(crossing + 1, kBuckets - 1);
-  double above = 0.0;
-  for (int b = 0; b < first; ++b) above += mass[b];
-  float* window = scratch.window.get(count);
-  int64_t size = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    window[size] = cand[i];
-    size += bucket[i] >= first && bucket[i] <= last;
-  }
-  const float cut = top_p_quickselect(window, size, m, budget, above, &found, k);
-  return found ? cut : top_p_quickselect(cand, count, m, budget, 0.0, &found, k);
-}
-
-constexpr int64_t kSampleRuns = 32;
-
-// A threshold t, from a sample of the line, under which the filter's kept set (very likely) lies:
-// about 2k + 8 * n / (sample size) values for top-k; for top-p, the values
-// holding an estimated (1 + top_p) / 2 of the mass (the known maximum counted exactly, since one
-// dominant token is easily missed by a sample). The caller checks the guess and falls back to the
-// whole line when it was too high, so the guess affects only speed.
-float guess_candidate_threshold(const Line& line, bool use_k, std::vector<float>& sample) {
-  const int64_t n = line.n;
-  // About n / 64 values (n / 256 for top-p, which sorts them): fewer samples cost less here but
-  // leave a looser threshold, i.e. more candidates to select from.
-  const int64_t size = std::min(n, use_k ? std::clamp<int64_t>(n / 64, 256, 2048) : std::clamp<int64_t>(n / 256, 128, 512));
-  // kSampleRuns evenly spaced runs of consecutive values: a few cache lines each instead of one
-  // cache miss per sampled value.
-  const int64_t runs = std::min<int64_t>(kSampleRuns, size);
-  const int64_t run_length = size / runs, spacing = n / runs;
-  sample.resize(runs * run_length);
-  for (int64_t r = 0; r < runs; ++r) {
-    for (int64_t i = 0; i < run_length; ++i) {
-      const float x = load_one(line.ptr, line.dtype, r * spacing + i);
-      const float v = line.scale == 1.0f ? x : x / line.scale;
-      sample[r * run_length + i] = v == v ? v : -kInf;  // a NaN (the line is then rejected) must not reach the selection
-    }
-  }
-  const int64_t sampled = runs * run_length;
-  if (use_k) {
-    const int64_t rank = static_cast<int64_t>(std::ceil(2.0 * static_cast<double>(line.top_k) * sampled / n)) + 8;
-    if (rank >= sampled) return -kInf;
-    std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(), std::greater<float>());
-    return sample[rank - 1];
-  }
-  std::sort(sample.begin(), sample.end(), std::greater<float>());
-  const double per_sample = static_cast<double>(n) / static_cast<double>(sampled);
-  double total = 1.0;  // the maximum itself
-  for (float v : sample) total += per_sample * static_cast<double>(exp_neg(v - line.m));
-  const double wanted = 0.5 * (1.0 + static_cast<double>(line.top_p)) * total;
-  double mass = 1.0;
-  if (mass >= wanted) return line.m;
-  for (float v : sample) {
-    mass += per_sample * static_cast<double>(exp_neg(v - line.m));
-    if (mass >= wanted) return v;
-  }
-  return -kInf;
-}
-
-// A filtered line (top-k and / or top-p): m, tau and z, from a small candidate set when possible.
-// The kept set {s >= tau} is the reference's exactly: candidates hold every value >= t, and t is
-// checked to lie at or below both cuts (k values reach it; for top-p, its mass reaches the budget,
-// so no value below it can be kept).
-void process_filter_line(Line& line, Scratch& scratch, const Kernels& k) {
-  const int64_t n = line.n;
-  const bool use_k = line.top_k > 0 && line.top_k < n;
-  const bool use_p = line.top_p < 1.0f;
-  float z_all = 0.0f;
-  if (!use_k) {
-    // Top-p alone: its budget needs the mass of the whole line, so one statistics pass first.
-    StatsResult st;
-    k.stats(line.ptr, line.dtype, n, line.scale, &st);
-    line.raw_max = st.raw_max;
-    line.bad = line_is_bad(st.nan, st.raw_max, line.scale);
-    if (line.bad) return;
-    line.m = st.m;
-    z_all = st.z;
-  }
-  const float budget_all = line.top_p * z_all;
-
-  float* cand = scratch.values.get(n);
-  int64_t* ids = scratch.ids.get(n);
-  float t = guess_candidate_threshold(line, use_k, scratch.sample);
-  float max_s = -kInf;
-  bool nan = false;
-  int64_t count = k.collect(line.ptr, line.dtype, n, line.scale, t, cand, ids, &max_s, &nan);
-  if (use_k) {
-    // The collection pass doubles as the validity check: NaN, +inf, all -inf, or overflow of x / T
-    // (max(x / T) is max(x) / T, so these are the reference's tests on the raw maximum).
-    line.raw_max = max_s;
-    line.bad = nan || max_s == kInf || max_s == -kInf;
-    if (line.bad) return;
-    line.m = max_s;
-  }
-  // (A small margin keeps a top-p cut that sits at the guess within rounding from depending on it.)
-  const bool enough = use_k ? count >= line.top_k : k.mass(cand, count, line.m) >= static_cast<double>(budget_all) * (1.0 + 1e-5);
-  if (!enough && t > -kInf) {
-    t = -kInf;
-    count = k.collect(line.ptr, line.dtype, n, line.scale, t, cand, ids, &max_s, &nan);
-  }
-
-  // (Selections below are branch-free compactions: a kept / dropped test on random data would
-  // mispredict about half the time.)
-  float* work = scratch.work.get(count);
-  float tau_k = -kInf;
-  if (use_k) {
-    std::copy(cand, cand + count, work);
-    std::nth_element(work, work + (line.top_k - 1), work + count, std::greater<float>());
-    tau_k = work[line.top_k - 1];
-  }
-  float tau_p = -kInf;
-  if (use_p) {
-    int64_t top = 0;
-    for (int64_t i = 0; i < count; ++i) {
-      work[top] = cand[i];
-      top += cand[i] >= tau_k;
-    }
-    // Z: the mass of the top-k set (or of the whole line without top-k), as a float like the reference's sum.
-    const float z_kept = use_k ? static_cast<float>(k.mass(work, top, line.m)) : z_all;
-    tau_p = top_p_threshold(work, top, line.m, line.top_p * z_kept, k, scratch);
-  }
-  line.tau = std::max(tau_k, tau_p);
-
-  // z over the kept set, and its ids when few enough that the race should visit only them.
-  int64_t* kept_ids = scratch.kept_ids.get(count);
-  int64_t kept = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    work[kept] = cand[i];
-    kept_ids[kept] = ids[i];
-    kept += cand[i] >= line.tau;
-  }
-  line.z = static_cast<float>(k.mass(work, kept, line.m));
-  line.has_kept = kept * 8 <= n;
-  if (line.has_kept) line.kept.assign(kept_ids, kept_ids + kept);
-}
-
-void process_chunk(const Line& line, int64_t chunk, ChunkStats& out, const Kernels& k) {
-  const int64_t start = chunk * kChunk;
-  const int64_t len = std::min(kChunk, line.n - start);
-  const char* p = line.ptr + start * dtype_size(line.dtype);
-  if (line.mode == kStats && !line.scan_only) {
-    StatsResult st;
-    k.stats(p, line.dtype, len, line.scale, &st);
-    out.raw_max = st.raw_max;
-    out.argmax = 0;
-    out.nan = st.nan;
-    out.m = st.m;
-    out.z = st.z;
-    return;
-  }
-  ScanResult sr;
-  k.scan(p, line.dtype, len, line.mode == kArgmax, &sr);
-  out.raw_max = sr.max;
-  out.argmax = start + sr.argmax;
-  out.nan = sr.nan;
-  out.m = -kInf;
-  out.z = 0.0f;
-}
-
-void combine_chunks(Line& line, const ChunkStats* chunks, int64_t count) {
-  float raw = -kInf;
-  int64_t argmax = 0;
-  bool nan = false;
-  for (int64_t c = 0; c < count; ++c) {
-    nan |= chunks[c].nan;
-    if (chunks[c].raw_max > raw) {  // strictly greater: the lowest index wins ties, like torch.argmax
-      raw = chunks[c].raw_max;
-      argmax = chunks[c].argmax;
-    }
-  }
-  line.raw_max = raw;
-  line.argmax = argmax;
-  line.bad = line_is_bad(nan, raw, line.scale);
-  if (line.mode != kStats || line.bad) return;
-  line.m = scaled_max(raw, line.scale);
-  line.tau = -kInf;
-  if (line.scan_only) return;
-  float z = 0.0f;
-  for (int64_t c = 0; c < count; ++c) {
-    if (chunks[c].m > -kInf) z += chunks[c].z * exp_neg(chunks[c].m - line.m);
-  }
-  line.z = z;
-}
-
-
-// p(x) for one id, with the same formula as the race loops (and the reference).
-float prob_at(const Line& line, int64_t x) {
-  float s = load_one(line.ptr, line.dtype, x);
-  if (line.scale != 1.0f) s = s / line.scale;
-  const float p = exp_neg(s - line.m) / line.z;
-  return s >= line.tau ? p : 0.0f;
-}
-
-// How items are spread over threads. Every way gives the same results (each item writes only its
-// own slot, items are claimed from a shared counter); they differ in how they wait:
-// * openmp: at::parallel_for, torch's OpenMP team. Right after a torch op its workers are still
-//   spinning and start at once, but the region ends with a barrier that waits for every worker:
-//   when other processes keep the cores busy, a worker that is not running costs a scheduler time
-//   slice (on this project's 2-core machine with a training job running, a ~0.4 ms call took
-//   ~15 ms that way).
-// * pool: helper tasks on ATen's inter-op pool; the caller works through the items itself and
-//   waits only for items a helper has already claimed, so a helper the OS runs late costs
-//   nothing. Waking the helper costs more than reusing a spinning OpenMP worker (~10-30% of a
-//   B=1, V=128256 call on an idle machine).
-// * auto (default): openmp, until a region's barrier waits more than kBarrierAlarmNs after the
-//   work ran out (a sign that a worker was not scheduled); then pool for kPoolHoldNs before
-//   trying openmp again.
-// bench/bench_cpp.py measures them (--scheduler); SPECDEC_CPU_SCHEDULER=openmp|pool|auto.
-enum class Scheduler { kAuto, kPool, kOpenMP };
-
-constexpr int64_t kBarrierAlarmNs = 1000000;  // 1 ms: far above an item's duration (microseconds)
-constexpr int64_t kPoolHoldNs = 1000000000;   // 1 s
-
-Scheduler parse_scheduler(const std::string& name, bool* ok) {
-  *ok = true;
-  if (name == "auto") return Scheduler::kAuto;
-  if (name == "pool") return Scheduler::kPool;
-  if (name == "openmp") return Scheduler::kOpenMP;
-  *ok = false;
-  return Scheduler::kAuto;
-}
-
-int default_scheduler() {
-  const char* env = std::getenv("SPECDEC_CPU_SCHEDULER");
-  bool ok = false;
-  const Scheduler chosen = env != nullptr ? parse_scheduler(env, &ok) : Scheduler::kAuto;
-  return static_cast<int>(ok ? chosen : Scheduler::kAuto);
-}
-
-std::atomic<int> g_scheduler{default_scheduler()};
-std::atomic<int64_t> g_pool_until_ns{0};  // auto: use the pool until this steady-clock time
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-bool set_scheduler(const std::string& name) {
-  bool ok = false;
-  const Scheduler chosen = parse_scheduler(name, &ok);
-  if (ok) {
-    g_scheduler.store(static_cast<int>(chosen));
-    g_pool_until_ns.store(0);
-  }
-  return ok;
-}
-
-std::string scheduler() {
-  switch (static_cast<Scheduler>(g_scheduler.load())) {
-    case Scheduler::kPool: return "pool";
-    case Scheduler::kOpenMP: return "openmp";
-    default: return "auto";
-  }
-}
-
-struct SharedWork {
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  int64_t count = 0;
-  const std::function<void(int64_t, Scratch&)>* fn = nullptr;  // only used for claimed items
-};
-
-void drain(SharedWork& work) {
-  thread_local Scratch scratch;
-  for (int64_t i = work.next.fetch_add(1, std::memory_order_relaxed); i < work.count; i = work.next.fetch_add(1, std::memory_order_relaxed)) {
-    (*work.fn)(i, scratch);
-    work.done.fetch_add(1, std::memory_order_release);
-  }
-}
-
-// Runs fn(i, scratch) for i in [0, count): serially when the work is small (a parallel start costs
-// more than it saves), else on up to torch.get_num_threads() threads pulling item indices from a
-// shared counter. The thread count changes only who computes an item, never its result.
-template <typename F>
-void run_items(int64_t count, int64_t elements, const F& fn) {
-  if (count <= 0) return;
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), count);
-  if (elements < kSerialElements || threads <= 1 || at::in_parallel_region()) {
-    thread_local Scratch scratch;
-    for (int64_t i = 0; i < count; ++i) fn(i, scratch);
-    return;
-  }
-  const Scheduler mode = static_cast<Scheduler>(g_scheduler.load(std::memory_order_relaxed));
-  const bool use_pool = mode == Scheduler::kPool || (mode == Scheduler::kAuto && now_ns() < g_pool_until_ns.load(std::memory_order_relaxed));
-  if (!use_pool) {
-    std::atomic<int64_t> next{0};
-    std::atomic<int64_t> ran_out_ns{0};  // when a thread first found no item left
-    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-      thread_local Scratch scratch;
-      for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < count; i = next.fetch_add(1, std::memory_order_relaxed)) fn(i, scratch);
-      int64_t expected = 0;
-      ran_out_ns.compare_exchange_strong(expected, now_ns(), std::memory_order_relaxed);
-    });
-    if (mode == Scheduler::kAuto) {
-      const int64_t end = now_ns();
-      if (end - ran_out_ns.load(std::memory_order_relaxed) > kBarrierAlarmNs) g_pool_until_ns.store(end + kPoolHoldNs, std::memory_order_relaxed);
-    }
-    return;
-  }
-  // The state lives in a shared_ptr so a helper that starts after this call returned still finds it.
-  const std::function<void(int64_t, Scratch&)> call = [&fn](int64_t i, Scratch& scratch) { fn(i, scratch); };
-  auto work = std::make_shared<SharedWork>();
-  work->count = count;
-  work->fn = &call;
-  const int64_t helpers = std::min<int64_t>(threads - 1, static_cast<int64_t>(at::get_num_interop_threads()));
-  for (int64_t h = 0; h < helpers; ++h) at::launch([work] { drain(*work); });
-  drain(*work);
-  // Every item is claimed; wait for the ones helpers are still computing (a few microseconds each).
-  while (work->done.load(std::memory_order_acquire) < count) std::this_thread::yield();
-}
 
 struct Row {
   float temperature = 1.0f;
+  float inv_t = 1.0f;  // 1 / T rounded once to float32 (IEEE division); 1 for greedy rows
   int64_t top_k = 0;
   float top_p = 1.0f;
   int64_t num_draft = 0;
+  uint32_t key0 = 0, key1 = 0;
+  uint64_t offset = 0;
   bool bad = false;
   bool greedy = false;
   int64_t accepted = 0;
   int64_t winner = -1;
 };
 
-// One unit of parallel work: a chunk of a line (statistics, or the max / argmax / validity scan),
-// a whole filtered line, or a chunk of a race (or a whole race over a kept-id list).
+// One unit of parallel work: a chunk of a line (statistics, candidates, or the max / argmax /
+// validity scan), a chunk of a race (or a whole race over a kept-id list), or the selection of a
+// filtered line.
 struct Item {
-  enum Kind : int8_t { kLineChunk, kFilterLine, kRace };
+  enum Kind : int8_t { kLineChunk, kRace, kFinishFilter };
   Kind kind;
   int32_t index;  // line or race
   int32_t chunk;
 };
 
-std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, const std::optional<at::Tensor>& draft_opt, const at::Tensor& tokens,
-                                               const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-                                               const at::Tensor& num_draft, const at::Tensor& seed, bool check) {
-  TORCH_CHECK(target_in.dim() == 3, "specdec: target_logits must be (B, K+1, V), got ", target_in.sizes());
-  TORCH_CHECK(target_in.device().is_cpu(), "specdec: the C++ kernel needs CPU tensors");
+using VerifyOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+VerifyOutputs verify_impl(const at::Tensor& target_in, const std::optional<at::Tensor>& draft_opt, const at::Tensor& tokens, const at::Tensor& temperature,
+                          const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& num_draft, const std::optional<at::Tensor>& seeds_opt,
+                          const std::optional<at::Tensor>& offsets_opt, int64_t base_key, int64_t stream, bool check, int64_t logprobs,
+                          bool accept_probs) {
+  check_cpu_tensor(target_in, "target_logits");
+  TORCH_CHECK_VALUE(target_in.dim() == 3, "specdec: target_logits must be (B, K+1, V), got ", target_in.sizes());
   const int64_t batch = target_in.size(0), length = target_in.size(1), vocab = target_in.size(2);
-  TORCH_CHECK(length >= 1 && vocab >= 1, "specdec: target_logits needs a position and a vocabulary entry");
+  TORCH_CHECK_VALUE(length >= 1 && vocab >= 1, "specdec: target_logits needs a position and a vocabulary entry");
+  TORCH_CHECK_VALUE(vocab <= (int64_t{1} << 32), "specdec: vocabularies above 2^32 entries are not supported");
   const int64_t num_positions = length - 1;
-  TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == batch && tokens.size(1) == num_positions, "specdec: draft_tokens must be (B, K)");
-  TORCH_CHECK(tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt, "specdec: draft_tokens must be int32 or int64");
-  for (const at::Tensor* t : {&temperature, &top_k, &top_p, &num_draft}) {
-    TORCH_CHECK(t->device().is_cpu() && (t->dim() == 0 || (t->dim() == 1 && t->size(0) == batch)), "specdec: per-row parameters must be (B,) CPU tensors");
-  }
-  TORCH_CHECK(seed.numel() >= 1 && seed.scalar_type() == at::kLong && seed.device().is_cpu(), "specdec: seed must be an int64 CPU tensor");
+  check_cpu_tensor(tokens, "draft_tokens");
+  TORCH_CHECK_VALUE(tokens.dim() == 2 && tokens.size(0) == batch && tokens.size(1) == num_positions, "specdec: draft_tokens must be (B, K)");
+  TORCH_CHECK_VALUE(tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt, "specdec: draft_tokens must be int32 or int64");
+  check_row_vector(temperature, "temperature", batch);
+  check_row_vector(top_k, "top_k", batch);
+  check_row_vector(top_p, "top_p", batch);
+  check_row_vector(num_draft, "num_draft_tokens", batch);
+  check_keys(seeds_opt, "seeds", batch);
+  check_keys(offsets_opt, "offsets", batch);
+  TORCH_CHECK_VALUE(stream == philox::kVerifyStream || stream == philox::kSampleStream, "specdec: stream must be 1 (verify) or 2 (sample), got ", stream);
+  TORCH_CHECK_VALUE(logprobs >= kLogprobsNone && logprobs <= kLogprobsRaw, "specdec: logprobs must be 0 (none), 1 (processed) or 2 (raw), got ", logprobs);
+  const int32_t t_dtype = dtype_code(target_in.scalar_type(), "target_logits");
 
   // Logits are read in place; only a vocabulary stride other than 1 forces a copy.
   const at::Tensor target = target_in.stride(2) == 1 ? target_in : target_in.contiguous();
   at::Tensor draft;
   const bool has_draft = draft_opt.has_value() && draft_opt->defined();
   int64_t draft_vocab = vocab;
+  int32_t d_dtype = kF32;
   if (has_draft) {
     const at::Tensor& d = *draft_opt;
-    TORCH_CHECK(d.dim() == 3 && d.size(0) == batch && d.size(1) == num_positions && d.size(2) >= 1 && d.size(2) <= vocab,
-                "specdec: draft_logits must be (B, K, Vd) with 1 <= Vd <= V, got ", d.sizes());
-    TORCH_CHECK(d.device().is_cpu(), "specdec: the C++ kernel needs CPU tensors");
+    check_cpu_tensor(d, "draft_logits");
+    TORCH_CHECK_VALUE(d.dim() == 3 && d.size(0) == batch && d.size(1) == num_positions && d.size(2) >= 1 && d.size(2) <= vocab,
+                      "specdec: draft_logits must be (B, K, Vd) with 1 <= Vd <= V, got ", d.sizes());
+    d_dtype = dtype_code(d.scalar_type(), "draft_logits");
     draft = d.stride(2) == 1 ? d : d.contiguous();
     draft_vocab = d.size(2);
   }
 
+  const auto float_options = target.options().dtype(at::kFloat);
   at::Tensor out_tokens = at::full({batch, length}, -1, target.options().dtype(at::kLong));
   at::Tensor out_accepted = at::zeros({batch}, target.options().dtype(at::kLong));
-  if (batch == 0) return {out_tokens, out_accepted};
+  at::Tensor out_logprobs = logprobs != kLogprobsNone ? at::full({batch, length}, std::numeric_limits<float>::quiet_NaN(), float_options) : at::empty({0}, float_options);
+  at::Tensor out_accept = accept_probs ? at::full({batch, num_positions}, std::numeric_limits<float>::quiet_NaN(), float_options) : at::empty({0}, float_options);
+  if (batch == 0) return {out_tokens, out_accepted, out_logprobs, out_accept};
 
   const Kernels& k = kernels();
-  const int32_t t_dtype = dtype_code(target.scalar_type());
-  const int32_t d_dtype = has_draft ? dtype_code(draft.scalar_type()) : kF32;
   const char* t_base = static_cast<const char*>(target.const_data_ptr());
   const char* d_base = has_draft ? static_cast<const char*>(draft.const_data_ptr()) : nullptr;
   const int64_t t_size = dtype_size(t_dtype), d_size = dtype_size(d_dtype);
@@ -678,11 +262,10 @@ std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, cons
   };
   auto clamp_token = [&](int64_t x) { return std::min(std::max(x, int64_t{0}), draft_vocab - 1); };
 
-  const int64_t seed_value = seed.const_data_ptr<int64_t>()[0];
-  const uint32_t key0 = static_cast<uint32_t>(static_cast<uint64_t>(seed_value) & 0xFFFFFFFFu);
-  const uint32_t key1 = static_cast<uint32_t>((static_cast<uint64_t>(seed_value) >> 32) & 0xFFFFFFFFu);
+  const bool has_seeds = seeds_opt.has_value() && seeds_opt->defined();
+  const bool has_offsets = offsets_opt.has_value() && offsets_opt->defined();
 
-  // Rows: parameters, and the value checks that do not need the logits.
+  // Rows: parameters, keys, offsets, and the value checks that do not need the logits.
   std::vector<Row> rows(batch);
   for (int64_t b = 0; b < batch; ++b) {
     Row& r = rows[b];
@@ -693,11 +276,25 @@ std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, cons
     r.bad = !(r.temperature >= 0.0f) || std::isinf(r.temperature) || r.top_k < 0 || !(r.top_p > 0.0f && r.top_p <= 1.0f) || r.num_draft < 0 ||
             r.num_draft > num_positions;
     r.greedy = r.temperature == 0.0f;
+    r.inv_t = r.greedy || r.bad ? 1.0f : 1.0f / r.temperature;
+    // Key: seeds[b], else base_key + b (int64 arithmetic, as the reference). A negative seed or
+    // offset blanks the row (check=True has raised in Python before this runs).
+    const int64_t key = has_seeds ? row_int(*seeds_opt, b) : static_cast<int64_t>(static_cast<uint64_t>(base_key) + static_cast<uint64_t>(b));
+    const int64_t offset = has_offsets ? row_int(*offsets_opt, b) : 0;
+    r.bad = r.bad || (has_seeds && key < 0) || offset < 0;
+    r.key0 = static_cast<uint32_t>(static_cast<uint64_t>(key) & 0xFFFFFFFFu);
+    r.key1 = static_cast<uint32_t>((static_cast<uint64_t>(key) >> 32) & 0xFFFFFFFFu);
+    r.offset = static_cast<uint64_t>(offset);
     for (int64_t pos = 0; !r.bad && pos < r.num_draft; ++pos) {
       const int64_t x = token_at(b, pos);
       r.bad = x < 0 || x >= draft_vocab;
     }
   }
+  auto position_words = [&](const Row& r, int64_t j, uint32_t* lo, uint32_t* hi) {
+    const uint64_t p = r.offset + static_cast<uint64_t>(j);
+    *lo = static_cast<uint32_t>(p & 0xFFFFFFFFu);
+    *hi = static_cast<uint32_t>((p >> 32) & 0xFFFFFFFFu);
+  };
 
   // Lines: target (b, pos) at b * (K+1) + pos, draft (b, pos) after all target lines.
   const int64_t num_target_lines = batch * length;
@@ -711,13 +308,17 @@ std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, cons
     line.ptr = ptr;
     line.dtype = dtype;
     line.n = n;
-    line.scale = r.greedy ? 1.0f : r.temperature;
+    line.inv_t = r.inv_t;
     line.top_k = r.top_k;
     line.top_p = r.top_p;
     const bool filtered = !r.greedy && ((r.top_k > 0 && r.top_k < n) || r.top_p < 1.0f);
     line.mode = r.greedy ? (is_draft ? kCheck : kArgmax) : (filtered ? kFilter : kStats);
+    // Raw logprobs need the raw normaliser of the emitted (target) lines; greedy rows report the
+    // raw log-softmax in both modes.
+    line.want_raw = !is_draft && ((r.greedy && logprobs != kLogprobsNone) || (!r.greedy && logprobs == kLogprobsRaw));
     line.first_chunk = num_chunks;
-    num_chunks += (n + kChunk - 1) / kChunk;
+    line.chunks = (n + kChunk - 1) / kChunk;
+    num_chunks += line.chunks;
   };
   for (int64_t b = 0; b < batch; ++b) {
     const Row& r = rows[b];
@@ -743,26 +344,34 @@ std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, cons
   race_lines.reserve(batch);
   std::vector<uint32_t> shared_best(batch, 0);  // see RaceArgs::shared_best
 
+  // accept_probs: min(1, p / q) at each position the walk examines (NaN elsewhere).
+  float* accept_out = accept_probs ? out_accept.mutable_data_ptr<float>() : nullptr;
+  auto record_ratio = [&](int64_t b, int64_t pos, float ratio) {
+    if (accept_out != nullptr) accept_out[b * num_positions + pos] = ratio;
+  };
+
   // The work runs in regions (one parallel pass each). The first reads position 0 of every row
   // (and every target line of a greedy row); each later one reads the next position of the rows
-  // still accepting, races the rows that just finished and, with `check`, reads the lines no row
+  // still accepting, races the rows that just finished and, with `check`, scans the lines no row
   // will reach, only for the validity check (a bad value anywhere a row looks makes the row
   // invalid; the memory-bound scans then share a pass with compute-bound races). The exp work
-  // follows the accepted prefix instead of K. Every line is read at most once.
+  // follows the accepted prefix instead of K. Every line is read at most once per pass.
   std::vector<Item> region;
   std::vector<int64_t> region_lines;
   int64_t region_work = 0;
+  auto add_chunks = [&](int64_t index) {
+    const Line& line = lines[index];
+    for (int64_t c = 0; c < line.chunks; ++c) region.push_back({Item::kLineChunk, static_cast<int32_t>(index), static_cast<int32_t>(c)});
+    region_work += line.n;
+  };
   auto add_line = [&](int64_t index, bool scan_only) {
     Line& line = lines[index];
     line.scan_only = scan_only;
     region_lines.push_back(index);
-    region_work += line.n;
-    if (line.mode == kFilter && !scan_only) {
-      region.push_back({Item::kFilterLine, static_cast<int32_t>(index), 0});
-      return;
-    }
-    const int64_t count = (line.n + kChunk - 1) / kChunk;
-    for (int64_t c = 0; c < count; ++c) region.push_back({Item::kLineChunk, static_cast<int32_t>(index), static_cast<int32_t>(c)});
+    // A filtered line with top-k collects its candidates in this pass (the guess needs only a
+    // sample); a top-p-only line reads its statistics first (the guess uses its exact maximum).
+    if (line.mode == kFilter && !scan_only && !filter_needs_stats_first(line)) prepare_filter_line(line);
+    add_chunks(index);
   };
   auto add_race = [&](int64_t b) {
     Row& r = rows[b];
@@ -772,14 +381,16 @@ std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, cons
     RaceArgs a{};
     a.target = t.ptr;
     a.target_dtype = t.dtype;
-    a.scale = t.scale;
+    a.inv_t = t.inv_t;
     a.p_max = t.m;
     a.p_norm = t.z;
     a.p_tau = t.tau;
     a.draft = nullptr;
     a.draft_dtype = kF32;
     a.draft_vocab = 0;
+    a.q_max = 0.0f;
     a.q_norm = 1.0f;
+    a.q_tau = -kInf;
     a.one_hot = -1;
     a.residual = rejected;
     if (rejected && has_draft) {
@@ -793,10 +404,26 @@ std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, cons
     } else if (rejected) {
       a.one_hot = clamp_token(token_at(b, j));
     }
-    a.key0 = key0;
-    a.key1 = key1;
-    a.position = static_cast<uint32_t>(j);
-    a.row = static_cast<uint32_t>(b);
+    a.key0 = r.key0;
+    a.key1 = r.key1;
+    position_words(r, j, &a.p_lo, &a.p_hi);
+    a.stream = static_cast<uint32_t>(stream);
+    // Seed the pruning bound with the race value of the target's argmax, a likely winner, so the
+    // chunks skip most of a peaked vocabulary from their first block on (results do not change).
+    int64_t seed_id = t.argmax;
+    if (seed_id < 0 && t.mode == kStats) {
+      const int64_t start = t.max_chunk * kChunk;
+      ScanResult sr;
+      k.scan(t.ptr + start * t_size, t.dtype, std::min(kChunk, vocab - start), true, &sr);
+      seed_id = start + sr.argmax;
+    }
+    if (seed_id >= 0) {
+      RaceArgs probe = a;
+      probe.shared_best = nullptr;
+      RaceBest seed{0.0f, -1};
+      k.race_list(&probe, &seed_id, 1, &seed);
+      shared_best[b] = fastmath::float_to_bits(seed.value);
+    }
     a.shared_best = &shared_best[b];
     const int64_t race = static_cast<int64_t>(race_rows.size());
     race_rows.push_back(b);
@@ -826,6 +453,23 @@ std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, cons
       if (!draft_line(b, pos).done) add_line(draft_index(b, pos), true);
     }
   };
+  auto run_region = [&]() {
+    run_items(static_cast<int64_t>(region.size()), region_work, [&](int64_t i) {
+      const Item item = region[i];
+      if (item.kind == Item::kRace) {
+        RaceBest best{0.0f, -1};
+        run_race(race_args[item.index], *race_lines[item.index], item.chunk, &best);
+        race_best[race_first[item.index] + item.chunk] = best;
+      } else if (item.kind == Item::kFinishFilter) {
+        finish_filter_line(lines[item.index], k);
+      } else {
+        Line& line = lines[item.index];
+        process_chunk(line, item.chunk, chunk_stats[line.first_chunk + item.chunk], k);
+      }
+    });
+    region.clear();
+    region_work = 0;
+  };
 
   std::vector<int64_t> active;  // non-greedy rows still accepting, at position rows[b].accepted
   for (int64_t b = 0; b < batch; ++b) {
@@ -842,29 +486,34 @@ std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, cons
   }
 
   while (!region.empty()) {
-    run_items(static_cast<int64_t>(region.size()), region_work, [&](int64_t i, Scratch& scratch) {
-      const Item item = region[i];
-      if (item.kind == Item::kRace) {
-        RaceBest best{0.0f, -1};
-        run_race(race_args[item.index], *race_lines[item.index], item.chunk, &best);
-        race_best[race_first[item.index] + item.chunk] = best;
-        return;
-      }
-      Line& line = lines[item.index];
-      if (item.kind == Item::kFilterLine) {
-        process_filter_line(line, scratch, k);
-      } else {
-        process_chunk(line, item.chunk, chunk_stats[line.first_chunk + item.chunk], k);
-      }
-    });
+    run_region();
+    std::vector<int64_t> filtered;
     for (int64_t index : region_lines) {
       Line& line = lines[index];
-      if (line.mode != kFilter || line.scan_only) combine_chunks(line, chunk_stats.data() + line.first_chunk, (line.n + kChunk - 1) / kChunk);
-      line.done = true;
+      combine_chunks(line, chunk_stats.data() + line.first_chunk, k);
+      if (line.mode == kFilter && !line.scan_only && !line.bad) filtered.push_back(index);
     }
-    region.clear();
+    // Filtered lines: a top-p-only line now collects its candidates (a second pass), then every
+    // filtered line's selection runs, one item per line.
+    for (int64_t index : filtered) {
+      Line& line = lines[index];
+      if (!line.guess_ready) {
+        prepare_filter_line(line);
+        add_chunks(index);
+      }
+    }
+    if (!region.empty()) {
+      run_region();
+      for (int64_t index : filtered) combine_chunks(lines[index], chunk_stats.data() + lines[index].first_chunk, k);
+    }
+    for (int64_t index : filtered) region.push_back({Item::kFinishFilter, static_cast<int32_t>(index), 0});
+    if (!region.empty()) {
+      region_work = 0;
+      for (int64_t index : filtered) region_work += lines[index].n;
+      run_region();
+    }
+    for (int64_t index : region_lines) lines[index].done = true;
     region_lines.clear();
-    region_work = 0;
 
     // Acceptance at each active row's position; the next region reads what the survivors need.
     size_t still = 0;
@@ -880,8 +529,11 @@ std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, cons
         const int64_t x = clamp_token(token_at(b, j));
         const float p = prob_at(target_line(b, j), x);
         const float q = has_draft ? prob_at(draft_line(b, j), x) : 1.0f;
-        const float u = philox::to_uniform(philox::word0(0, static_cast<uint32_t>(j), static_cast<uint32_t>(b), philox::kAcceptStream, key0, key1));
+        uint32_t p_lo, p_hi;
+        position_words(r, j, &p_lo, &p_hi);
+        const float u = philox::to_uniform(philox::word0(0, p_lo, p_hi, philox::kAcceptStream, r.key0, r.key1));
         accepted = u * q < p;
+        record_ratio(b, j, q > 0.0f ? std::min(p / q, 1.0f) : (p > 0.0f ? 1.0f : 0.0f));
       }
       if (accepted) {
         r.accepted = j + 1;
@@ -909,7 +561,12 @@ std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, cons
     if (r.bad || !r.greedy) continue;
     // The greedy walk stops at a bad line: it blanks the row, with or without `check`.
     int64_t j = 0;
-    while (j < r.num_draft && !target_line(b, j).bad && clamp_token(token_at(b, j)) == target_line(b, j).argmax) ++j;
+    while (j < r.num_draft && !target_line(b, j).bad) {
+      const bool match = clamp_token(token_at(b, j)) == target_line(b, j).argmax;
+      record_ratio(b, j, match ? 1.0f : 0.0f);
+      if (!match) break;
+      ++j;
+    }
     r.bad = target_line(b, j).bad;
     r.accepted = j;
     r.winner = target_line(b, j).argmax;
@@ -941,60 +598,97 @@ std::tuple<at::Tensor, at::Tensor> verify_impl(const at::Tensor& target_in, cons
   // Output.
   int64_t* out_t = out_tokens.mutable_data_ptr<int64_t>();
   int64_t* out_a = out_accepted.mutable_data_ptr<int64_t>();
+  float* out_lp = logprobs != kLogprobsNone ? out_logprobs.mutable_data_ptr<float>() : nullptr;
   for (int64_t b = 0; b < batch; ++b) {
     const Row& r = rows[b];
-    if (r.bad) continue;
+    if (r.bad) {
+      if (accept_out != nullptr) std::fill(accept_out + b * num_positions, accept_out + (b + 1) * num_positions, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
     for (int64_t pos = 0; pos < r.accepted; ++pos) out_t[b * length + pos] = clamp_token(token_at(b, pos));
     out_t[b * length + r.accepted] = r.winner;
     out_a[b] = r.accepted;
+    if (out_lp == nullptr) continue;
+    for (int64_t pos = 0; pos <= r.accepted; ++pos) {
+      const Line& line = target_line(b, pos);
+      const int64_t x = out_t[b * length + pos];
+      float value;
+      if (r.greedy || logprobs == kLogprobsRaw) {
+        const float raw = load_one(line.ptr, line.dtype, x);
+        value = (raw - line.raw_max) - std::log(line.raw_z);
+      } else {
+        const float s = scaled_at(line, x);
+        value = s >= line.tau ? (s - line.m) - std::log(line.z) : -kInf;
+      }
+      out_lp[b * length + pos] = value;
+    }
   }
-  return {out_tokens, out_accepted};
+  return {out_tokens, out_accepted, out_logprobs, out_accept};
 }
 
-std::tuple<at::Tensor, at::Tensor> verify_cpu(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits,
-                                              const at::Tensor& draft_tokens, const at::Tensor& temperature, const at::Tensor& top_k,
-                                              const at::Tensor& top_p, const at::Tensor& num_draft_tokens, const at::Tensor& seed, bool check) {
-  return verify_impl(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens, seed, check);
+VerifyOutputs verify_cpu(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, const at::Tensor& draft_tokens,
+                         const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& num_draft_tokens,
+                         const std::optional<at::Tensor>& seeds, const std::optional<at::Tensor>& offsets, int64_t base_key, int64_t stream, bool check,
+                         int64_t logprobs, bool accept_probs) {
+  return verify_impl(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens, seeds, offsets, base_key, stream, check,
+                     logprobs, accept_probs);
 }
 
-// sample = verify with K = 0 (the bonus draw), so both share one stream.
-at::Tensor sample_cpu(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& seed) {
-  TORCH_CHECK(logits.dim() == 2, "specdec: logits must be (B, V), got ", logits.sizes());
+// sample = the bonus draw of verify with K = 0, raced on the sample stream.
+at::Tensor sample_cpu(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
+                      const std::optional<at::Tensor>& seeds, const std::optional<at::Tensor>& offsets, int64_t base_key) {
+  check_cpu_tensor(logits, "logits");
+  TORCH_CHECK_VALUE(logits.dim() == 2, "specdec: logits must be (B, V), got ", logits.sizes());
   const int64_t batch = logits.size(0);
   const at::Tensor no_drafts = at::empty({batch, 0}, logits.options().dtype(at::kLong));
   const at::Tensor zeros = at::zeros({batch}, logits.options().dtype(at::kLong));
-  auto result = verify_impl(logits.unsqueeze(1), std::nullopt, no_drafts, temperature, top_k, top_p, zeros, seed, /*check=*/true);
-  return std::get<0>(result).select(1, 0);
+  auto result = verify_impl(logits.unsqueeze(1), std::nullopt, no_drafts, temperature, top_k, top_p, zeros, seeds, offsets, base_key,
+                            philox::kSampleStream, /*check=*/true, kLogprobsNone, false);
+  return std::get<0>(result).select(1, 0).contiguous();
 }
 
 // Benchmark hook (bench/bench_cpp.py): nanoseconds per bonus race (r = p, no draft) over a whole
-// float32 line, on the calling thread, chunk after chunk as a verify call runs it; a fresh key
-// each repetition. The line statistics are computed once, outside the timing.
-double race_ns(const at::Tensor& line, int64_t reps) {
-  TORCH_CHECK(line.dim() == 1 && line.scalar_type() == at::kFloat && line.device().is_cpu() && line.is_contiguous(),
-              "specdec: race_ns takes a contiguous (V,) float32 CPU tensor");
-  TORCH_CHECK(reps >= 1, "specdec: reps must be >= 1");
+// float32 line, on the calling thread, chunk after chunk as a verify call runs it, seeded with the
+// argmax as verify seeds it (seed_argmax); a fresh key each repetition. The line statistics are
+// computed once, outside the timing.
+double race_ns(const at::Tensor& line, int64_t reps, bool seed_argmax) {
+  TORCH_CHECK_VALUE(line.dim() == 1 && line.scalar_type() == at::kFloat && line.device().is_cpu() && line.is_contiguous(),
+                    "specdec: race_ns takes a contiguous (V,) float32 CPU tensor");
+  TORCH_CHECK_VALUE(reps >= 1, "specdec: reps must be >= 1");
   const Kernels& k = kernels();
   const int64_t vocab = line.size(0);
   StatsResult st;
-  k.stats(line.const_data_ptr(), kF32, vocab, 1.0f, &st);
+  k.stats(line.const_data_ptr(), kF32, vocab, 1.0f, false, &st);
+  ScanResult sr;
+  k.scan(line.const_data_ptr(), kF32, vocab, true, &sr);
   RaceArgs a{};
   a.target = line.const_data_ptr();
   a.target_dtype = kF32;
-  a.scale = 1.0f;
+  a.inv_t = 1.0f;
   a.p_max = st.m;
-  a.p_norm = st.z;
+  a.p_norm = static_cast<float>(st.z);
   a.p_tau = -kInf;
   a.draft = nullptr;
   a.q_norm = 1.0f;
+  a.q_tau = -kInf;
   a.one_hot = -1;
   a.residual = false;
+  a.p_lo = 7;
+  a.p_hi = 0;
+  a.stream = philox::kVerifyStream;
   int64_t sink = 0;
-  const int64_t start = now_ns();
+  const auto start = std::chrono::steady_clock::now();
   for (int64_t rep = 0; rep < reps; ++rep) {
     uint32_t shared = 0;
     a.key0 = static_cast<uint32_t>(rep);
     a.key1 = 0x5EEDu;
+    if (seed_argmax) {
+      RaceArgs probe = a;
+      probe.shared_best = nullptr;
+      RaceBest seed{0.0f, -1};
+      k.race_list(&probe, &sr.argmax, 1, &seed);
+      shared = fastmath::float_to_bits(seed.value);
+    }
     a.shared_best = &shared;
     RaceBest best{0.0f, -1};
     for (int64_t begin = 0; begin < vocab; begin += kChunk) {
@@ -1004,22 +698,57 @@ double race_ns(const at::Tensor& line, int64_t reps) {
     }
     sink += best.index;
   }
-  const int64_t elapsed = now_ns() - start;
+  const auto elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   TORCH_CHECK(sink >= 0, "specdec: race_ns found no winner");
   return static_cast<double>(elapsed) / static_cast<double>(reps);
 }
 
+// Test hook: m and z of each line of a (N, V) float32 tensor at one temperature, through the
+// chunked statistics verify uses (z as float64, before its float32 rounding).
+std::tuple<at::Tensor, at::Tensor> line_stats(const at::Tensor& logits, double temperature) {
+  TORCH_CHECK_VALUE(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.device().is_cpu() && logits.is_contiguous(),
+                    "specdec: line_stats takes a contiguous (N, V) float32 CPU tensor");
+  const Kernels& k = kernels();
+  const int64_t count = logits.size(0), n = logits.size(1);
+  at::Tensor m_out = at::empty({count}, logits.options());
+  at::Tensor z_out = at::empty({count}, logits.options().dtype(at::kDouble));
+  for (int64_t i = 0; i < count; ++i) {
+    Line line;
+    line.ptr = static_cast<const char*>(logits.const_data_ptr()) + i * n * 4;
+    line.dtype = kF32;
+    line.n = n;
+    line.mode = kStats;
+    line.inv_t = temperature == 1.0 ? 1.0f : 1.0f / static_cast<float>(temperature);
+    line.chunks = (n + kChunk - 1) / kChunk;
+    std::vector<ChunkStats> chunks(line.chunks);
+    for (int64_t c = 0; c < line.chunks; ++c) process_chunk(line, c, chunks[c], k);
+    combine_chunks(line, chunks.data(), k);
+    // (combine_chunks keeps z as float32 for the kernels; recombine in double for the test)
+    double z = 0.0;
+    for (const ChunkStats& c : chunks) {
+      if (c.m > -kInf && c.z > 0.0) z += c.z * std::exp(static_cast<double>(c.m) - static_cast<double>(line.m));
+    }
+    m_out[i] = line.m;
+    z_out[i] = z;
+  }
+  return {m_out, z_out};
+}
+
+std::string torch_version_at_build() { return SPECDEC_TORCH_VERSION_STRING; }
+
 }  // namespace
 }  // namespace specdec
 
-// The operator schema lives here so that compiled graphs call the C++ kernel without Python;
-// specdec_ext/ops.py adds the CUDA (Triton) and fake implementations.
+// The operator schemas (specdec_ext/ops.py holds the same strings) live here so that compiled
+// graphs call the C++ kernel without Python; ops.py adds the CUDA (Triton) and fake kernels, and
+// specdec_ext._cpp_backend imports it as soon as this extension loads.
 TORCH_LIBRARY(specdec, m) {
   m.set_python_module("specdec_ext.ops");
   m.def(
       "verify(Tensor target_logits, Tensor? draft_logits, Tensor draft_tokens, Tensor temperature, Tensor top_k, Tensor top_p, "
-      "Tensor num_draft_tokens, Tensor seed, bool check=True) -> (Tensor, Tensor)");
-  m.def("sample(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed) -> Tensor");
+      "Tensor num_draft_tokens, Tensor? seeds, Tensor? offsets, int base_key, int stream=1, bool check=True, int logprobs=0, "
+      "bool accept_probs=False) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("sample(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor? seeds, Tensor? offsets, int base_key) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -1027,16 +756,30 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("sample", &specdec::sample_cpu);
 }
 
+namespace py = pybind11;
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "specdec_ext C++ CPU kernel";
-  m.def("verify", &specdec::verify_cpu, "Fused verification: (tokens (B, K+1) int64, num_accepted (B,) int64)", pybind11::arg("target_logits"),
-        pybind11::arg("draft_logits"), pybind11::arg("draft_tokens"), pybind11::arg("temperature"), pybind11::arg("top_k"), pybind11::arg("top_p"),
-        pybind11::arg("num_draft_tokens"), pybind11::arg("seed"), pybind11::arg("check") = true);
-  m.def("sample", &specdec::sample_cpu, "One token per row (verify with K = 0)");
-  m.def("race_ns", &specdec::race_ns, "Benchmark hook: ns per bonus race over a (V,) float32 line on one thread", pybind11::arg("line"),
-        pybind11::arg("reps"));
+  // The kernels run without the GIL: other Python threads keep running during a call.
+  m.def("verify", &specdec::verify_cpu,
+        "Fused verification: (tokens (B, K+1) int64, num_accepted (B,) int64, logprobs (B, K+1) float32 or empty, accept_probs (B, K) float32 or empty)",
+        py::arg("target_logits"), py::arg("draft_logits"), py::arg("draft_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
+        py::arg("num_draft_tokens"), py::arg("seeds"), py::arg("offsets"), py::arg("base_key"), py::arg("stream") = 1, py::arg("check") = true,
+        py::arg("logprobs") = 0, py::arg("accept_probs") = false, py::call_guard<py::gil_scoped_release>());
+  m.def("sample", &specdec::sample_cpu, "One token per row (the bonus draw of verify with K = 0, on the sample stream)", py::arg("logits"),
+        py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("seeds"), py::arg("offsets"), py::arg("base_key"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("isa", &specdec::isa, "The instruction-set variant in use");
-  m.def("set_isa", &specdec::set_isa, "Pin a variant ('auto', 'avx512', 'avx2', 'base'); False if this CPU lacks it");
+  m.def("set_isa", &specdec::set_isa, "Pin a variant ('auto', 'avx512', 'avx2', 'neon', 'base'); False if this CPU lacks it");
   m.def("scheduler", &specdec::scheduler, "How work is spread over threads: 'auto' (default), 'openmp' or 'pool'");
   m.def("set_scheduler", &specdec::set_scheduler, "Choose 'auto', 'openmp' or 'pool'; False for an unknown name");
+  m.def("openmp_linked", &specdec::openmp_linked, "Whether the extension runs on torch's OpenMP runtime (else 'openmp' uses the pool)");
+  m.def("torch_version_at_build", &specdec::torch_version_at_build, "The torch version this extension was compiled against");
+  m.def("race_ns", &specdec::race_ns, "Benchmark hook: ns per bonus race over a (V,) float32 line on one thread", py::arg("line"), py::arg("reps"),
+        py::arg("seed_argmax") = true, py::call_guard<py::gil_scoped_release>());
+  m.def("line_stats", &specdec::line_stats, "Test hook: (m, z as float64) of each line of (N, V) float32 logits, through verify's chunked statistics",
+        py::arg("logits"), py::arg("temperature") = 1.0);
+  m.def("scheduler_selftest", &specdec::scheduler_selftest, "Test hook: run items that throw on the caller or a helper thread", py::arg("scheduler"),
+        py::arg("count"), py::arg("item_us"), py::arg("throw_on"), py::call_guard<py::gil_scoped_release>());
+  m.def("scheduler_selftest_started", &specdec::scheduler_selftest_started, "Test hook: items of scheduler_selftest started so far");
 }

@@ -1,10 +1,12 @@
 """The C++ CPU kernel (csrc/), when it is built.
 
-``specdec_ext._C`` is compiled by ``pip install --no-build-isolation -e .`` (setup.py). It is
-optional: when it is missing or does not load (no compiler at install time, a torch upgrade since the
-build), :func:`is_available` is False, :func:`unavailable_reason` says why, and ``backend="auto"``
-falls back to the eager reference. Loading it also registers ``torch.ops.specdec.verify`` /
-``torch.ops.specdec.sample`` with their CPU kernels (see :mod:`specdec_ext.ops`).
+``specdec_ext._C`` is compiled against the installed torch by ``pip install --no-build-isolation -e .``
+(setup.py). It is optional: when it is missing or does not load (no compiler at install time, a torch
+upgraded or downgraded since the build), :func:`is_available` is False, :func:`unavailable_reason`
+says why and how to rebuild, and ``backend="auto"`` falls back to the eager reference with one
+warning. Loading it registers ``torch.ops.specdec.verify`` / ``torch.ops.specdec.sample`` with their
+CPU kernels, and this module then imports :mod:`specdec_ext.ops`, which adds the fake (meta)
+kernels: after ``import specdec_ext`` the ops trace under FakeTensorMode and torch.compile.
 """
 
 from __future__ import annotations
@@ -16,17 +18,36 @@ import torch  # libtorch must be loaded before the extension that links against 
 if TYPE_CHECKING:
     from ._params import VerifyArgs
 
+REBUILD = "rebuild it against the installed torch with `pip install --no-build-isolation -e .` (or `make setup`)"
+
 _C = None
 _IMPORT_ERROR: str | None = None
+
+
+def build_mismatch(built: str, running: str) -> str | None:
+    """Why an extension built against torch ``built`` must not run beside torch ``running`` (None if it may).
+
+    A C++ extension is compiled against one torch's headers and ABI: beside another version it may
+    fail to load, or load and misbehave. Local version labels (``+cpu``) count.
+    """
+    if built == "unknown" or built == running:
+        return None
+    return f"specdec_ext._C was built against torch {built} but torch {running} is installed; {REBUILD}"
+
+
 try:
     from . import _C  # type: ignore[attr-defined, no-redef]
 except ImportError as exc:
     if getattr(exc, "name", None) == f"{__package__}._C":
-        _IMPORT_ERROR = "specdec_ext._C is not built; build it with `pip install --no-build-isolation -e .` (needs a C++ compiler)"
+        _IMPORT_ERROR = f"specdec_ext._C is not built (needs a C++ compiler and torch at install time); {REBUILD}"
     else:  # built, but does not load: usually a torch upgraded or downgraded since the build
-        _IMPORT_ERROR = f"specdec_ext._C does not load: {exc}; rebuild it with `pip install --no-build-isolation -e .`"
+        _IMPORT_ERROR = f"specdec_ext._C does not load ({exc}); {REBUILD}"
 except OSError as exc:
-    _IMPORT_ERROR = f"specdec_ext._C does not load: {exc}; rebuild it with `pip install --no-build-isolation -e .`"
+    _IMPORT_ERROR = f"specdec_ext._C does not load ({exc}); {REBUILD}"
+else:
+    _IMPORT_ERROR = build_mismatch(_C.torch_version_at_build(), torch.__version__)
+    if _IMPORT_ERROR is not None:
+        _C = None
 
 
 def is_available() -> bool:
@@ -37,13 +58,22 @@ def unavailable_reason() -> str:
     return "" if _C is not None else (_IMPORT_ERROR or "the C++ extension is unavailable")
 
 
-def verify(args: VerifyArgs, seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused verification of a validated call; returns (tokens (B, K+1) int64, num_accepted (B,) int64)."""
+def verify(args: VerifyArgs, base_key: int):
+    """Fused verification of a validated call; returns (tokens (B, K+1) int64, num_accepted (B,)
+    int64, logprobs (B, K+1) float32 or None, accept_probs (B, K) float32 or None)."""
     if _C is None:
         raise RuntimeError(f"specdec_ext: the C++ backend is unavailable: {unavailable_reason()}")
-    return _C.verify(args.target_logits, args.draft_logits, args.draft_tokens, args.temperature, args.top_k, args.top_p, args.num_draft_tokens, seed, args.check)
+    tokens, num_accepted, logprobs, accept_probs = _C.verify(
+        args.target_logits, args.draft_logits, args.draft_tokens, args.temperature, args.top_k, args.top_p, args.num_draft_tokens,
+        args.seeds, args.offsets, base_key, args.stream, args.check, args.logprobs, args.accept_probs,
+    )
+    return tokens, num_accepted, (logprobs if args.logprobs else None), (accept_probs if args.accept_probs else None)
 
 
 def isa() -> str:
-    """The instruction-set variant the kernel runs ("avx512", "avx2" or "base"), or "" when unavailable."""
+    """The instruction-set variant the kernel runs ("avx512", "avx2", "neon" or "base"), or "" when unavailable."""
     return _C.isa() if _C is not None else ""
+
+
+# The op's fake kernels live in ops.py: register them now that the extension defined the schemas.
+from . import ops as _ops  # noqa: E402,F401
