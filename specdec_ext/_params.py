@@ -232,24 +232,44 @@ def validate_verify(
     return args
 
 
+COMPILED_CHECK_HINT = (
+    "inside torch.compile the argument and row cannot be named: run the call outside torch.compile to see them, "
+    "or pass check=False to get such rows blanked (tokens -1) instead"
+)
+
+
+def _require_rows(bad: torch.Tensor, describe, compiled: str) -> None:
+    """Raise ValueError(describe(first bad row)) if any row of the (B,) mask is bad. Inside
+    torch.compile on CPU (where reading the mask would break the graph) the check becomes an
+    assertion inside the graph that raises RuntimeError with ``compiled`` and a hint."""
+    if torch.compiler.is_compiling() and bad.device.type == "cpu":
+        torch._assert_async(~bad.any(), f"{compiled} ({COMPILED_CHECK_HINT})")
+        return
+    row = _first_bad_row(bad)
+    if row is not None:
+        raise ValueError(describe(row))
+
+
 def _check_values(args: VerifyArgs, temperature_is_tensor: bool, top_k_is_tensor: bool, top_p_is_tensor: bool, num_draft_is_tensor: bool) -> None:
     """Raise ValueError naming the parameter and the first bad row (per-row tensors only; cheap)."""
     if temperature_is_tensor:
-        row = _first_bad_row(~(args.temperature >= 0) | torch.isinf(args.temperature))
-        if row is not None:
-            raise ValueError(f"temperature must be finite and >= 0 (0 = greedy); row {row} has {args.temperature[row].item()}")
+        _require_rows(
+            ~(args.temperature >= 0) | torch.isinf(args.temperature),
+            lambda row: f"temperature must be finite and >= 0 (0 = greedy); row {row} has {args.temperature[row].item()}",
+            "temperature must be finite and >= 0 (0 = greedy)",
+        )
     if top_k_is_tensor:
-        row = _first_bad_row(args.top_k < 0)
-        if row is not None:
-            raise ValueError(f"top_k must be >= 0 (0 = off); row {row} has {args.top_k[row].item()}")
+        _require_rows(args.top_k < 0, lambda row: f"top_k must be >= 0 (0 = off); row {row} has {args.top_k[row].item()}", "top_k must be >= 0 (0 = off)")
     if top_p_is_tensor:
-        row = _first_bad_row(~((args.top_p > 0) & (args.top_p <= 1)))
-        if row is not None:
-            raise ValueError(f"top_p must lie in (0, 1]; row {row} has {args.top_p[row].item()}")
+        _require_rows(
+            ~((args.top_p > 0) & (args.top_p <= 1)), lambda row: f"top_p must lie in (0, 1]; row {row} has {args.top_p[row].item()}", "top_p must lie in (0, 1]"
+        )
     if num_draft_is_tensor:
-        row = _first_bad_row((args.num_draft_tokens < 0) | (args.num_draft_tokens > args.num_positions))
-        if row is not None:
-            raise ValueError(f"num_draft_tokens must lie in [0, K={args.num_positions}]; row {row} has {args.num_draft_tokens[row].item()}")
+        _require_rows(
+            (args.num_draft_tokens < 0) | (args.num_draft_tokens > args.num_positions),
+            lambda row: f"num_draft_tokens must lie in [0, K={args.num_positions}]; row {row} has {args.num_draft_tokens[row].item()}",
+            f"num_draft_tokens must lie in [0, K={args.num_positions}]",
+        )
 
 
 def raise_for_bad_rows(args: VerifyArgs, blanked: torch.Tensor) -> None:

@@ -239,6 +239,114 @@ def test_identity_on_extreme_inputs(inputs):
 
 
 # --------------------------------------------------------------------------------------------
+# Contract v2: per-request keys and offsets, logprobs and accept_probs, token for token with eager.
+
+
+def _keys(batch: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    seeds = torch.randint(0, 2**62, (batch,), generator=g)
+    offsets = torch.randint(0, 2**40, (batch,), generator=g)  # positions past 2^32: both counter words
+    return seeds, offsets
+
+
+def _same_outputs(target, draft, tokens, seeds, offsets, **kw):
+    """cpp and eager with the same keys: tokens equal, logprobs / accept_probs within float rounding."""
+    kw.setdefault("return_logprobs", "processed")
+    a, b = (specdec_ext.verify(target, draft, tokens, seeds=seeds, offsets=offsets, return_accept_probs=True, backend=backend, **kw) for backend in ("cpp", "eager"))
+    assert torch.equal(a.tokens, b.tokens), f"tokens differ\ncpp:\n{a.tokens}\neager:\n{b.tokens}"
+    assert torch.equal(a.num_accepted, b.num_accepted)
+    torch.testing.assert_close(a.logprobs, b.logprobs, equal_nan=True, rtol=0, atol=1e-5)
+    torch.testing.assert_close(a.accept_probs, b.accept_probs, equal_nan=True, rtol=0, atol=1e-5)
+    return a
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ["processed", "raw"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},
+        {"temperature": 0.7, "top_k": 40},
+        {"temperature": 1.3, "top_p": 0.9},
+        {"temperature": torch.tensor([0.0, 0.8, 1.0, 0.0, 1.7, 0.6]), "top_k": torch.tensor([0, 20, 0, 5, 0, 300]), "top_p": torch.tensor([1.0, 0.9, 0.95, 1.0, 1.0, 0.5])},
+    ],
+    ids=["plain", "t0.7-k40", "t1.3-p0.9", "per-row-greedy-mixed"],
+)
+def test_identity_with_keys_offsets_and_outputs(dtype, mode, params):
+    target, draft, tokens = _case(6, 4, 20000, dtype, seed=41, noise=0.3, **{n: v for n, v in params.items() if n != "top_p"})
+    seeds, offsets = _keys(6, 5)
+    num_draft = torch.tensor([4, 0, 3, 4, 1, 2])
+    out = _same_outputs(target, draft, tokens, seeds, offsets, return_logprobs=mode, num_draft_tokens=num_draft, **params)
+    assert int(out.num_accepted.sum()) > 0
+    _same_outputs(target, None, tokens, seeds, offsets, return_logprobs=mode, num_draft_tokens=num_draft, **params)  # one-hot drafts
+
+
+@needs_cpp
+@pytest.mark.parametrize("vocab", [3, 1000, 128256])
+def test_sample_identity_with_keys(vocab):
+    logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(vocab)) * 2
+    seeds, offsets = _keys(5, vocab)
+    for kw in ({}, {"temperature": 0.0}, {"temperature": 0.7, "top_k": 30, "top_p": 0.9}, {"top_p": 0.8}):
+        a = specdec_ext.sample(logits, seeds=seeds, offsets=offsets, backend="cpp", **kw)
+        b = specdec_ext.sample(logits, seeds=seeds, offsets=offsets, backend="eager", **kw)
+        assert torch.equal(a, b), f"{kw}: {a} != {b}"
+
+
+@needs_cpp
+def test_negative_keys_blank_only_their_row():
+    target, draft, tokens = _case(4, 3, 3000, torch.float32, seed=43)
+    seeds, offsets = _keys(4, 7)
+    seeds[1] = -1
+    offsets[2] = -(2**40)
+    out = _same_outputs(target, draft, tokens, seeds, offsets, check=False)
+    assert (out.tokens[1:3] == -1).all() and (out.num_accepted[1:3] == 0).all()
+    assert torch.isnan(out.logprobs[1:3]).all() and torch.isnan(out.accept_probs[1:3]).all()
+    assert (out.tokens[[0, 3], 0] >= 0).all()
+
+
+def _run_rows(target, draft, tokens, seeds, offsets, rows, **params):
+    rows = torch.as_tensor(rows)
+    per_row = {n: (v[rows] if isinstance(v, torch.Tensor) else v) for n, v in params.items()}
+    return specdec_ext.verify(
+        target[rows], draft[rows], tokens[rows], seeds=seeds[rows], offsets=offsets[rows], return_logprobs="raw", return_accept_probs=True,
+        backend="cpp", **per_row,
+    )
+
+
+@needs_cpp
+def test_seeded_rows_do_not_depend_on_batch_threads_or_scheduler():
+    """A seeded row's tokens, logprobs and accept_probs are bit-identical whatever its neighbours,
+    its place in the batch, the batch size, the thread count and the way work is spread over threads
+    (lines span several 8192-entry chunks; filtered lines, top-p-only ones too, are split across
+    threads)."""
+    batch, k, vocab = 6, 3, 40000
+    params = {
+        "temperature": torch.tensor([1.0, 0.7, 1.2, 0.0, 0.9, 0.5]),
+        "top_k": torch.tensor([0, 0, 20, 0, 0, 100]),
+        "top_p": torch.tensor([1.0, 0.9, 1.0, 1.0, 0.8, 0.95]),
+    }
+    target, draft, tokens = _case(batch, k, vocab, torch.float32, seed=47, noise=0.3, temperature=params["temperature"], top_k=params["top_k"])
+    seeds, offsets = _keys(batch, 9)
+    threads, previous = torch.get_num_threads(), _cpp_backend._C.scheduler()
+    reference = _run_rows(target, draft, tokens, seeds, offsets, list(range(batch)), **params)
+    layouts = [[5, 4, 3, 2, 1, 0], [2], [0, 0, 0, 0, 0, 0, 0, 0, 0], [1, 3, 5, 1, 3, 5, 0, 2, 4, 0, 2, 4]]
+    try:
+        for scheduler in ("auto", "openmp", "pool"):
+            assert _cpp_backend._C.set_scheduler(scheduler)
+            for n in (1, 2, 3):
+                torch.set_num_threads(n)
+                for rows in layouts:
+                    out = _run_rows(target, draft, tokens, seeds, offsets, rows, **params)
+                    for name in ("tokens", "num_accepted", "logprobs", "accept_probs"):
+                        got, want = getattr(out, name), getattr(reference, name)[torch.tensor(rows)]
+                        assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), (scheduler, n, rows, name)
+    finally:
+        torch.set_num_threads(threads)
+        _cpp_backend._C.set_scheduler(previous)
+
+
+# --------------------------------------------------------------------------------------------
 # Law, threads and instruction sets.
 
 
@@ -287,16 +395,25 @@ def test_tokens_do_not_depend_on_thread_count(scheduler):
 @needs_cpp
 def test_instruction_set_variants_agree():
     target, draft, tokens = _case(3, 3, 20000, torch.bfloat16, seed=23)
-    reference = specdec_ext.verify(target, draft, tokens, top_p=0.9, generator=torch.Generator().manual_seed(1), backend="eager")
+    seeds, offsets = _keys(3, 11)
+    kw = {"top_p": 0.9, "seeds": seeds, "offsets": offsets, "return_logprobs": "processed", "return_accept_probs": True}
+    reference = specdec_ext.verify(target, draft, tokens, backend="eager", **kw)
+    samples = specdec_ext.sample(target[:, 0], seeds=seeds, offsets=offsets, backend="eager")
     used = _cpp_backend.isa()
+    ran = []
     try:
-        for isa in ("avx512", "avx2", "base"):
+        for isa in ("avx512", "avx2", "neon", "base"):
             if not _cpp_backend._C.set_isa(isa):
                 continue  # this CPU lacks it
-            out = specdec_ext.verify(target, draft, tokens, top_p=0.9, generator=torch.Generator().manual_seed(1), backend="cpp")
+            ran.append(isa)
+            out = specdec_ext.verify(target, draft, tokens, backend="cpp", **kw)
             assert torch.equal(out.tokens, reference.tokens), isa
+            torch.testing.assert_close(out.logprobs, reference.logprobs, equal_nan=True, rtol=0, atol=1e-5)
+            torch.testing.assert_close(out.accept_probs, reference.accept_probs, equal_nan=True, rtol=0, atol=1e-5)
+            assert torch.equal(specdec_ext.sample(target[:, 0], seeds=seeds, offsets=offsets, backend="cpp"), samples), isa
     finally:
         _cpp_backend._C.set_isa(used)
+    assert "base" in ran
 
 
 @needs_cpp

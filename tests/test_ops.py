@@ -124,6 +124,51 @@ def test_compile_fullgraph_has_no_graph_break(backend):
     assert explanation.graph_break_count == 0, explanation.break_reasons
 
 
+def test_check_true_under_compile_fullgraph():
+    """The default check=True inside torch.compile(fullgraph=True) on CPU: valid calls give the eager
+    result; bad values raise (an assertion inside the graph) with a message that says how to get
+    the row named or blanked."""
+    target, draft, tokens, params, _ = _inputs(seed=6)
+
+    def step(target, draft, tokens, temperature, top_k, top_p):
+        return specdec_ext.verify(target, draft, tokens, temperature=temperature, top_k=top_k, top_p=top_p).tokens
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    inputs = (target, draft, tokens, params["temperature"], params["top_k"], params["top_p"])
+    torch.manual_seed(3)
+    got = compiled(*inputs)
+    torch.manual_seed(3)
+    assert torch.equal(got, step(*inputs))
+    bad_logits = target.clone()
+    bad_logits[0, 0, 7] = float("nan")
+    with pytest.raises(RuntimeError, match="check=True found a row .*pass check=False"):
+        compiled(bad_logits, *inputs[1:])
+    with pytest.raises(RuntimeError, match="temperature must be finite and >= 0.*pass check=False"):
+        compiled(*inputs[:3], torch.tensor([0.8, -1.0, 1.0]), *inputs[4:])
+    with pytest.raises(ValueError, match="target_logits: row 0 contains NaN"):  # eager calls name the row
+        step(bad_logits, *inputs[1:])
+
+
+def test_fake_kernels_are_registered_by_import_specdec_ext():
+    """After a plain `import specdec_ext` (ops.py not imported by hand), the op runs under FakeTensorMode."""
+    script = textwrap.dedent(
+        """
+        import sys, torch, specdec_ext
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        with FakeTensorMode() as mode:
+            t = mode.from_tensor(torch.randn(2, 3, 50))
+            x = mode.from_tensor(torch.zeros(2, 2, dtype=torch.int64))
+            rows = [mode.from_tensor(v) for v in (torch.ones(2), torch.zeros(2, dtype=torch.int64), torch.ones(2), torch.full((2,), 2))]
+            out = torch.ops.specdec.verify(t, None, x, *rows, None, None, 5, logprobs=1)
+            sampled = torch.ops.specdec.sample(t[:, 0], *rows[:3], None, None, 5)
+        assert out[0].shape == (2, 3) and out[2].shape == (2, 3) and sampled.shape == (2,)
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
 def test_op_registered_with_eager_kernel_without_extension():
     """With the extension hidden, ops.py defines the schemas itself and runs the eager reference."""
     script = textwrap.dedent(
