@@ -20,15 +20,23 @@ the time to read the same logits once (``torch.amax`` over target and draft), me
 way in the same rounds. Python's cyclic GC is off while timing (as in ``timeit``) and runs every
 tenth round, untimed.
 
-Rows: ``cpp`` is the default path, ``specdec_ext.verify(..., backend="cpp", check=False)``, which
-calls the extension directly; ``cpp-check`` is the same call with ``check=True`` (every line up to
-n_b validated, including the lines after the first rejection that ``check=False`` never reads, and one
-look at the result for blanked rows); ``cpp-op`` does the same argument handling and then goes through
-``torch.ops.specdec.verify`` (the path compiled graphs use); ``kernel`` / ``kernel-op`` call the
-extension / the op on prepared arguments, without the Python argument handling (with a fresh
-seed each call, like verify, since the work follows the accepted prefix); ``kernel-openmp`` /
-``kernel-pool`` are ``kernel`` with that fixed way of spreading work over threads instead of the
-default ``auto`` (``--scheduler`` changes the default). ``mean accepted`` is over 20 seeds.
+Rows: ``cpp`` is the default call, ``specdec_ext.verify(..., backend="cpp")`` with ``check=True``
+(every line up to n_b validated: the lines the walk does not read get a NaN / +inf / empty scan,
+and one look at the result for blanked rows); ``cpp-nocheck`` is the same call with ``check=False``
+(lines after the first rejection are never read); ``cpp-op`` does the same argument handling and
+then goes through ``torch.ops.specdec.verify`` (the path compiled graphs use); ``kernel`` /
+``kernel-nocheck`` / ``kernel-op`` call the extension / the op on prepared arguments, without the
+Python argument handling (with a fresh key each call, like verify, since the work follows the
+accepted prefix); ``kernel-openmp`` / ``kernel-pool`` are ``kernel`` with that fixed way of spreading
+work over threads instead of the default ``auto`` (``--scheduler`` changes the default).
+``mean accepted`` is over 20 keys. Goals: the default call >= 10x transformers, and ``check=True``
+within 1.25x of ``check=False``.
+
+The race (``race_costs``): microseconds per bonus race over one 128256-entry line on one thread,
+per instruction set, as verify runs it (the bound seeded with the argmax) and unseeded, on the B=1
+case's line, an LLM-like peaked line and a flat line (nothing can be pruned: every id pays its
+share of a Philox evaluation, a log and a divide); beside the same figures measured before stream
+v2 (``bench/results/cpu-cpp-2026-12-01-stream-v1.json``, one Philox evaluation per id).
 
 Writes a table to stdout and JSON to ``bench/results/cpu-cpp-<date>.json``.
 """
@@ -51,7 +59,7 @@ import torch
 
 import specdec_ext
 from specdec_ext import _cpp_backend, _params, ops
-from specdec_ext._philox import draw_seed
+from specdec_ext._philox import draw_base_key
 
 from .micro import device_name
 
@@ -61,6 +69,8 @@ GOALS = {
     (1, 5, 128256): {"transformers": 10.0, "eager": 3.0},
     (16, 4, 32000): {"transformers": 10.0},
 }
+CHECK_GOAL = 1.25  # the default check=True call within this factor of check=False
+BEFORE_STREAM_V2 = RESULTS_DIR / "cpu-cpp-2026-12-01-stream-v1.json"
 
 
 def make_inputs(batch: int, k: int, vocab: int, seed: int = 0):
@@ -85,37 +95,38 @@ def transformers_call(target, draft, drafts) -> Callable[[], object]:
 
 
 def methods(target, draft, drafts) -> dict[str, Callable[[], object]]:
-    args = _params.validate_verify(target, draft, drafts, temperature=1.0, top_k=None, top_p=None, num_draft_tokens=None, generator=None, check=False)
-    # A fresh seed per call, as verify draws one: the work follows the accepted prefix, so a fixed
-    # seed would time one particular outcome.
-    kernel_args = (args.target_logits, args.draft_logits, args.draft_tokens, args.temperature, args.top_k, args.top_p, args.num_draft_tokens)
+    args = _params.validate_verify(target, draft, drafts, temperature=1.0, top_k=None, top_p=None, num_draft_tokens=None, generator=None, check=True)
+    # A fresh key per call, as verify draws one: the work follows the accepted prefix, so a fixed
+    # key would time one particular outcome.
+    kernel_args = (args.target_logits, args.draft_logits, args.draft_tokens, args.temperature, args.top_k, args.top_p, args.num_draft_tokens, None, None)
     found = {
         "transformers": transformers_call(target, draft, drafts),
-        "eager": lambda: specdec_ext.verify(target, draft, drafts, backend="eager", check=False),
+        "eager": lambda: specdec_ext.verify(target, draft, drafts, backend="eager"),
         "floor": lambda: (target.amax(), draft.amax()),
     }
     if _cpp_backend.is_available():
         op = torch.ops.specdec.verify.default
         found.update(
             {
-                "cpp": lambda: specdec_ext.verify(target, draft, drafts, backend="cpp", check=False),
-                "cpp-check": lambda: specdec_ext.verify(target, draft, drafts, backend="cpp", check=True),
+                "cpp": lambda: specdec_ext.verify(target, draft, drafts, backend="cpp"),
+                "cpp-nocheck": lambda: specdec_ext.verify(target, draft, drafts, backend="cpp", check=False),
                 "cpp-op": lambda: ops.verify(
-                    _params.validate_verify(target, draft, drafts, temperature=1.0, top_k=None, top_p=None, num_draft_tokens=None, generator=None, check=False),
-                    draw_seed(None, target.device),
+                    _params.validate_verify(target, draft, drafts, temperature=1.0, top_k=None, top_p=None, num_draft_tokens=None, generator=None, check=True),
+                    draw_base_key(None),
                 ),
-                "kernel": lambda: _cpp_backend._C.verify(*kernel_args, draw_seed(None, target.device), False),
-                "kernel-op": lambda: op(*kernel_args, draw_seed(None, target.device), False),
+                "kernel": lambda: _cpp_backend._C.verify(*kernel_args, draw_base_key(None), 1, True),
+                "kernel-nocheck": lambda: _cpp_backend._C.verify(*kernel_args, draw_base_key(None), 1, False),
+                "kernel-op": lambda: op(*kernel_args, draw_base_key(None), 1, True),
             }
         )
-        # The same kernel call with each fixed way of spreading work over threads (csrc/verify.cpp).
+        # The same kernel call with each fixed way of spreading work over threads (csrc/scheduler.cpp).
         used = _cpp_backend._C.scheduler()
 
         def with_scheduler(name):
             def call():
                 _cpp_backend._C.set_scheduler(name)
                 try:
-                    return _cpp_backend._C.verify(*kernel_args, draw_seed(None, target.device), False)
+                    return _cpp_backend._C.verify(*kernel_args, draw_base_key(None), 1, True)
                 finally:
                     _cpp_backend._C.set_scheduler(used)
 
@@ -170,42 +181,54 @@ def summarise(samples: list[float]) -> dict[str, float]:
     }
 
 
+def _peaked_line(vocab: int) -> torch.Tensor:
+    """An LLM-like next-token line: a long normal tail and a few dominant ids."""
+    g = torch.Generator().manual_seed(1)
+    line = 2 * torch.randn(vocab, generator=g)
+    line[torch.randint(0, vocab, (3,), generator=g)] = torch.tensor([14.0, 16.0, 18.0])
+    return line
+
+
 def race_costs(vocab: int = 128256, rounds: int = 15, reps: int = 5) -> dict | None:
-    """Microseconds per bonus race (r = p) over one line on one thread (the kernel's race_ns hook),
-    for every instruction-set variant this CPU runs: ``bench_line``, a target line of the B=1 case
-    (3 * randn, as above), and ``flat_line``, all logits equal, where no id can be pruned, so every
-    id pays its Philox draw, log and divide. Lines and variants alternate, round after round;
-    median over rounds."""
+    """Microseconds per bonus race over one line on one thread (the kernel's race_ns hook), for every
+    instruction-set variant this CPU runs, seeded as verify seeds it and unseeded; lines, variants
+    and modes alternate, round after round; median over rounds."""
     if not _cpp_backend.is_available() or not hasattr(_cpp_backend._C, "race_ns"):
         return None
-    lines = {"bench_line": make_inputs(1, 0, vocab)[0][0, 0].contiguous(), "flat_line": torch.zeros(vocab)}
+    lines = {"bench_line": make_inputs(1, 0, vocab)[0][0, 0].contiguous(), "peaked_line": _peaked_line(vocab), "flat_line": torch.zeros(vocab)}
     used = _cpp_backend.isa()
     variants = [isa for isa in ("avx512", "avx2", "neon", "base") if _cpp_backend._C.set_isa(isa)]
-    samples: dict[tuple[str, str], list[float]] = {(isa, name): [] for isa in variants for name in lines}
+    modes = {"seeded": True, "unseeded": False}
+    samples: dict[tuple[str, str, str], list[float]] = {(isa, mode, name): [] for isa in variants for mode in modes for name in lines}
     try:
         for _ in range(rounds):
             for isa in variants:
                 _cpp_backend._C.set_isa(isa)
-                for name, line in lines.items():
-                    samples[isa, name].append(_cpp_backend._C.race_ns(line, reps) / 1e3)
+                for mode, seeded in modes.items():
+                    for name, line in lines.items():
+                        samples[isa, mode, name].append(_cpp_backend._C.race_ns(line, reps, seeded) / 1e3)
     finally:
         _cpp_backend._C.set_isa(used)
-    return {
+    costs = {
         "vocab": vocab,
         "default_isa": used,
-        "us": {isa: {name: round(statistics.median(samples[isa, name]), 1) for name in lines} for isa in variants},
-        "min_us": {isa: {name: round(min(samples[isa, name]), 1) for name in lines} for isa in variants},
+        "us": {isa: {mode: {name: round(statistics.median(samples[isa, mode, name]), 1) for name in lines} for mode in modes} for isa in variants},
+        "min_us": {isa: {mode: {name: round(min(samples[isa, mode, name]), 1) for name in lines} for mode in modes} for isa in variants},
     }
+    if BEFORE_STREAM_V2.exists():
+        before = json.loads(BEFORE_STREAM_V2.read_text())
+        costs["before_stream_v2"] = {"file": BEFORE_STREAM_V2.name, "us": before["race"]["us"], "host": before["host"], "date": before["date"]}
+    return costs
 
 
-def run(threads: int | None, budget_s: float, scheduler: str | None) -> dict:
+def run(threads: int | None, budget_s: float, scheduler: str | None, cases: list[tuple[int, int, int]] | None = None, race: bool = True) -> dict:
     if threads:
         torch.set_num_threads(threads)
     if scheduler and _cpp_backend.is_available():
         _cpp_backend._C.set_scheduler(scheduler)
     load_start = os.getloadavg()
     rows = []
-    for batch, k, vocab in CASES:
+    for batch, k, vocab in cases or CASES:
         target, draft, drafts = make_inputs(batch, k, vocab)
         calls = methods(target, draft, drafts)
         slow = batch * vocab >= 500_000
@@ -215,19 +238,23 @@ def run(threads: int | None, budget_s: float, scheduler: str | None) -> dict:
         logits_bytes = (target.numel() + draft.numel()) * target.element_size()
         case = {"batch": batch, "k": k, "vocab": vocab, "dtype": "fp32", "logits_bytes": logits_bytes, "mean_accepted": accepted, "methods": stats}
         if "cpp" in stats:
-            cpp = stats["cpp"]["median_us"]
+            cpp, nocheck = stats["cpp"]["median_us"], stats["cpp-nocheck"]["median_us"]
             case["speedup_vs_transformers"] = stats["transformers"]["median_us"] / cpp
+            case["speedup_vs_transformers_nocheck"] = stats["transformers"]["median_us"] / nocheck
             case["speedup_vs_eager"] = stats["eager"]["median_us"] / cpp
+            case["check_ratio"] = cpp / nocheck
             case["x_floor"] = cpp / stats["floor"]["median_us"]
             case["floor_gbs"] = logits_bytes / (stats["floor"]["median_us"] * 1e-6) / 1e9
             case["op_overhead_us"] = stats["kernel-op"]["median_us"] - stats["kernel"]["median_us"]
-            case["api_op_overhead_us"] = stats["cpp-op"]["median_us"] - stats["cpp"]["median_us"]
-            case["check_overhead_us"] = stats["cpp-check"]["median_us"] - stats["cpp"]["median_us"]
+            case["api_op_overhead_us"] = stats["cpp-op"]["median_us"] - cpp
+            case["check_overhead_us"] = cpp - nocheck
             goals = GOALS.get((batch, k, vocab), {})
             case["goals"] = {
-                f">= {factor:g}x {base}": {"measured": round(case[f"speedup_vs_{base}"], 2), "pass": case[f"speedup_vs_{base}"] >= factor}
+                f"default call >= {factor:g}x {base}": {"measured": round(case[f"speedup_vs_{base}"], 2), "pass": case[f"speedup_vs_{base}"] >= factor}
                 for base, factor in goals.items()
             }
+            if goals:
+                case["goals"][f"check=True <= {CHECK_GOAL:g}x check=False"] = {"measured": round(case["check_ratio"], 3), "pass": case["check_ratio"] <= CHECK_GOAL}
         rows.append(case)
     return {
         "schema": 1,
@@ -244,12 +271,15 @@ def run(threads: int | None, budget_s: float, scheduler: str | None) -> dict:
         "kernel": {
             "available": _cpp_backend.is_available(),
             "isa": _cpp_backend.isa(),
+            "compiler": _cpp_backend._C.compiler() if _cpp_backend.is_available() and hasattr(_cpp_backend._C, "compiler") else None,
+            "openmp_linked": _cpp_backend._C.openmp_linked() if _cpp_backend.is_available() and hasattr(_cpp_backend._C, "openmp_linked") else None,
             "scheduler": _cpp_backend._C.scheduler() if _cpp_backend.is_available() else None,
             "unavailable_reason": _cpp_backend.unavailable_reason(),
         },
+        "note": "measured with other jobs running on this machine unless load_average says otherwise; figures for publication are re-measured on a quiet machine",
         "timing": "methods take turns in a shuffled order each round; per turn one untimed call then two timed (time.perf_counter), warm caches, GC off; median (p10, min also kept)",
         "cases": rows,
-        "race": race_costs(),
+        "race": race_costs() if race else None,
     }
 
 
@@ -263,13 +293,13 @@ def _version(name: str) -> str | None:
 
 
 def format_table(doc: dict) -> str:
-    order = ["cpp", "cpp-check", "kernel", "cpp-op", "kernel-op", "kernel-openmp", "kernel-pool", "eager", "transformers", "floor"]
-    host = doc["host"]
+    order = ["cpp", "cpp-nocheck", "kernel", "kernel-nocheck", "cpp-op", "kernel-op", "kernel-openmp", "kernel-pool", "eager", "transformers", "floor"]
+    host, kernel = doc["host"], doc["kernel"]
     lines = [
-        f"specdec_ext C++ kernel: {doc['kernel']['isa'] or 'unavailable'} / {doc['kernel']['scheduler']} scheduler, "
+        f"specdec_ext C++ kernel: {kernel['isa'] or 'unavailable'} / {kernel['scheduler']} scheduler, {kernel.get('compiler')}, "
         f"{host['torch_threads']} threads, {host['cpu']} ({host['cpu_count']} CPUs), load {host['load_average_start']} -> {host['load_average_end']}",
         "",
-        f"{'case':<24} {'method':<13} {'median us':>11} {'p10 us':>10} {'reps':>6}   notes",
+        f"{'case':<24} {'method':<14} {'median us':>11} {'p10 us':>10} {'reps':>6}   notes",
     ]
     for case in doc["cases"]:
         label = f"B={case['batch']} K={case['k']} V={case['vocab']}"
@@ -280,29 +310,40 @@ def format_table(doc: dict) -> str:
             note = ""
             if name == "cpp" and "speedup_vs_transformers" in case:
                 note = (
-                    f"{case['speedup_vs_transformers']:.1f}x transformers, {case['speedup_vs_eager']:.1f}x eager, "
+                    f"default call (check=True): {case['speedup_vs_transformers']:.1f}x transformers, {case['speedup_vs_eager']:.1f}x eager, "
                     f"{case['x_floor']:.2f}x floor, mean accepted {case['mean_accepted']:.2f}"
                 )
+            elif name == "cpp-nocheck" and "check_ratio" in case:
+                note = f"check=False: {case['speedup_vs_transformers_nocheck']:.1f}x transformers; check=True costs {case['check_ratio']:.2f}x ({case['check_overhead_us']:+.1f} us)"
             elif name == "floor":
                 note = f"read {case['logits_bytes'] / 2**20:.1f} MiB of logits once ({case.get('floor_gbs', 0):.1f} GB/s)"
             elif name == "kernel-op" and "op_overhead_us" in case:
                 note = f"{case['op_overhead_us']:+.1f} us vs the direct call"
             elif name in ("kernel-openmp", "kernel-pool"):
-                note = f"kernel with the {name.split('-')[1]} scheduler (default: {doc['kernel']['scheduler']})"
-            elif name == "cpp-check" and "check_overhead_us" in case:
-                note = f"{case['check_overhead_us']:+.1f} us vs the default path (validates every line up to n_b)"
+                note = f"kernel with the {name.split('-')[1]} scheduler (default: {kernel['scheduler']})"
             elif name == "cpp-op" and "api_op_overhead_us" in case:
                 note = f"{case['api_op_overhead_us']:+.1f} us vs the default path"
-            lines.append(f"{label:<24} {name:<13} {m['median_us']:>11.1f} {m['p10_us']:>10.1f} {m['reps']:>6}   {note}")
+            lines.append(f"{label:<24} {name:<14} {m['median_us']:>11.1f} {m['p10_us']:>10.1f} {m['reps']:>6}   {note}")
             label = ""
         for goal, result in case.get("goals", {}).items():
-            lines.append(f"{'':<24} goal {goal}: {result['measured']}x -> {'PASS' if result['pass'] else 'FAIL'}")
+            lines.append(f"{'':<24} goal {goal}: {result['measured']} -> {'PASS' if result['pass'] else 'FAIL'}")
     race = doc.get("race")
     if race:
-        lines += ["", f"race over V={race['vocab']} on one thread, median us (bench line / flat line, nothing pruned):"]
-        for isa, values in race["us"].items():
-            lines.append(f"  {isa:<8} {values['bench_line']:>9.1f} / {values['flat_line']:>9.1f}")
+        before = race.get("before_stream_v2", {}).get("us", {})
+        lines += ["", f"race over V={race['vocab']} on one thread, median us (stream v2 now; stream v1 before, {race.get('before_stream_v2', {}).get('file', 'not found')}):"]
+        lines.append(f"  {'isa':<8} {'line':<12} {'v1 before':>10} {'v2 unseeded':>12} {'v2 seeded':>10}   v1 -> v2 (as verify runs it)")
+        for isa, modes in race["us"].items():
+            for name in modes["seeded"]:
+                old = before.get(isa, {}).get(name)
+                ratio = f"{old / modes['seeded'][name]:.1f}x faster" if old else ""
+                old_text = f"{old:.1f}" if old else "-"
+                lines.append(f"  {isa:<8} {name:<12} {old_text:>10} {modes['unseeded'][name]:>12.1f} {modes['seeded'][name]:>10.1f}   {ratio}")
     return "\n".join(lines)
+
+
+def _parse_case(text: str) -> tuple[int, int, int]:
+    batch, k, vocab = (int(part) for part in text.split(","))
+    return batch, k, vocab
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -312,13 +353,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scheduler", choices=("auto", "openmp", "pool"), default=None, help="how the kernel spreads work over threads (default: auto)"
     )
+    parser.add_argument("--case", type=_parse_case, action="append", default=None, metavar="B,K,V", help="only these cases (repeatable; default: all)")
+    parser.add_argument("--no-race", action="store_true", help="skip the race timing")
+    parser.add_argument("--tag", default="", help="suffix of the JSON file name")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for the JSON (default: bench/results)")
     args = parser.parse_args(argv)
-    doc = run(args.threads, args.budget, args.scheduler)
+    doc = run(args.threads, args.budget, args.scheduler, args.case, race=not args.no_race)
     print(format_table(doc))
     args.out.mkdir(parents=True, exist_ok=True)
     tag = "" if args.scheduler in (None, "auto") else f"-{args.scheduler}"
     tag += f"-t{args.threads}" if args.threads else ""
+    tag += f"-{args.tag}" if args.tag else ""
     path = args.out / f"cpu-cpp-{datetime.date.today().isoformat()}{tag}.json"
     path.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"\nwrote {path}")

@@ -57,6 +57,7 @@ constexpr int kDJ = kLanes / kDW;        // native double vectors per 16-lane bu
 constexpr int64_t kBlock = 512;          // element-wise block (a multiple of 64), kept on the stack
 constexpr int kNoDraft = -1;
 constexpr float kPruneFactor = 5e-8f;  // below -log(1 - 2^-24), the smallest exponential
+constexpr float kLn2Up = 0.693147182f;  // float32 ln 2, rounded up (so b * kLn2Up <= b ln 2 for b < 0)
 
 typedef float vfloat __attribute__((vector_size(SPECDEC_VBYTES)));
 typedef int32_t vint __attribute__((vector_size(SPECDEC_VBYTES)));
@@ -186,6 +187,31 @@ SPECDEC_ALWAYS_INLINE int64_t bundle_count_above(const float* values, int64_t n,
 }
 
 SPECDEC_ALWAYS_INLINE int64_t round_up_lanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+// Number of i < n (a multiple of kLanes) with values[i] > bounds[i].
+SPECDEC_ALWAYS_INLINE int64_t count_above_each(const float* values, const float* bounds, int64_t n) {
+  vint count[kJ];
+  for (int j = 0; j < kJ; ++j) count[j] = vint{};
+  for (int64_t i = 0; i < n; i += kLanes) {
+#pragma GCC unroll 4
+    for (int j = 0; j < kJ; ++j) count[j] -= vload(values + i + j * kW) > vload(bounds + i + j * kW);
+  }
+  int64_t total = 0;
+  for (int j = 0; j < kJ; ++j) {
+    for (int l = 0; l < kW; ++l) total += count[j][l];
+  }
+  return total;
+}
+
+// Bit l set where values[l] > bounds[l], for 16 values.
+SPECDEC_ALWAYS_INLINE uint32_t gt_each_mask16(const float* values, const float* bounds) {
+  uint32_t mask = 0;
+  for (int j = 0; j < kJ; ++j) {
+    const vint hit = vload(values + j * kW) > vload(bounds + j * kW);
+    for (int l = 0; l < kW; ++l) mask |= static_cast<uint32_t>(hit[l] & 1) << (j * kW + l);
+  }
+  return mask;
+}
 
 // Bit l set where values[l] > t, for 16 values.
 SPECDEC_ALWAYS_INLINE uint32_t gt_mask16(const float* values, float t) {
@@ -640,11 +666,13 @@ SPECDEC_ALWAYS_INLINE float residual_at(const RaceArgs* a, int64_t v, float s, f
 }
 
 // The largest processed logit an id may have and still be unable to win, given a bound on r:
-// s <= cut implies p(v) = exp(s - m) / z <= bound * e^-0.001 (computed in double with a margin far
-// above the float rounding of s - m and of exp), so r <= p <= bound, which race_block prunes anyway.
+// s <= cut implies p(v) = exp(s - m) / z <= bound * e^-0.001 (computed in double, with a margin far
+// above the float rounding of s - m, of exp and of adding up to 24 ln 2 to the cut in float32), so
+// r <= p <= bound.
 SPECDEC_ALWAYS_INLINE float logit_cut(const RaceArgs* a, float bound) {
   if (!(bound > 0.0f)) return kNegInf;
-  const double cut = static_cast<double>(a->p_max) + std::log(static_cast<double>(bound) * static_cast<double>(a->p_norm)) - 1e-3;
+  double cut = static_cast<double>(a->p_max) + std::log(static_cast<double>(bound) * static_cast<double>(a->p_norm));
+  cut -= 1e-3 + (std::fabs(cut) + 20.0) * 2.5e-7;
   float cut_f = static_cast<float>(cut);
   if (static_cast<double>(cut_f) > cut) cut_f = std::nextafter(cut_f, kNegInf);
   return cut_f;
@@ -657,10 +685,11 @@ SPECDEC_ALWAYS_INLINE float logit_cut(const RaceArgs* a, float bound) {
 // An id can only win if r / E > best. Every E = -log(u) is at least -log(1 - 2^-24) = 5.96e-8
 // (u <= 1 - 2^-24), so r <= best * 5e-8 gives r / E <= 0.84 * best: such ids are skipped without
 // drawing their exponential. This changes no result, only the work.
+// `known_words`: the race words of the block's ids when the caller already drew them (else null).
 SPECDEC_ALWAYS_INLINE void race_block(const float* r, const uint32_t* ids, int64_t v0, int64_t len, int64_t padded, float bound, const RaceArgs* a,
-                                      RaceBest* best) {
+                                      RaceBest* best, const uint32_t* known_words) {
   alignas(64) float value[kBlock];
-  alignas(64) uint32_t words[kBlock];
+  alignas(64) uint32_t drawn[kBlock];
   const int64_t candidates = bundle_count_above(r, padded, bound);
   if (candidates == 0) return;
   auto id_at = [&](int64_t i) -> int64_t { return ids != nullptr ? static_cast<int64_t>(ids[i]) : v0 + i; };
@@ -668,7 +697,7 @@ SPECDEC_ALWAYS_INLINE void race_block(const float* r, const uint32_t* ids, int64
     // Few candidates (top-k / top-p, a peaked distribution): scalar draws for them only.
     for (int64_t i = 0; i < len; ++i) {
       if (r[i] > bound) {
-        const float v = race_value(r[i], static_cast<uint32_t>(id_at(i)), a);
+        const float v = known_words != nullptr ? r[i] / -log_pos(philox::to_uniform(known_words[i])) : race_value(r[i], static_cast<uint32_t>(id_at(i)), a);
         if (v > best->value) {
           best->value = v;
           best->index = id_at(i);
@@ -683,6 +712,7 @@ SPECDEC_ALWAYS_INLINE void race_block(const float* r, const uint32_t* ids, int64
     // Compress the candidates (vpcompressd) so Philox and the log run only on them.
     alignas(64) float kept_r[kBlock];
     alignas(64) uint32_t kept_ids[kBlock];
+    alignas(64) uint32_t kept_words[kBlock];
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 limit = _mm512_set1_ps(bound);
     int64_t count = 0;
@@ -692,15 +722,17 @@ SPECDEC_ALWAYS_INLINE void race_block(const float* r, const uint32_t* ids, int64
       const __m512i idv = ids != nullptr ? _mm512_loadu_si512(ids + i) : _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(v0 + i)), iota);
       _mm512_mask_compressstoreu_ps(kept_r + count, mask, rv);
       _mm512_mask_compressstoreu_epi32(kept_ids + count, mask, idv);
+      if (known_words != nullptr) _mm512_mask_compressstoreu_epi32(kept_words + count, mask, _mm512_loadu_si512(known_words + i));
       count += __builtin_popcount(static_cast<unsigned>(mask));
     }
     const int64_t kept_padded = round_up_lanes(count);
     for (int64_t i = count; i < kept_padded; ++i) {
       kept_r[i] = 0.0f;
       kept_ids[i] = 0;
+      kept_words[i] = 0;
     }
-    race_words_list(a, kept_ids, kept_padded, words);
-    for (int64_t i = 0; i < kept_padded; ++i) value[i] = kept_r[i] / -log_pos(philox::to_uniform(words[i]));
+    if (known_words == nullptr) race_words_list(a, kept_ids, kept_padded, kept_words);
+    for (int64_t i = 0; i < kept_padded; ++i) value[i] = kept_r[i] / -log_pos(philox::to_uniform(kept_words[i]));
     const float block_max = bundle_max(value, kept_padded, 0.0f);
     if (block_max > best->value) {
       int64_t at = 0;
@@ -712,10 +744,14 @@ SPECDEC_ALWAYS_INLINE void race_block(const float* r, const uint32_t* ids, int64
     return;
   }
 #endif
-  if (ids != nullptr) {
-    race_words_list(a, ids, padded, words);
-  } else {
-    race_words_groups(a, static_cast<uint32_t>(v0), padded, words);
+  const uint32_t* words = known_words;
+  if (words == nullptr) {
+    if (ids != nullptr) {
+      race_words_list(a, ids, padded, drawn);
+    } else {
+      race_words_groups(a, static_cast<uint32_t>(v0), padded, drawn);
+    }
+    words = drawn;
   }
   for (int64_t i = 0; i < padded; ++i) value[i] = r[i] / -log_pos(philox::to_uniform(words[i]));
   const float block_max = bundle_max(value, padded, 0.0f);
@@ -736,6 +772,8 @@ template <int TDT, int DDT, bool SCALED>
 void race_impl(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) {
   alignas(64) float s[kBlock];
   alignas(64) float r[kBlock];
+  alignas(64) float cut_of[kBlock];
+  alignas(64) uint32_t words[kBlock];
   const float p_inv = 1.0f / a->p_norm, q_inv = 1.0f / a->q_norm;
   for (int64_t off = 0; off < n; off += kBlock) {
     const int64_t len = n - off < kBlock ? n - off : kBlock;
@@ -773,6 +811,41 @@ void race_impl(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) {
       }
       continue;
     }
+    // Many ids are left: draw their words (one Philox evaluation per four ids) and prune with each
+    // id's own exponential bound, E = -log u >= 1 - u >= 2^b (b the binary exponent of 1 - u, exact
+    // in float32): an id whose s <= cut(best) + b * ln 2 has r / E < best, so it needs no exp, log
+    // or divide. (Most ids have u < 1/2, i.e. b = -1: they go unless p > best / 2.)
+    race_words_groups(a, static_cast<uint32_t>(v0), padded, words);
+    const float base = logit_cut(a, known_best(a, best));
+    if (base > kNegInf) {
+      for (int64_t i = 0; i < padded; ++i) {
+        const float one_minus_u = 1.0f - philox::to_uniform(words[i]);
+        const int32_t b = static_cast<int32_t>(fastmath::float_to_bits(one_minus_u) >> 23) - 127;
+        const float own_cut = base + static_cast<float>(b) * kLn2Up;
+        cut_of[i] = own_cut > cut ? own_cut : cut;
+      }
+      const int64_t kept = count_above_each(s, cut_of, padded);
+      if (kept == 0) continue;
+      if (kept * 16 <= len) {
+        for (int64_t i = 0; i < padded; i += kLanes) {
+          uint32_t mask = gt_each_mask16(s + i, cut_of + i);
+          while (mask != 0) {
+            const int64_t at = i + __builtin_ctz(mask);
+            mask &= mask - 1;
+            const float rv = residual_at<DDT, SCALED>(a, v0 + at, s[at], p_inv, q_inv);
+            if (rv > 0.0f) {
+              const float v = rv / -log_pos(philox::to_uniform(words[at]));
+              if (v > best->value) {
+                best->value = v;
+                best->index = v0 + at;
+                publish_best(a, v);
+              }
+            }
+          }
+        }
+        continue;
+      }
+    }
     for (int64_t i = 0; i < len; ++i) {
       const float p = exp_neg(s[i] - a->p_max) * p_inv;
       r[i] = s[i] >= a->p_tau ? p : 0.0f;
@@ -795,7 +868,7 @@ void race_impl(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) {
       }
     }
     for (int64_t i = len; i < padded; ++i) r[i] = 0.0f;
-    race_block(r, nullptr, v0, len, padded, bound, a, best);
+    race_block(r, nullptr, v0, len, padded, bound, a, best, words);
   }
 }
 
@@ -839,7 +912,7 @@ void race_list_impl(const RaceArgs* a, const int64_t* ids, int64_t count, RaceBe
     for (int64_t i = len; i < padded; ++i) r[i] = 0.0f;
     for (int64_t i = 0; i < len; ++i) ids32[i] = static_cast<uint32_t>(block[i]);
     for (int64_t i = len; i < padded; ++i) ids32[i] = 0;
-    race_block(r, ids32, 0, len, padded, known_best(a, best) * kPruneFactor, a, best);
+    race_block(r, ids32, 0, len, padded, known_best(a, best) * kPruneFactor, a, best, nullptr);
   }
 }
 

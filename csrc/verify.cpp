@@ -736,6 +736,16 @@ std::tuple<at::Tensor, at::Tensor> line_stats(const at::Tensor& logits, double t
 
 std::string torch_version_at_build() { return SPECDEC_TORCH_VERSION_STRING; }
 
+std::string compiler() {
+#if defined(__clang__)
+  return "clang " __clang_version__;
+#elif defined(__GNUC__)
+  return "gcc " __VERSION__;
+#else
+  return "unknown";
+#endif
+}
+
 }  // namespace
 }  // namespace specdec
 
@@ -775,6 +785,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_scheduler", &specdec::set_scheduler, "Choose 'auto', 'openmp' or 'pool'; False for an unknown name");
   m.def("openmp_linked", &specdec::openmp_linked, "Whether the extension runs on torch's OpenMP runtime (else 'openmp' uses the pool)");
   m.def("torch_version_at_build", &specdec::torch_version_at_build, "The torch version this extension was compiled against");
+  m.def("compiler", &specdec::compiler, "The compiler that built this extension");
   m.def("race_ns", &specdec::race_ns, "Benchmark hook: ns per bonus race over a (V,) float32 line on one thread", py::arg("line"), py::arg("reps"),
         py::arg("seed_argmax") = true, py::call_guard<py::gil_scoped_release>());
   m.def("line_stats", &specdec::line_stats, "Test hook: (m, z as float64) of each line of (N, V) float32 logits, through verify's chunked statistics",
