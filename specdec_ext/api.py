@@ -215,22 +215,26 @@ def _run(args: _params.VerifyArgs, backend: str) -> VerifyResult:
         tokens, num_accepted, logprobs, accept_probs = _cpp_backend.verify(args, base_key)
     else:
         tokens, num_accepted, logprobs, accept_probs = verify_eager(args, base_key)
-    if args.check and tokens.shape[0] and torch.compiler.is_compiling() and tokens.device.type == "cpu":
-        # Reading the result would break the graph: the check becomes an assertion inside it.
-        torch._assert_async(
-            (tokens[:, 0] >= 0).all(),
-            "specdec_ext: check=True found a row it could not verify (NaN / +inf or empty logits, a temperature so small that "
-            f"the scaled logits are not finite, an out-of-range draft id, a negative seed or offset); {_params.COMPILED_CHECK_HINT}",
-        )
-    elif args.check and tokens.shape[0]:
-        # Every valid row emits at least one token: a blanked row means bad values (one host sync;
-        # on CPU, through NumPy, which reads the column for a fraction of torch's dispatch cost).
-        if tokens.device.type == "cpu" and not torch.compiler.is_compiling():
-            any_blanked = tokens.numpy()[:, 0].min() < 0
+    if args.check and tokens.shape[0]:
+        compiling = torch.compiler.is_compiling()
+        if compiling and tokens.is_cpu:
+            # Reading the result would break the graph: the check becomes an assertion inside it.
+            torch._assert_async(
+                (tokens[:, 0] >= 0).all(),
+                "specdec_ext: check=True found a row it could not verify (NaN / +inf or empty logits, a temperature so small that "
+                f"the scaled logits are not finite, an out-of-range draft id, a negative seed or offset); {_params.COMPILED_CHECK_HINT}",
+            )
         else:
-            any_blanked = bool((tokens[:, 0] < 0).any())
-        if any_blanked:
-            _params.raise_for_bad_rows(args, tokens[:, 0] < 0)
+            # Every valid row emits at least one token: a blanked row means bad values (one host sync;
+            # on CPU, through NumPy, which reads the column for a fraction of torch's dispatch cost;
+            # a list is cheaper still than a reduction for a small batch).
+            if tokens.is_cpu:
+                first = tokens.numpy()[:, 0]
+                any_blanked = (min(first.tolist()) if first.shape[0] <= 32 else first.min()) < 0
+            else:
+                any_blanked = bool((tokens[:, 0] < 0).any())
+            if any_blanked:
+                _params.raise_for_bad_rows(args, tokens[:, 0] < 0)
     return VerifyResult(tokens, num_accepted, logprobs, accept_probs)
 
 
