@@ -4,8 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 # The CPU wheel of torch: a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
+# Root installs packages directly; anyone else through sudo (CI images run as root).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# The C++ tests of the extension, run again on the clang build (test-clang).
+CPP_TESTS := tests/test_cpp_backend.py tests/test_cpp_runtime.py tests/test_ops.py tests/test_request_keys.py
 
-.PHONY: setup demo test bench lint
+.PHONY: setup demo test bench lint ci-tools test-kernels test-clang
 
 setup: $(VENV)/.installed
 
@@ -13,6 +17,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel ninja
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	# --no-build-isolation: the C++ extension is compiled against the torch installed just above.
 	$(BIN)/pip install --quiet --no-build-isolation -e ".[test]"
 	touch $@
 
@@ -27,3 +32,26 @@ bench: setup
 
 lint: setup
 	$(BIN)/ruff check specdec_ext triton_kernels tests bench
+
+# Debian / Ubuntu packages for the compiler checks: clang, the aarch64 cross compiler and qemu-user.
+ci-tools:
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		g++ clang g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user binutils >/dev/null
+
+# The kernel loops without torch (csrc/tests): GCC and clang natively (AVX-512 also on scalar
+# stand-ins of its intrinsics), and the aarch64 cross build under qemu-user, checked for NEON code.
+test-kernels:
+	csrc/tests/run_kernel_tests.sh g++ build/kernel-tests/gcc
+	csrc/tests/run_kernel_tests.sh clang++ build/kernel-tests/clang
+	csrc/tests/run_kernel_tests.sh aarch64-linux-gnu-g++ build/kernel-tests/aarch64 qemu-aarch64 -L /usr/aarch64-linux-gnu
+
+# The extension built with clang (one OpenMP runtime: torch's), then its tests; the GCC build is
+# put back afterwards.
+test-clang: setup
+	mkdir -p build && cp specdec_ext/_C*.so build/_C.gcc.so
+	CC=clang CXX=clang++ LDSHARED="clang++ -shared" $(BIN)/python setup.py -q build_ext --inplace -b build/clang -t build/clang/tmp
+	$(BIN)/python -c "from specdec_ext import _cpp_backend as c; assert c.is_available(), c.unavailable_reason(); \
+		assert c._C.compiler().startswith('clang'), c._C.compiler(); assert c._C.openmp_linked(); print('clang build:', c._C.compiler(), c.isa())"
+	! readelf -d specdec_ext/_C*.so | grep -E 'NEEDED.*lib(omp|iomp5)\.'
+	$(BIN)/python -m pytest -q $(CPP_TESTS) -k "not triton"; status=$$?; cp build/_C.gcc.so specdec_ext/$$(basename specdec_ext/_C*.so); exit $$status

@@ -56,7 +56,7 @@ namespace {
 
 using fastmath::exp_neg;
 
-constexpr int32_t kLogprobsNone = 0, kLogprobsProcessed = 1, kLogprobsRaw = 2;
+constexpr int32_t kLogprobsNone = 0, kLogprobsRaw = 2;  // (1: processed)
 
 // ---------------------------------------------------------------------------------------------
 // Instruction-set dispatch.

@@ -1,0 +1,116 @@
+"""``python -m bench.compare_compilers``: the C++ kernel built with GCC and with clang, same benchmark.
+
+Builds the extension twice (``setup.py build_ext`` into ``build/compilers/<compiler>/``; clang with
+``CC=clang CXX=clang++ LDSHARED="clang++ -shared"``), then runs ``python -m bench.bench_cpp`` on the
+two large cases with each build in turn, alternating for ``--rounds`` rounds so a busy machine slows
+both alike (each run in its own process: two builds of one extension cannot share a process). The
+in-place build in ``specdec_ext/`` is restored at the end. Writes
+``bench/results/cpu-cpp-compilers-<date>.json``: per compiler, the median over rounds of every
+method's median, and clang / GCC ratios (the goal: clang within 1.2x of GCC).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "bench" / "results"
+COMPILERS = {
+    "gcc": {"CC": "gcc", "CXX": "g++", "LDSHARED": "g++ -shared"},
+    "clang": {"CC": "clang", "CXX": "clang++", "LDSHARED": "clang++ -shared"},
+}
+CASES = ["1,5,128256", "16,4,32000"]
+GOAL = 1.2
+
+
+def build(name: str, work: Path) -> Path:
+    """Builds the extension with one compiler; returns the path of the library."""
+    out = work / name
+    env = dict(os.environ, **COMPILERS[name])
+    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "-b", str(out), "-t", str(out / "tmp")], cwd=ROOT, env=env, check=True)
+    found = sorted(out.glob("specdec_ext/_C*.so"))
+    if not found:
+        raise SystemExit(f"the {name} build produced no library (see the output above)")
+    return found[0]
+
+
+def run_bench(library: Path, target: Path, budget: float, tag: str, out: Path) -> dict:
+    shutil.copyfile(library, target)
+    command = [sys.executable, "-m", "bench.bench_cpp", "--budget", str(budget), "--tag", tag, "--out", str(out)]
+    for case in CASES:
+        command += ["--case", case]
+    subprocess.run(command, cwd=ROOT, check=True)
+    return json.loads(sorted(out.glob(f"cpu-cpp-*-{tag}.json"))[-1].read_text())
+
+
+def summarise(runs: dict[str, list[dict]]) -> dict:
+    summary: dict = {"compilers": {}, "ratios_clang_over_gcc": {}}
+    for name, docs in runs.items():
+        cases = {}
+        for index, case in enumerate(docs[0]["cases"]):
+            label = f"B={case['batch']} K={case['k']} V={case['vocab']}"
+            cases[label] = {method: round(statistics.median(doc["cases"][index]["methods"][method]["median_us"] for doc in docs), 1) for method in case["methods"]}
+        race = {}
+        if docs[0].get("race"):
+            for isa, modes in docs[0]["race"]["us"].items():
+                race[isa] = {line: round(statistics.median(doc["race"]["us"][isa]["seeded"][line] for doc in docs), 1) for line in modes["seeded"]}
+        summary["compilers"][name] = {"compiler": docs[0]["kernel"].get("compiler"), "isa": docs[0]["kernel"]["isa"], "cases_median_us": cases, "race_seeded_us": race}
+    gcc, clang = summary["compilers"]["gcc"], summary["compilers"]["clang"]
+    for label, methods in gcc["cases_median_us"].items():
+        summary["ratios_clang_over_gcc"][label] = {m: round(clang["cases_median_us"][label][m] / methods[m], 3) for m in ("cpp", "cpp-nocheck", "kernel") if m in methods}
+    for isa, lines in gcc["race_seeded_us"].items():
+        summary["ratios_clang_over_gcc"][f"race {isa}"] = {line: round(clang["race_seeded_us"][isa][line] / value, 3) for line, value in lines.items()}
+    worst = max(ratio for case in summary["ratios_clang_over_gcc"].values() for ratio in case.values())
+    summary["goal"] = {f"clang within {GOAL}x of gcc": {"worst_ratio": worst, "pass": worst <= GOAL}}
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.compare_compilers", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="alternating runs per compiler (default 3)")
+    parser.add_argument("--budget", type=float, default=8.0, help="bench_cpp's timing budget per case, seconds (default 8)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args(argv)
+    work = ROOT / "build" / "compilers"
+    libraries = {name: build(name, work) for name in COMPILERS}
+    installed = sorted((ROOT / "specdec_ext").glob("_C*.so"))
+    target = installed[0] if installed else ROOT / "specdec_ext" / libraries["gcc"].name
+    saved = work / "installed.so"
+    if installed:
+        shutil.copyfile(installed[0], saved)
+    runs: dict[str, list[dict]] = {name: [] for name in COMPILERS}
+    try:
+        for round_index in range(args.rounds):
+            order = list(COMPILERS) if round_index % 2 == 0 else list(reversed(COMPILERS))
+            for name in order:
+                runs[name].append(run_bench(libraries[name], target, args.budget, f"{name}-r{round_index}", work / "runs"))
+    finally:
+        if installed:
+            shutil.copyfile(saved, target)
+    doc = {
+        "schema": 1,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": runs["gcc"][0]["host"],
+        "versions": runs["gcc"][0]["versions"],
+        "rounds": args.rounds,
+        "note": "bench_cpp on the two large cases, GCC and clang builds alternating; measured with other jobs running on this machine unless the load averages say otherwise",
+        **summarise(runs),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"cpu-cpp-compilers-{datetime.date.today().isoformat()}.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(json.dumps({k: doc[k] for k in ("ratios_clang_over_gcc", "goal")}, indent=2))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
