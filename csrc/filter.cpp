@@ -116,8 +116,8 @@ constexpr int64_t kSampleRuns = 32;
 
 // A threshold t, from a sample of the line, under which the filter's kept set (very likely) lies:
 // about 2k + 8 * n / (sample size) values for top-k; for top-p, the values holding an estimated
-// (1 + top_p) / 2 of the line's (exactly known) mass, the maximum counted exactly, since one
-// dominant token is easily missed by a sample.
+// (1 + top_p) / 2 of the mass (the exactly known maximum counted exactly, since one dominant token
+// is easily missed by a sample).
 float guess_candidate_threshold(const Line& line, bool use_k, std::vector<float>& sample) {
   const int64_t n = line.n;
   // About n / 64 values (n / 256 for top-p, which sorts them): fewer samples cost less here but
@@ -143,8 +143,12 @@ float guess_candidate_threshold(const Line& line, bool use_k, std::vector<float>
   }
   std::sort(sample.begin(), sample.end(), std::greater<float>());
   const double per_sample = static_cast<double>(n) / static_cast<double>(sampled);
-  const double wanted = 0.5 * (1.0 + static_cast<double>(line.top_p)) * line.z_all;
-  double mass = 1.0;  // the maximum itself
+  // The mass is estimated from the sample itself (so the walk below always ends on a sample value);
+  // the caller checks the guess against the exact normaliser.
+  double total = 1.0;  // the maximum itself
+  for (float v : sample) total += per_sample * static_cast<double>(exp_neg(v - line.m));
+  const double wanted = 0.5 * (1.0 + static_cast<double>(line.top_p)) * total;
+  double mass = 1.0;
   if (mass >= wanted) return line.m;
   for (float v : sample) {
     mass += per_sample * static_cast<double>(exp_neg(v - line.m));
