@@ -429,11 +429,12 @@ def _draft(draft: _Cache, rows: _Rows, k: int, run: _Run, context: Context | Non
     if context is not None:
         context.drafts = torch.zeros((rows.pending.shape[0], k), dtype=torch.long, device=draft.device)
     for i in range(k):
-        last = draft.forward(tokens, positions, live)[:, -1]
+        raw = draft.forward(tokens, positions, live)[:, -1]
+        last = raw
         if not pipeline.empty:
             # q at draft position i is processed with that position's prefix, exactly as p will be.
-            last = pipeline.apply(_pad_vocab(last, run.vocab)[:, None], context, i)[:, 0]
-        token = sample(last, generator=run.generator, check=False, **run.sampling)
+            last = pipeline.apply(_pad_vocab(raw, run.vocab)[:, None], context, i)[:, 0]
+        token = _draw_draft(raw, last, run)
         if context is not None:
             context.drafts[:, i] = token
         proposals.append(token)
@@ -445,6 +446,11 @@ def _draft(draft: _Cache, rows: _Rows, k: int, run: _Run, context: Context | Non
     if context is not None:
         context.drafts = drafts
     return drafts, torch.stack(logits, 1).to(device)
+
+
+def _draw_draft(raw: torch.Tensor, processed: torch.Tensor, run: _Run) -> torch.Tensor:
+    """One draft per row from the processed draft line: verify() is told q = this line's distribution."""
+    return sample(processed, generator=run.generator, check=False, **run.sampling)
 
 
 def _verify_and_write(run: _Run, rows: _Rows, target_logits, draft_logits, drafts, budget):

@@ -9,9 +9,12 @@ import warnings
 import pytest
 import torch
 from scipy.stats import chi2
+from sequence_laws import fits
 from tiny_models import left_pad, perturbed_copy, tiny_gpt2, tiny_llama
+from transformers.generation.logits_process import LogitsProcessorList
 
 import specdec_ext
+from specdec_ext.processors import LogitsPipeline
 from specdec_ext.reference import process_lines
 
 gen = importlib.import_module("specdec_ext.generate")  # the module (specdec_ext.generate is the function)
@@ -372,3 +375,131 @@ def test_bad_arguments_raise():
         specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=4, top_p=1.5)
     empty = specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=0)
     assert empty.sequences.tolist() == input_ids.tolist()
+
+
+# ------------------------------------------------------------------------------- logits processors
+
+
+class BanSuccessor:
+    """A user processor that depends on the prefix: the id after the last token's id is banned."""
+
+    def __call__(self, input_ids, scores):
+        banned = (input_ids[:, -1] + 1) % scores.shape[-1]
+        return scores.scatter(1, banned[:, None], float("-inf"))
+
+
+def _reference_processors(case: str):
+    from transformers.generation import logits_process as lp
+
+    from specdec_ext.processors import PresencePenaltyLogitsProcessor
+
+    return {
+        "repetition+min_p": lambda: [lp.RepetitionPenaltyLogitsProcessor(2.5), lp.MinPLogitsWarper(0.15)],
+        "presence": lambda: [PresencePenaltyLogitsProcessor(2.0, 0.5, prompt_length=3)],
+        "no_repeat_ngram+bias": lambda: [lp.SequenceBiasLogitsProcessor([[[2], 2.0]]), lp.NoRepeatNGramLogitsProcessor(2)],
+        "bad_words+suppress": lambda: [lp.NoBadWordsLogitsProcessor([[1, 4], [6]]), lp.SuppressTokensLogitsProcessor([5])],
+        "custom": lambda: [BanSuccessor()],
+        "min_new_tokens": lambda: [lp.MinNewTokensLengthLogitsProcessor(3, 1, 4)],
+        "temperature+top_k+min_p": lambda: [lp.TemperatureLogitsWarper(1.3), lp.TopKLogitsWarper(6), lp.MinPLogitsWarper(0.1)],
+        "top_p+min_p": lambda: [lp.TopPLogitsWarper(0.9), lp.MinPLogitsWarper(0.1)],
+        "lookup+frequency": lambda: [PresencePenaltyLogitsProcessor(0.0, 2.0, prompt_length=4)],
+    }[case]()
+
+
+PROCESSOR_CASES = {
+    # name: (generate() keywords, the deliberately wrong variant the same check must reject)
+    "repetition+min_p": ({"repetition_penalty": 2.5, "min_p": 0.15}, "stale prefix"),
+    "presence": ({"presence_penalty": 2.0, "frequency_penalty": 0.5}, "stale prefix"),
+    "no_repeat_ngram+bias": ({"no_repeat_ngram_size": 2, "sequence_bias": [[[2], 2.0]]}, "stale prefix"),
+    "bad_words+suppress": ({"bad_words_ids": [[1, 4], [6]], "suppress_tokens": [5]}, "stale prefix"),
+    "custom": ({"logits_processor": [BanSuccessor()]}, "stale prefix"),
+    # Id 4 carries most of the mass: as EOS it ends rows often, and suppressing it where it should not be shows.
+    "min_new_tokens": ({"min_new_tokens": 1, "eos_token_id": 4, "pad_token_id": 4}, "stale prefix"),
+    "temperature+top_k+min_p": ({"temperature": 1.3, "top_k": 6, "min_p": 0.1}, "q mismatch"),
+    "top_p+min_p": ({"top_p": 0.9, "min_p": 0.1}, "q mismatch"),
+    # Prompt lookup proposes tokens already in the context: a count-based penalty sees each accepted draft.
+    "lookup+frequency": ({"frequency_penalty": 2.0, "draft": "prompt_lookup", "ngram": 1}, "stale prefix"),
+}
+# Laws with mass on many cells (after 1, 2, 1, 2, 1 the target is uncertain); prompt lookup proposes
+# 4, 4 after 3, 4, 4, 3, which the target often accepts.
+LAW_PROMPTS = {"lookup+frequency": [3, 4, 4, 3], "temperature+top_k+min_p": [1, 2, 1, 2, 1], "top_p+min_p": [1, 2, 1, 2, 1]}
+
+
+def _stale_prefix(original):
+    """Wrong: every position of a block processed with the committed prefix only (drafts before it ignored)."""
+
+    def apply(self, scores, context, first=0):
+        return torch.cat([original(self, scores[:, j: j + 1], context, 0) for j in range(scores.shape[1])], 1)
+
+    return apply
+
+
+def _raw_draws(raw, processed, run):
+    """Wrong: drafts drawn from the raw draft logits (processing applied to p only) while verify() is told q
+    is the processed line. (Drafts from raw q verified against raw q would be exact: any q the drafts
+    really come from keeps the law; processing q like p only raises acceptance.)"""
+    return specdec_ext.sample(gen._pad_vocab(raw, run.vocab), generator=run.generator, check=False)
+
+
+def _processor_samples(case: str, rows: int = 8000):
+    keywords, _ = PROCESSOR_CASES[case]
+    target, draft = tiny_llama(8, seed=11, logit_scale=1.0), tiny_gpt2(8, seed=1, logit_scale=1.0)
+    keywords = dict(keywords)
+    if keywords.get("draft") == "prompt_lookup":
+        draft = None
+    keywords.setdefault("eos_token_id", [])
+    prompt = LAW_PROMPTS.get(case, [1, 2, 3])
+    input_ids = torch.tensor([prompt] * rows)
+    out = specdec_ext.generate(target, draft, input_ids, max_new_tokens=3, num_draft_tokens=2, generator=torch.Generator().manual_seed(3),
+                               **keywords)
+    eos = keywords["eos_token_id"] if isinstance(keywords["eos_token_id"], int) else None
+    return fits(out.sequences[:, len(prompt):], target, prompt, LogitsProcessorList(_reference_processors(case)), eos), out.stats
+
+
+@pytest.mark.parametrize("case", list(PROCESSOR_CASES))
+def test_law_with_processors_is_target_only_sampling_with_them(case, monkeypatch):
+    (ok, statistic, threshold), stats = _processor_samples(case)
+    assert ok, (statistic, threshold)
+    assert 0.05 < stats.mean_acceptance < 0.95, stats  # acceptances and rejections both happened
+
+    wrong = PROCESSOR_CASES[case][1]
+    if wrong == "stale prefix":
+        monkeypatch.setattr(LogitsPipeline, "apply", _stale_prefix(LogitsPipeline.apply))
+    else:
+        monkeypatch.setattr(gen, "_draw_draft", _raw_draws)
+    (ok, statistic, threshold), _ = _processor_samples(case)
+    assert not ok, (wrong, statistic, threshold)
+
+
+GREEDY_PROCESSORS = {
+    "repetition": {"repetition_penalty": 1.6},
+    "presence": {"presence_penalty": 1.5, "frequency_penalty": 0.3},
+    "no_repeat_ngram": {"no_repeat_ngram_size": 2},
+    "bad_words": {"bad_words_ids": [[3], [5, 6], [9, 9]]},
+    "sequence_bias": {"sequence_bias": [[[3], 2.0], [[7, 8], -3.0], [[4], -1.5]]},
+    "suppress": {"suppress_tokens": [4, 10]},
+    "min_new_tokens": {"min_new_tokens": 6},
+    "custom": {"logits_processor": [BanSuccessor()]},
+}
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "prompt_lookup"])
+@pytest.mark.parametrize("case", list(GREEDY_PROCESSORS))
+def test_greedy_with_processors_equals_target_only(case, draft_kind):
+    from transformers.generation.logits_process import LogitsProcessorList
+
+    from specdec_ext.processors import PresencePenaltyLogitsProcessor
+
+    target, draft = _pair("llama-close")
+    input_ids, attention_mask = left_pad(PROMPTS)
+    keywords = dict(GREEDY_PROCESSORS[case])
+    reference = dict(keywords)
+    if "presence_penalty" in reference:
+        reference = {"logits_processor": LogitsProcessorList([PresencePenaltyLogitsProcessor(1.5, 0.3, prompt_length=input_ids.shape[1])])}
+    eos = _eos_ending_some_rows(target, input_ids, attention_mask, 20)
+    expected = target.generate(input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=20, eos_token_id=eos, pad_token_id=0,
+                               **reference)
+    expected = torch.nn.functional.pad(expected, (0, input_ids.shape[1] + 20 - expected.shape[1]), value=0)
+    out = specdec_ext.generate(target, None if draft_kind == "prompt_lookup" else draft, input_ids, attention_mask, max_new_tokens=20,
+                               do_sample=False, num_draft_tokens=3, draft=draft_kind, ngram=2, eos_token_id=eos, pad_token_id=0, **keywords)
+    assert out.sequences.tolist() == expected.tolist()
