@@ -195,6 +195,9 @@ class _Cache:
         self.cache = new_cache(model)
         self.forwards = 0
         self.slots = attention_mask[:, :0].to(self.device)
+        # Host flag: some live-slot mask entry is 0 (prompt padding, or a rejected draft's hole). Without
+        # holes, slot index equals position and the model's own causal masking is exact: no mask is built.
+        self.holes = not bool(attention_mask.all())
         positions = (attention_mask.cumsum(1) - 1).clamp(min=0)
         self.forward(input_ids, positions, attention_mask, logits_to_keep=1)
         if not getattr(self.cache, "is_croppable", True):
@@ -202,13 +205,14 @@ class _Cache:
         # The last prompt token is fed again with the first drafts, which gives its logits there.
         self.drop_last(1)
 
-    def forward(self, tokens, positions, live, logits_to_keep: int | None = None) -> torch.Tensor:
-        """Run the model on (rows, W) new tokens appended after the cache; ``live`` masks them."""
+    def forward(self, tokens, positions, live, logits_to_keep: int | None = None, all_live: bool = True) -> torch.Tensor:
+        """Run the model on (rows, W) new tokens appended after the cache; ``live`` masks them (``all_live``: it is all ones)."""
         tokens = tokens.to(self.device)
         # A token the model cannot embed (an id only the larger target vocabulary has, or -1 from an
         # invalid row) is shown as id 0: only this model's proposals depend on it, never exactness.
         tokens = torch.where((tokens >= 0) & (tokens < self.vocab_in), tokens, 0)
         self.slots = torch.cat([self.slots, live.to(self.device, torch.long)], dim=1)
+        self.holes = self.holes or not all_live
         kwargs = {self.cache_argument: self.cache}
         if logits_to_keep is not None and self.keeps_logits:
             kwargs["logits_to_keep"] = logits_to_keep
@@ -219,7 +223,12 @@ class _Cache:
         return output.logits
 
     def _attention_mask(self, width: int) -> torch.Tensor:
-        """The 2-D live-slot mask, or for sdpa / eager the (rows, 1, W, slots) mask: new token i sees live slots up to its own."""
+        """The 2-D live-slot mask, or for sdpa / eager the (rows, 1, W, slots) mask: new token i sees live slots up to its own.
+
+        None while no slot is a hole: the model's causal mask is then the same, and cheaper.
+        """
+        if not self.holes:
+            return None
         if self.attention not in ("sdpa", "eager"):
             return self.slots
         slot = torch.arange(self.slots.shape[1], device=self.device)
@@ -229,11 +238,15 @@ class _Cache:
             return visible | ~visible.any(-1, keepdim=True)
         return torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, torch.finfo(self.dtype).min)
 
-    def settle(self, live_tail: torch.Tensor) -> None:
-        """Mark the last slots dead where their drafts were rejected: they are never attended again."""
+    def settle(self, live_tail: torch.Tensor, all_live: bool = False) -> None:
+        """Mark the last slots dead where their drafts were rejected: they are never attended again.
+
+        ``all_live``: the caller knows every slot that survives its next crop is live.
+        """
         width = live_tail.shape[1]
         if width:
             self.slots[:, -width:] = live_tail.to(self.device, torch.long)
+            self.holes = self.holes or not all_live
 
     def drop_last(self, count: int) -> None:
         if count > 0:  # crop(0) would mean "crop to length 0" in older transformers
@@ -244,6 +257,8 @@ class _Cache:
         index = index.to(self.device)
         self.cache.batch_select_indices(index)
         self.slots = self.slots[index]
+        if self.holes:
+            self.holes = not bool(self.slots.all())
 
     def squeeze_holes(self, max_live: int) -> None:
         """Gather every row's live slots to the right end, when holes outweigh them (``max_live``: the most any row has)."""
@@ -261,6 +276,7 @@ class _Cache:
         for layer in layers:
             layer.keys = torch.take_along_dim(layer.keys, index, dim=2)
             layer.values = torch.take_along_dim(layer.values, index, dim=2)
+        self.holes = not bool(self.slots.all())
 
 
 def _plain_layer(layer, total: int) -> bool:
@@ -284,6 +300,7 @@ class _Rows:
     generated_host: list[int] = field(default_factory=list)
     index_host: list[int] = field(default_factory=list)
     any_behind: bool = False
+    all_behind: bool = False
 
     @classmethod
     def start(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> _Rows:
@@ -424,12 +441,13 @@ def _draft(draft: _Cache, rows: _Rows, k: int, run: _Run, context: Context | Non
         live = torch.cat([rows.behind.long()[:, None], ones], 1)
     else:
         tokens, positions, live = rows.pending[:, None], rows.length[:, None] - 1, ones
+    all_live = not rows.any_behind or rows.all_behind
     pipeline = run.pipeline
     proposals, logits = [], []
     if context is not None:
         context.drafts = torch.zeros((rows.pending.shape[0], k), dtype=torch.long, device=draft.device)
     for i in range(k):
-        raw = draft.forward(tokens, positions, live)[:, -1]
+        raw = draft.forward(tokens, positions, live, all_live=all_live)[:, -1]
         last = raw
         if not pipeline.empty:
             # q at draft position i is processed with that position's prefix, exactly as p will be.
@@ -439,7 +457,7 @@ def _draft(draft: _Cache, rows: _Rows, k: int, run: _Run, context: Context | Non
             context.drafts[:, i] = token
         proposals.append(token)
         logits.append(last)
-        tokens, positions, live = token[:, None], positions[:, -1:] + 1, ones
+        tokens, positions, live, all_live = token[:, None], positions[:, -1:] + 1, ones, True
     # One transfer per step to where verification runs (a target on another device).
     device = run.verify_device
     drafts = torch.stack(proposals, 1).to(device)
@@ -502,13 +520,16 @@ def _advance(target: _Cache, draft: _Cache | None, rows: _Rows, k: int, tokens, 
         rows.index_host = []
         return
     # Target slots: the old pending token and drafts 1..a stay live; draft a+1 onwards are holes.
-    target.settle(torch.arange(k + 1, device=accepted.device)[None, :] <= accepted[:, None])
     most = max(accepted_host[b] for b in keep)
+    uniform = all(accepted_host[b] == most for b in keep)  # then the crops below leave no hole in kept rows
+    target.settle(torch.arange(k + 1, device=accepted.device)[None, :] <= accepted[:, None], all_live=uniform)
     target.drop_last(k - most)
     if draft is not None:
-        draft.settle(torch.arange(1, k, device=accepted.device)[None, :] <= accepted[:, None])
+        draft.settle(torch.arange(1, k, device=accepted.device)[None, :] <= accepted[:, None],
+                     all_live=len({min(accepted_host[b], k - 1) for b in keep}) == 1)
         draft.drop_last(k - 1 - min(most, k - 1))
     rows.any_behind = draft is not None and any(accepted_host[b] == k for b in keep)
+    rows.all_behind = rows.any_behind and all(accepted_host[b] == k for b in keep)
     if len(keep) < len(rows.generated_host):
         index = torch.tensor(keep, device=rows.index.device)
         target.select_rows(index)

@@ -199,7 +199,7 @@ def test_every_step_scores_fresh_logits(pair, monkeypatch):
 
 def test_fresh_score_check_catches_stale_entries(monkeypatch):
     # A cache that keeps rejected drafts live ...
-    monkeypatch.setattr(gen._Cache, "settle", lambda self, live_tail: None)
+    monkeypatch.setattr(gen._Cache, "settle", lambda self, live_tail, all_live=False: None)
     assert _fresh_run(monkeypatch, "llama-gpt2")[0][0] > 1e-2
     monkeypatch.undo()
 
@@ -207,8 +207,8 @@ def test_fresh_score_check_catches_stale_entries(monkeypatch):
     previous = {}
     original_forward = gen._Cache.forward
 
-    def reusing(self, tokens, positions, live, logits_to_keep=None):
-        logits = original_forward(self, tokens, positions, live, logits_to_keep)
+    def reusing(self, tokens, positions, live, logits_to_keep=None, all_live=True):
+        logits = original_forward(self, tokens, positions, live, logits_to_keep, all_live)
         old = previous.get(id(self))
         previous[id(self)] = logits
         if old is not None and old.shape == logits.shape and tokens.shape[1] > 1:
@@ -315,7 +315,7 @@ def test_joint_law_of_new_tokens_is_the_targets(case, monkeypatch):
 
 def test_joint_law_check_rejects_stale_cache_entries(monkeypatch):
     # Rejected drafts left live in the caches: the law check must see it.
-    monkeypatch.setattr(gen._Cache, "settle", lambda self, live_tail: None)
+    monkeypatch.setattr(gen._Cache, "settle", lambda self, live_tail, all_live=False: None)
     wrong, _ = _sample_counts("plain", generator_seed=1)
     assert any(statistic > threshold for statistic, threshold in wrong), wrong
 
@@ -422,7 +422,7 @@ PROCESSOR_CASES = {
 }
 # Laws with mass on many cells (after 1, 2, 1, 2, 1 the target is uncertain); prompt lookup proposes
 # 4, 4 after 3, 4, 4, 3, which the target often accepts.
-LAW_PROMPTS = {"lookup+frequency": [3, 4, 4, 3], "temperature+top_k+min_p": [1, 2, 1, 2, 1], "top_p+min_p": [1, 2, 1, 2, 1]}
+PROCESSOR_PROMPTS = {"lookup+frequency": [3, 4, 4, 3], "temperature+top_k+min_p": [1, 2, 1, 2, 1], "top_p+min_p": [1, 2, 1, 2, 1]}
 
 
 def _stale_prefix(original):
@@ -448,7 +448,7 @@ def _processor_samples(case: str, rows: int = 8000):
     if keywords.get("draft") == "prompt_lookup":
         draft = None
     keywords.setdefault("eos_token_id", [])
-    prompt = LAW_PROMPTS.get(case, [1, 2, 3])
+    prompt = PROCESSOR_PROMPTS.get(case, [1, 2, 3])
     input_ids = torch.tensor([prompt] * rows)
     out = specdec_ext.generate(target, draft, input_ids, max_new_tokens=3, num_draft_tokens=2, generator=torch.Generator().manual_seed(3),
                                **keywords)
