@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import platform
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from specdec_ext import measure
 
@@ -64,37 +66,77 @@ def _prompts(tokenizer, prompts, batch, device, length=32):
     return enc["input_ids"].to(device), enc["attention_mask"].to(device), eos, tokenizer.pad_token_id
 
 
-def run_pair(name, target, draft, tokenizer, prompts, device, *, batches, max_new_tokens, k, temperature) -> list[dict]:
+SETTINGS = {
+    # name: generate() keywords every method gets (transformers' processors; the loop applies them exactly)
+    "plain sampling": {},
+    "repetition_penalty 1.1 + min_p 0.05": {"repetition_penalty": 1.1, "min_p": 0.05},
+}
+
+
+def _median_run(runs: list[measure.Run]) -> measure.Run:
+    return sorted(runs, key=lambda r: r.tokens_per_second)[len(runs) // 2]
+
+
+def run_pair(name, target, draft, tokenizer, prompts, device, *, batches, max_new_tokens, k, temperature, rounds=3) -> list[dict]:
+    """Every method on the same prompts; methods take turns inside each round, the median round is kept."""
     sampling = {"temperature": temperature}
-    cost = None
     rows = []
-    for batch in batches:
-        ids, mask, eos, pad = _prompts(tokenizer, prompts, batch, device)
-        common = {"max_new_tokens": max_new_tokens, "sampling": sampling, "eos_ids": eos, "pad_id": pad}
-        spec = {**common, "num_draft_tokens": k}
-        if cost is None:
-            measure.speculative(target, draft, ids[:1], mask[:1], **{**spec, "max_new_tokens": 4})  # warm-up
-            cost = measure.forward_cost_ratio(target, draft, ids[:1])
-        runs = [measure.target_only(target, ids, mask, **common)]
-        if batch == 1:
-            runs.append(measure.assisted(target, draft, ids, mask, hooked=False, **spec))
-            runs.append(measure.assisted(target, draft, ids, mask, hooked=True, **spec))
-        runs.append(measure.speculative(target, draft, ids, mask, **spec))
-        stats = runs[-1].details["stats"]
-        step_seconds = stats.draft_seconds + stats.target_seconds + stats.verify_seconds
-        baseline = runs[0].tokens_per_second
-        for run in runs:
-            rows.append({
-                "pair": name, "batch": batch, "method": run.method.split(" (")[0], "new_tokens": run.new_tokens, "seconds": run.seconds,
-                "tokens_per_second": run.tokens_per_second, "speedup_vs_target": run.tokens_per_second / baseline,
-            })
-        rows[-1].update({
-            "acceptance": stats.mean_acceptance, "acceptance_per_position": stats.acceptance_per_position,
-            "tokens_per_target_forward": stats.tokens_per_target_forward,
-            "verify_share": stats.verify_seconds / step_seconds if step_seconds else float("nan"),
-            "cost_ratio": cost, "predicted_speedup": measure.predicted_speedup(stats.mean_acceptance, cost, k),
-        })
+    ids1, mask1, eos, pad = _prompts(tokenizer, prompts, 1, device)
+    measure.speculative(target, draft, ids1, mask1, max_new_tokens=4, sampling=sampling, num_draft_tokens=k, eos_ids=eos, pad_id=pad)  # warm-up
+    cost = measure.forward_cost_ratio(target, draft, ids1, repeats=20)
+    for setting, extra in SETTINGS.items():
+        for batch in batches:
+            ids, mask, eos, pad = _prompts(tokenizer, prompts, batch, device)
+            common = {"max_new_tokens": max_new_tokens, "sampling": sampling, "eos_ids": eos, "pad_id": pad, "extra": extra}
+            spec = {**common, "num_draft_tokens": k}
+            methods = {"target only": lambda s, c=common, i=ids, m=mask: measure.target_only(target, i, m, seed=s, **c)}
+            if batch == 1:
+                methods["assisted (transformers)"] = lambda s, c=spec, i=ids, m=mask: measure.assisted(target, draft, i, m, seed=s, mode="transformers", **c)
+            methods["generate(assistant_model) + hook"] = lambda s, c=spec, i=ids, m=mask: measure.assisted(target, draft, i, m, seed=s, mode="loop", **c)
+            methods["specdec_ext.generate"] = lambda s, c=spec, i=ids, m=mask: measure.speculative(target, draft, i, m, seed=s, **c)
+            runs = {method: [] for method in methods}
+            for round_index in range(rounds):
+                for method, fn in methods.items():
+                    runs[method].append(fn(round_index))
+            chosen = {method: _median_run(each) for method, each in runs.items()}
+            baseline = chosen["target only"].tokens_per_second
+            for method, run in chosen.items():
+                row = {
+                    "pair": name, "setting": setting, "batch": batch, "method": method, "new_tokens": run.new_tokens, "seconds": run.seconds,
+                    "tokens_per_second": run.tokens_per_second, "speedup_vs_target": run.tokens_per_second / baseline,
+                    "tokens_per_target_forward": run.details.get("tokens_per_target_forward"), "acceptance": run.details.get("acceptance"),
+                    "all_tokens_per_second": [r.tokens_per_second for r in runs[method]],
+                }
+                stats = run.details.get("stats")
+                if stats is not None:
+                    step_seconds = stats.draft_seconds + stats.target_seconds + stats.verify_seconds
+                    row.update({
+                        "acceptance_per_position": stats.acceptance_per_position,
+                        "verify_share": stats.verify_seconds / step_seconds if step_seconds else float("nan"),
+                        "cost_ratio": cost, "predicted_speedup": measure.predicted_speedup(stats.mean_acceptance, cost, k),
+                    })
+                rows.append(row)
     return rows
+
+
+def goals(rows: list[dict]) -> dict:
+    """The issue's targets, from the embedded pair's rows."""
+    def tps(setting, batch, method):
+        return next((r["tokens_per_second"] for r in rows if (r["setting"], r["batch"], r["method"]) == (setting, batch, method)), float("nan"))
+
+    out = {}
+    for setting in SETTINGS:
+        hook1, hook8 = tps(setting, 1, "generate(assistant_model) + hook"), tps(setting, 8, "generate(assistant_model) + hook")
+        row = next((r for r in rows if (r["setting"], r["batch"], r["method"]) == (setting, 1, "generate(assistant_model) + hook")), {})
+        measured = hook1 / tps(setting, 1, "target only")
+        out[setting] = {
+            "hook B=1 vs transformers assisted (goal >= 1.3)": hook1 / tps(setting, 1, "assisted (transformers)"),
+            "hook B=8 vs target-only B=8 (goal >= 1.5)": hook8 / tps(setting, 8, "target only"),
+            "hook B=1 speed-up vs target-only": measured,
+            "predicted (Leviathan, measured a and c)": row.get("predicted_speedup"),
+            "measured / predicted (goal >= 0.85)": measured / row["predicted_speedup"] if row.get("predicted_speedup") else float("nan"),
+        }
+    return out
 
 
 def _plot(rows, path: Path) -> None:
@@ -103,14 +145,15 @@ def _plot(rows, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = sorted({(r["pair"], r["batch"]) for r in rows})
+    groups = list(dict.fromkeys((r["pair"], r["setting"], r["batch"]) for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4))
+    fig, ax = plt.subplots(figsize=(max(7, 2.6 * len(groups)), 4.5))
     width = 0.8 / len(methods)
     for i, method in enumerate(methods):
-        values = [next((r["tokens_per_second"] for r in rows if (r["pair"], r["batch"]) == g and r["method"] == method), 0) for g in groups]
+        values = [next((r["tokens_per_second"] for r in rows if (r["pair"], r["setting"], r["batch"]) == g and r["method"] == method), 0)
+                  for g in groups]
         ax.bar([x + i * width for x in range(len(groups))], values, width, label=method)
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))], [f"{p}\nB={b}" for p, b in groups], fontsize=8)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))], [f"{s}\nB={b}" for _, s, b in groups], fontsize=7)
     ax.set_ylabel("new tokens / s")
     ax.set_title("End-to-end decoding throughput")
     ax.legend(fontsize=8)
@@ -119,44 +162,64 @@ def _plot(rows, path: Path) -> None:
     plt.close(fig)
 
 
+def _fmt(value, spec: str) -> str:
+    return format(value, spec) if isinstance(value, (int, float)) and value == value else "-"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--quick", action="store_true", help="few tokens, batch 1 and 4 only")
+    parser.add_argument("--quick", action="store_true", help="few tokens, batch 1 and 4 only, one round")
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--num-draft-tokens", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of every method (the median is kept); default 3")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    max_new_tokens = args.max_new_tokens or (16 if args.quick else 64)
+    max_new_tokens = args.max_new_tokens or (16 if args.quick else 128)
     batches = [1, 4] if args.quick else [1, 8] if device.type == "cpu" else [1, 8, 32]
+    rounds = args.rounds or (1 if args.quick else 3)
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     pairs = [_embedded(device)]
     if device.type == "cuda" and not args.quick:
         pairs.append(_llama_shaped(device))
-    rows = []
-    for name, target, draft, tokenizer, prompts in pairs:
+    rows, breakdown = [], None
+    for name, target, draft, tokenizer, prompts in tqdm(pairs, desc="pairs", leave=False):
         rows += run_pair(name, target, draft, tokenizer, prompts, device, batches=batches, max_new_tokens=max_new_tokens,
-                         k=args.num_draft_tokens, temperature=args.temperature)
+                         k=args.num_draft_tokens, temperature=args.temperature, rounds=rounds)
+        if breakdown is None and device.type == "cpu":
+            ids, mask, _, _ = _prompts(tokenizer, prompts, 1, device)
+            breakdown = measure.step_breakdown(target, draft, ids, mask, max_new_tokens=max_new_tokens, num_draft_tokens=args.num_draft_tokens,
+                                               sampling={"temperature": args.temperature})
         del target, draft
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{platform.machine()}-{torch.get_num_threads()}threads"
     import transformers
 
     report = {
         "device": device_name, "date": dt.date.today().isoformat(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "num_draft_tokens": args.num_draft_tokens, "temperature": args.temperature, "max_new_tokens": max_new_tokens, "rows": rows,
+        "num_draft_tokens": args.num_draft_tokens, "temperature": args.temperature, "max_new_tokens": max_new_tokens, "rounds": rounds,
+        "load_average_1min": {"before": load_before, "after": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")},
+        "rows": rows, "goals": goals(rows) if not args.quick else None, "step_breakdown": breakdown,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"e2e-{device.type}-{report['date']}"
     (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
     _plot(rows, out / f"{stem}.png")
-    print(f"{'pair':<34} {'B':>3} {'method':<24} {'tok/s':>9} {'vs target':>9} {'accept':>7} {'tok/fwd':>7} {'verify%':>7} {'pred':>6}")
+    print(f"{'setting':<36} {'B':>2} {'method':<33} {'tok/s':>8} {'vs target':>9} {'tok/fwd':>7} {'accept':>6} {'pred':>6}")
     for r in rows:
-        extra = (f"{r['acceptance']:>7.3f} {r['tokens_per_target_forward']:>7.2f} {100 * r['verify_share']:>6.1f}% {r['predicted_speedup']:>5.2f}x"
-                 if "acceptance" in r else "")
-        print(f"{r['pair']:<34} {r['batch']:>3} {r['method']:<24} {r['tokens_per_second']:>9.1f} {r['speedup_vs_target']:>8.2f}x {extra}")
-    print(f"wrote {out / stem}.json and .png")
+        print(f"{r['setting']:<36} {r['batch']:>2} {r['method']:<33} {r['tokens_per_second']:>8.1f} {r['speedup_vs_target']:>8.2f}x "
+              f"{_fmt(r['tokens_per_target_forward'], '7.2f')} {_fmt(r['acceptance'], '6.3f')} {_fmt(r.get('predicted_speedup'), '5.2f')}")
+    if report["goals"]:
+        print(json.dumps(report["goals"], indent=2))
+    if breakdown:
+        print("ms per step:", json.dumps(breakdown["ms_per_step"], indent=1))
+        print("gaps:", json.dumps(breakdown["gaps_ms_per_step"], indent=1))
+    print(f"load average: {report['load_average_1min']}; wrote {out / stem}.json and .png")
     return 0
 
 

@@ -36,7 +36,8 @@ _KNOWN_SIGNATURES = {
 
 _original = None  # the function install() replaced, while installed
 _warned: set[str] = set()
-_counts = {"fused": 0, "fallback": 0}
+_counts = {"fused": 0, "fallback": 0, "loop": 0, "fallback_loop": 0}
+_last: dict = {}
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -46,8 +47,14 @@ def _warn_once(key: str, message: str) -> None:
 
 
 def call_counts() -> dict[str, int]:
-    """How often the installed hook verified with the fused kernel and how often it fell back to the original."""
+    """How often the hooks ran: "loop" (generate calls run by the batched loop), "fallback_loop" (calls
+    handed back to transformers), "fused" / "fallback" (verifications by the fused function / the original)."""
     return dict(_counts)
+
+
+def last_stats():
+    """:class:`specdec_ext.generate.SpeculativeStats` of the latest generate() call the loop ran (None before any)."""
+    return _last.get("stats")
 
 
 def _fused_sampling(candidate_input_ids, candidate_logits, candidate_length, new_logits, is_done_candidate=None):
@@ -223,14 +230,14 @@ def _make_loop_hook(original):
         try:
             plan = _plan(self, arguments, model_kwargs)
         except _Unsupported as reason:
-            _counts["fallback_loop"] = _counts.get("fallback_loop", 0) + 1
+            _counts["fallback_loop"] += 1
             batch = input_ids.shape[0]
             route = "its assisted generation" if batch == 1 else "its target-only decoding (the same law; its assisted generation takes batch size 1)"
             _warn_once(f"loop-{reason.argument}", f"specdec_ext.hf: {reason.argument}: {reason}; running transformers' own code, {route}")
             if batch == 1:
                 return original(self, *args, **kwargs)
             return _target_only(self, arguments, model_kwargs)
-        _counts["loop"] = _counts.get("loop", 0) + 1
+        _counts["loop"] += 1
         return _run_loop(self, arguments, plan)
 
     _assisted_decoding.__specdec_hook__ = True
@@ -340,6 +347,7 @@ def _run_loop(model, arguments: dict, plan: dict):
         eos=eos, pad=pad, streamer=arguments.get("streamer"), output_scores=want_dict and bool(config.output_scores),
         output_logits=want_dict and bool(config.output_logits),
     )
+    _last["stats"] = output.stats
     # transformers returns every row up to the longest one's end (later columns would be padding only).
     sequences = output.sequences[:, : input_ids.shape[1] + max(output.new_tokens, default=0)]
     if not want_dict:
