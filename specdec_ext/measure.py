@@ -122,10 +122,11 @@ ASSISTED_MODES = {
 
 
 def assisted(target, draft, input_ids, attention_mask, *, max_new_tokens, sampling, num_draft_tokens, eos_ids, pad_id, hooked=False,
-             seed=0, mode=None, extra=None) -> Run:
+             seed=0, mode=None, extra=None, lookup_ngram: int | None = None) -> Run:
     """``target.generate(..., assistant_model=draft)``. mode: "transformers" (its own loop, batch 1),
     "verification" (its loop, fused verification) or "loop" (the hook's batched loop, any batch);
-    ``hooked=True`` is "verification" (older callers)."""
+    ``hooked=True`` is "verification" (older callers). ``draft=None`` with ``lookup_ngram``: prompt
+    lookup (``prompt_lookup_num_tokens=num_draft_tokens``) instead of a draft model."""
     mode = mode or ("verification" if hooked else "transformers")
     if mode not in ASSISTED_MODES:
         raise ValueError(f"mode must be one of {list(ASSISTED_MODES)}, got {mode!r}")
@@ -134,15 +135,15 @@ def assisted(target, draft, input_ids, attention_mask, *, max_new_tokens, sampli
     _sync(target.device)
     with context, _counting_forwards(target) as forwards, _counting_verifications() as tally, torch.no_grad():
         start = time.perf_counter()
-        out = target.generate(
-            input_ids, attention_mask=attention_mask, assistant_model=draft, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-            num_assistant_tokens=num_draft_tokens, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
-            **_hf_sampling(sampling), **(extra or {}),
-        )
+        source = ({"assistant_model": draft, "num_assistant_tokens": num_draft_tokens, "num_assistant_tokens_schedule": "constant",
+                   "assistant_confidence_threshold": 0.0} if draft is not None else
+                  {"prompt_lookup_num_tokens": num_draft_tokens, "max_matching_ngram_size": lookup_ngram or 2})
+        out = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                              **source, **_hf_sampling(sampling), **(extra or {}))
         _sync(target.device)
         seconds = time.perf_counter() - start
     new = count_new_tokens(out, input_ids.shape[1], eos_ids)
-    run = Run(ASSISTED_MODES[mode], input_ids.shape[0], new, seconds)
+    run = Run(ASSISTED_MODES[mode] if draft is not None else f"prompt lookup ({ASSISTED_MODES[mode]})", input_ids.shape[0], new, seconds)
     if mode == "loop":
         stats = hf.last_stats()
         run.details = {"stats": stats, "target_forwards": stats.target_forwards, "tokens_per_target_forward": stats.tokens_per_target_forward,
