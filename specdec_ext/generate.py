@@ -35,6 +35,11 @@ from .drafting import prompt_lookup_drafts
 from .processors import Context, LogitsPipeline, PresencePenaltyLogitsProcessor
 from .stopping import Stopping
 
+#: verify() / sample() take per-request keys (seeds, offsets) and report accept_probs (stream v2 of the
+#: random-stream contract); checked once, so that the loop also runs on an API without them.
+REQUEST_KEYS = all("seeds" in inspect.signature(fn).parameters and "offsets" in inspect.signature(fn).parameters for fn in (verify, sample))
+ACCEPT_PROBS = "return_accept_probs" in inspect.signature(verify).parameters
+
 #: ``num_draft_tokens="auto"`` chooses K in [1, AUTO_MAX_DRAFT_TOKENS], starting at AUTO_FIRST_DRAFT_TOKENS.
 AUTO_MAX_DRAFT_TOKENS = 8
 AUTO_FIRST_DRAFT_TOKENS = 4
@@ -134,7 +139,9 @@ class _DraftLength:
             return AUTO_FIRST_DRAFT_TOKENS
         return best_num_draft_tokens((self.accepted + 1.0) / (self.judged + 2.0), self.cost_ratio)
 
-    def update(self, accepted: int, judged: int, k: int, draft_seconds: float, target_seconds: float) -> None:
+    def update(self, accepted: float, judged: float, k: int, draft_seconds: float, target_seconds: float) -> None:
+        """``accepted`` / ``judged``: accepted drafts over drafts judged this step, or the sum of the judged
+        drafts' acceptance probabilities min(1, p/q) over their count (the same mean, lower variance)."""
         self.steps += 1
         self.accepted = 0.8 * self.accepted + accepted
         self.judged = 0.8 * self.judged + judged
@@ -415,6 +422,10 @@ class _Run:
     new_tokens: list[int] = field(default_factory=list)
     context: Context | None = None  # the current step's prefixes, for processors
     processed: torch.Tensor | None = None  # the current step's processed target logits
+    seeds: torch.Tensor | None = None  # (B,) int64 per-row keys on the rows' device
+    draft_keys: dict = field(default_factory=dict)  # the current draft draw's seeds / offsets
+    accept_probs: torch.Tensor | None = None  # the current step's min(1, p/q) of judged drafts (adaptive K)
+    backend: str = "auto"
 
     @property
     def sampling(self) -> dict:
@@ -446,7 +457,13 @@ def _draft(draft: _Cache, rows: _Rows, k: int, run: _Run, context: Context | Non
     proposals, logits = [], []
     if context is not None:
         context.drafts = torch.zeros((rows.pending.shape[0], k), dtype=torch.long, device=draft.device)
+    if run.seeds is not None:
+        row_seeds, row_offsets = run.seeds[rows.index].to(draft.device), rows.generated.to(draft.device)
     for i in range(k):
+        if run.seeds is not None:
+            # Draft i of a row sits at its absolute position generated + i: the same number decides it in
+            # any batch (sample() races on its own stream, so it never shares noise with verify()).
+            run.draft_keys = {"seeds": row_seeds, "offsets": row_offsets + i}
         raw = draft.forward(tokens, positions, live, all_live=all_live)[:, -1]
         last = raw
         if not pipeline.empty:
@@ -468,15 +485,23 @@ def _draft(draft: _Cache, rows: _Rows, k: int, run: _Run, context: Context | Non
 
 def _draw_draft(raw: torch.Tensor, processed: torch.Tensor, run: _Run) -> torch.Tensor:
     """One draft per row from the processed draft line: verify() is told q = this line's distribution."""
-    return sample(processed, generator=run.generator, check=False, **run.sampling)
+    return sample(processed, generator=run.generator, check=False, backend=run.backend, **run.draft_keys, **run.sampling)
 
 
 def _verify_and_write(run: _Run, rows: _Rows, target_logits, draft_logits, drafts, budget):
     """Process the target's logits, verify, cut each row's block at its first EOS, write it into the output."""
     processed = target_logits if run.pipeline.empty else run.pipeline.apply(target_logits, run.context, 0)
     run.processed = processed
+    extra = {}
+    if run.seeds is not None:
+        extra = {"seeds": run.seeds[rows.index].to(processed.device), "offsets": rows.generated.to(processed.device)}
+    if ACCEPT_PROBS and run.lengths.auto and draft_logits is not None:
+        extra["return_accept_probs"] = True
+    if run.backend != "auto":
+        extra["backend"] = run.backend
     result = verify(processed, draft_logits, drafts, num_draft_tokens=budget.to(processed.device), generator=run.generator, check=False,
-                    **run.sampling)
+                    **extra, **run.sampling)
+    run.accept_probs = getattr(result, "accept_probs", None) if extra.get("return_accept_probs") else None
     device = rows.index.device
     tokens = result.tokens.to(device)
     accepted = result.num_accepted.to(device)
@@ -620,8 +645,10 @@ def generate(
     draft: str = "model",
     ngram: int = 3,
     generator: torch.Generator | None = None,
+    seeds: torch.Tensor | list[int] | None = None,
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
+    backend: str = "auto",
 ) -> SpeculativeOutput:
     """Speculative generation for a batch of left-padded prompts; exactly the target's sampling law.
 
@@ -653,9 +680,14 @@ def generate(
             (K = 4 until both are measured). Rows near ``max_new_tokens`` verify fewer drafts.
         draft: "model" (the draft model proposes) or "prompt_lookup" (each row proposes the tokens
             that followed an earlier occurrence of its last ``ngram`` .. 1 tokens; one-hot q).
-        generator: torch.Generator for every random draw (None = the default one).
+        generator: torch.Generator for every random draw (None = the default one). Unused with ``seeds``.
+        seeds: per-row random keys, (B,) integers >= 0: row b's draws depend only on its seed and
+            its own tokens (each draft and each verification at the row's absolute position, i.e. the
+            tokens it has generated so far), so a row gives the same tokens in any batch, alone or
+            with other rows, and for any K. Needs verify() / sample() with per-request keys.
         eos_token_id: an id or ids ending a row; None = the target's ``generation_config``; [] = none.
         pad_token_id: fills rows after their end; None = the ``generation_config``'s, else the first EOS.
+        backend: the verify() / sample() backend ("auto", "triton", "cpp", "eager").
 
     Returns:
         :class:`SpeculativeOutput` (sequences (B, L_in + max_new_tokens), stats, new_tokens, scores, logits).
@@ -694,8 +726,9 @@ def generate(
         criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
     if max_time is not None and (isinstance(max_time, bool) or not isinstance(max_time, (int, float)) or max_time <= 0):
         raise ValueError(f"max_time must be a number of seconds > 0, got {max_time!r}")
+    seeds = _check_seeds(seeds, input_ids.shape[0], device)
     return speculate(
-        target_model, draft_model, input_ids, attention_mask, pipeline=LogitsPipeline(processors, do_sample=do_sample),
+        target_model, draft_model, input_ids, attention_mask, pipeline=LogitsPipeline(processors, do_sample=do_sample), seeds=seeds, backend=backend,
         stopping=Stopping(criteria, max_time=max_time), max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens,
         ngram=ngram if draft == "prompt_lookup" else 0, generator=generator, eos=eos, pad=_pad_value(target_model, pad_token_id, eos),
         streamer=streamer, output_scores=output_scores, output_logits=output_logits,
@@ -704,7 +737,8 @@ def generate(
 
 def speculate(target_model, draft_model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, pipeline: LogitsPipeline,
               stopping: Stopping, max_new_tokens: int, num_draft_tokens, ngram: int, generator, eos: torch.Tensor | None, pad: int,
-              streamer=None, output_scores: bool = False, output_logits: bool = False) -> SpeculativeOutput:
+              streamer=None, output_scores: bool = False, output_logits: bool = False, seeds: torch.Tensor | None = None,
+              backend: str = "auto") -> SpeculativeOutput:
     """The loop behind :func:`generate` and the transformers hook, on checked inputs.
 
     ``pipeline`` and ``stopping`` carry every processor and criterion; ``draft_model`` None with
@@ -727,7 +761,7 @@ def speculate(target_model, draft_model, input_ids: torch.Tensor, attention_mask
     sequences[:, :width] = input_ids
     recorder = _Recorder(batch, output_scores, output_logits) if (output_scores or output_logits) else None
     run = _Run(pipeline, generator, eos, pad, sequences, width, max_new_tokens, lengths, _Clock(device), _Tally(), stopping,
-               _output_vocab(target_model), streamer, recorder, ngram, (attention_mask == 0).sum(1), new_tokens=[0] * batch)
+               _output_vocab(target_model), streamer, recorder, ngram, (attention_mask == 0).sum(1), new_tokens=[0] * batch, seeds=seeds, backend=backend)
     draft = None
     with torch.no_grad():
         marks = [run.clock.mark()]
@@ -778,9 +812,18 @@ def _speculate(run: _Run, target: _Cache, draft: _Cache | None, rows: _Rows) -> 
     greedy = run.sampling["temperature"] == 0  # greedy verification never reads the draft's logits
     tokens, accepted, emitted, hit_eos = _verify_and_write(run, rows, target_logits, None if greedy else draft_logits, drafts, budget)
     counts = _step_counts(accepted, budget.to(accepted.device), k)
+    parts = [accepted, emitted, hit_eos.long(), (tokens[:, 0] < 0).long(), counts]
+    if run.accept_probs is not None:
+        # Mean min(1, p/q) over the judged drafts: what adaptive K estimates the acceptance rate from.
+        judged_probs = run.accept_probs.to(counts.device, torch.float64)
+        seen = ~torch.isnan(judged_probs)
+        parts = [part.double() for part in parts] + [torch.where(seen, judged_probs, 0.0).sum()[None], seen.sum()[None].double()]
     marks.append(run.clock.mark())
     b = accepted.shape[0]
-    host = torch.cat([accepted, emitted, hit_eos.long(), (tokens[:, 0] < 0).long(), counts]).tolist()  # the step's one sync
+    host = torch.cat(parts).tolist()  # the step's one sync
+    estimate = None
+    if run.accept_probs is not None:
+        estimate, host = host[-2:], [int(value) for value in host[:-2]]
     accepted_host, emitted_host, finished_host, invalid_host, counts_host = host[:b], host[b:2 * b], host[2 * b:3 * b], host[3 * b:4 * b], host[4 * b:]
     if any(invalid_host):
         row = rows.index_host[invalid_host.index(1)]
@@ -788,7 +831,7 @@ def _speculate(run: _Run, target: _Cache, draft: _Cache | None, rows: _Rows) -> 
     _apply_stops(run, rows, emitted_host, finished_host)
     spans = run.clock.spans(marks)
     run.tally.add(k, accepted_host, emitted_host, counts_host[-1], counts_host[:-1], spans)
-    run.lengths.update(sum(accepted_host), counts_host[-1], k, spans[0], spans[1])
+    run.lengths.update(*(estimate or (sum(accepted_host), counts_host[-1])), k, spans[0], spans[1])
     for b, e in enumerate(emitted_host):
         run.new_tokens[rows.index_host[b]] += e
     if run.recorder is not None:
@@ -851,6 +894,20 @@ def _check_inputs(input_ids, attention_mask, device) -> tuple[torch.Tensor, torc
     if not bool((attention_mask[:, -1] == 1).all()):
         raise ValueError("prompts must be left-padded: the last column of attention_mask must be 1 in every row")
     return input_ids.to(device=device, dtype=torch.long), attention_mask
+
+
+def _check_seeds(seeds, batch: int, device) -> torch.Tensor | None:
+    if seeds is None:
+        return None
+    if not REQUEST_KEYS:
+        raise ValueError("seeds= needs specdec_ext.verify / sample with per-request keys (seeds, offsets), which this installation lacks")
+    try:
+        values = torch.as_tensor(seeds)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"seeds must be {batch} integers >= 0, got {seeds!r}") from None
+    if values.dtype not in (torch.int32, torch.int64) or values.shape != (batch,) or bool((values < 0).any()):
+        raise ValueError(f"seeds must be {batch} integers >= 0 (one per row), got {seeds!r}")
+    return values.to(device=device, dtype=torch.int64)
 
 
 def _sampling(do_sample, temperature, top_k, top_p) -> dict:

@@ -263,9 +263,10 @@ def _chi_square(counts: torch.Tensor, law: torch.Tensor, alpha: float) -> tuple[
     return statistic, float(chi2.isf(alpha, int(keep.sum()) - 1))
 
 
-def _redraw_from_target_after_rejection(target_logits, draft_logits, draft_tokens, *, num_draft_tokens, generator, check, **sampling):
+def _redraw_from_target_after_rejection(target_logits, draft_logits, draft_tokens, *, num_draft_tokens, generator, check, **options):
     """A wrong verifier: after a rejection it samples the target's law instead of the residual max(p - q, 0)."""
-    result = specdec_ext.verify(target_logits, draft_logits, draft_tokens, num_draft_tokens=num_draft_tokens, generator=generator, check=check, **sampling)
+    result = specdec_ext.verify(target_logits, draft_logits, draft_tokens, num_draft_tokens=num_draft_tokens, generator=generator, check=check, **options)
+    sampling = {name: value for name, value in options.items() if name in ("temperature", "top_k", "top_p")}
     rows = torch.arange(target_logits.shape[0])
     redrawn = specdec_ext.sample(target_logits[rows, result.num_accepted], generator=generator, **sampling)
     tokens = result.tokens.clone()
@@ -503,3 +504,91 @@ def test_greedy_with_processors_equals_target_only(case, draft_kind):
     out = specdec_ext.generate(target, None if draft_kind == "prompt_lookup" else draft, input_ids, attention_mask, max_new_tokens=20,
                                do_sample=False, num_draft_tokens=3, draft=draft_kind, ngram=2, eos_token_id=eos, pad_token_id=0, **keywords)
     assert out.sequences.tolist() == expected.tolist()
+
+
+# -------------------------------------------------------------------------------- per-request keys
+
+needs_request_keys = pytest.mark.skipif(not gen.REQUEST_KEYS, reason="verify()/sample() without per-request keys (stream v2)")
+
+
+@needs_request_keys
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.3, "min_p": 0.05}])
+def test_a_seeded_row_is_the_same_in_any_batch(processors):
+    """Row b of a batch equals the same prompt generated alone under its seed, token for token, whatever
+    the batch, the row order and the draft length (every draw is keyed by seed and absolute position)."""
+    target, draft = _pair("llama-gpt2")
+    prompts = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4], [4, 11, 4, 12], [7, 7, 1, 9]])
+    seeds = torch.tensor([11, 12, 2**40 + 3, 14])
+    common = {"max_new_tokens": 16, "temperature": 0.9, "eos_token_id": [], "backend": "eager", **processors}
+    whole = specdec_ext.generate(target, draft, prompts, seeds=seeds, num_draft_tokens="auto", **common).sequences
+    for b in range(4):
+        alone = specdec_ext.generate(target, draft, prompts[b: b + 1], seeds=seeds[b: b + 1], num_draft_tokens=3, **common).sequences
+        assert alone[0].tolist() == whole[b].tolist(), b
+    order = torch.tensor([2, 0, 3, 1])
+    permuted = specdec_ext.generate(target, draft, prompts[order], seeds=seeds[order], num_draft_tokens=2, **common).sequences
+    assert permuted.tolist() == whole[order].tolist()
+    other = specdec_ext.generate(target, draft, prompts, seeds=seeds + 1, num_draft_tokens=2, **common).sequences
+    assert other.tolist() != whole.tolist()  # the seed decides
+
+
+@needs_request_keys
+def test_seeded_rows_follow_the_target_law(monkeypatch):
+    """One seed per row: the joint law is exact; reusing a row's random numbers at every step (offsets
+    not advanced) is caught by the same check."""
+    target, draft = tiny_llama(8, seed=11, logit_scale=1.0), tiny_gpt2(8, seed=1, logit_scale=1.0)
+    prompt = [1, 2, 3]
+
+    def run():
+        out = specdec_ext.generate(target, draft, torch.tensor([prompt] * 6000), max_new_tokens=3, num_draft_tokens=2, eos_token_id=[],
+                                   seeds=torch.arange(6000) * 7919, backend="eager")
+        return fits(out.sequences[:, len(prompt):], target, prompt, None)
+
+    ok, statistic, threshold = run()
+    assert ok, (statistic, threshold)
+
+    def frozen(fn):
+        def call(*args, **kwargs):
+            if kwargs.get("offsets") is not None:
+                kwargs["offsets"] = torch.zeros_like(kwargs["offsets"])
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(gen, "verify", frozen(gen.verify))
+    monkeypatch.setattr(gen, "sample", frozen(gen.sample))
+    ok, statistic, threshold = run()
+    assert not ok, (statistic, threshold)
+
+
+@needs_request_keys
+def test_adaptive_k_reads_accept_probs(monkeypatch):
+    calls = []
+    original = gen.verify
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("return_accept_probs", False))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(gen, "verify", spy)
+    target, draft = _pair("llama-close")
+    input_ids, attention_mask = left_pad(PROMPTS)
+    seen = []
+    original_update = gen._DraftLength.update
+
+    def update(self, accepted, judged, *args):
+        seen.append((accepted, judged))
+        return original_update(self, accepted, judged, *args)
+
+    monkeypatch.setattr(gen._DraftLength, "update", update)
+    specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=12, num_draft_tokens="auto", eos_token_id=[],
+                         generator=torch.Generator().manual_seed(0), backend="eager")
+    assert calls and all(calls)
+    assert any(accepted != int(accepted) for accepted, _ in seen)  # sums of min(1, p/q), not counts
+    assert all(0 <= accepted <= judged for accepted, judged in seen)
+
+
+def test_seeds_are_checked():
+    target, draft = _pair("llama-close")
+    input_ids, attention_mask = left_pad(PROMPTS)
+    for bad in ([1, 2], [-1, 2, 3, 4, 5], "seed", [0.5] * 5):
+        with pytest.raises(ValueError, match="seeds"):
+            specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=4, seeds=bad)
