@@ -683,8 +683,9 @@ def generate(
         generator: torch.Generator for every random draw (None = the default one). Unused with ``seeds``.
         seeds: per-row random keys, (B,) integers >= 0: row b's draws depend only on its seed and
             its own tokens (each draft and each verification at the row's absolute position, i.e. the
-            tokens it has generated so far), so a row gives the same tokens in any batch, alone or
-            with other rows, and for any K. Needs verify() / sample() with per-request keys.
+            tokens it has generated so far), so with a fixed ``num_draft_tokens`` a row gives the same
+            tokens in any batch, alone or with other rows (K decides which positions are bonus draws,
+            so "auto" can differ). Needs verify() / sample() with per-request keys.
         eos_token_id: an id or ids ending a row; None = the target's ``generation_config``; [] = none.
         pad_token_id: fills rows after their end; None = the ``generation_config``'s, else the first EOS.
         backend: the verify() / sample() backend ("auto", "triton", "cpp", "eager").

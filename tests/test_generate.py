@@ -515,19 +515,20 @@ needs_request_keys = pytest.mark.skipif(not gen.REQUEST_KEYS, reason="verify()/s
 @pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.3, "min_p": 0.05}])
 def test_a_seeded_row_is_the_same_in_any_batch(processors):
     """Row b of a batch equals the same prompt generated alone under its seed, token for token, whatever
-    the batch, the row order and the draft length (every draw is keyed by seed and absolute position)."""
+    the batch and the row order (every draw is keyed by the row's seed and absolute position). With a
+    fixed draft length: K decides which positions get a bonus draw instead of a draft and its check."""
     target, draft = _pair("llama-gpt2")
     prompts = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4], [4, 11, 4, 12], [7, 7, 1, 9]])
     seeds = torch.tensor([11, 12, 2**40 + 3, 14])
-    common = {"max_new_tokens": 16, "temperature": 0.9, "eos_token_id": [], "backend": "eager", **processors}
-    whole = specdec_ext.generate(target, draft, prompts, seeds=seeds, num_draft_tokens="auto", **common).sequences
+    common = {"max_new_tokens": 16, "temperature": 0.9, "eos_token_id": [], "num_draft_tokens": 3, "backend": "eager", **processors}
+    whole = specdec_ext.generate(target, draft, prompts, seeds=seeds, **common).sequences
     for b in range(4):
-        alone = specdec_ext.generate(target, draft, prompts[b: b + 1], seeds=seeds[b: b + 1], num_draft_tokens=3, **common).sequences
+        alone = specdec_ext.generate(target, draft, prompts[b: b + 1], seeds=seeds[b: b + 1], **common).sequences
         assert alone[0].tolist() == whole[b].tolist(), b
     order = torch.tensor([2, 0, 3, 1])
-    permuted = specdec_ext.generate(target, draft, prompts[order], seeds=seeds[order], num_draft_tokens=2, **common).sequences
+    permuted = specdec_ext.generate(target, draft, prompts[order], seeds=seeds[order], **common).sequences
     assert permuted.tolist() == whole[order].tolist()
-    other = specdec_ext.generate(target, draft, prompts, seeds=seeds + 1, num_draft_tokens=2, **common).sequences
+    other = specdec_ext.generate(target, draft, prompts, seeds=seeds + 1, **common).sequences
     assert other.tolist() != whole.tolist()  # the seed decides
 
 
