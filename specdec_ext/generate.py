@@ -475,12 +475,17 @@ def _draft(draft: _Cache, rows: _Rows, k: int, run: _Run, context: Context | Non
         proposals.append(token)
         logits.append(last)
         tokens, positions, live, all_live = token[:, None], positions[:, -1:] + 1, ones, True
-    # One transfer per step to where verification runs (a target on another device).
-    device = run.verify_device
-    drafts = torch.stack(proposals, 1).to(device)
+    drafts = _to_verify_device(torch.stack(proposals, 1), run)
     if context is not None:
         context.drafts = drafts
-    return drafts, torch.stack(logits, 1).to(device)
+    return drafts, _to_verify_device(torch.stack(logits, 1), run)
+
+
+def _to_verify_device(tensor: torch.Tensor, run: _Run) -> torch.Tensor:
+    """The step's one transfer of the draft's block (its K proposals, its (b, K, V) logits) to where the
+    target's logits are and verification runs: a draft on another device than the target's last layer
+    (e.g. a target split by accelerate's device_map) costs one copy per step, not one per token."""
+    return tensor.to(run.verify_device, non_blocking=True)
 
 
 def _draw_draft(raw: torch.Tensor, processed: torch.Tensor, run: _Run) -> torch.Tensor:

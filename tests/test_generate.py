@@ -593,3 +593,24 @@ def test_seeds_are_checked():
     for bad in ([1, 2], [-1, 2, 3, 4, 5], "seed", [0.5] * 5):
         with pytest.raises(ValueError, match="seeds"):
             specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=4, seeds=bad)
+
+
+def test_the_draft_block_moves_to_the_verify_device_once_per_step(monkeypatch):
+    """Draft and target are separate modules (here both on the CPU): the draft's proposals and logits reach
+    the device of the target's logits in one transfer each per step, whatever K, never one per token."""
+    moves = []
+    original = gen._to_verify_device
+
+    def counting(tensor, run):
+        moves.append((tuple(tensor.shape), run.verify_device))
+        return original(tensor, run)
+
+    monkeypatch.setattr(gen, "_to_verify_device", counting)
+    target, draft = _pair("llama-gpt2")
+    input_ids, attention_mask = left_pad(PROMPTS)
+    out = specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=12, num_draft_tokens=3, eos_token_id=[],
+                               generator=torch.Generator().manual_seed(0), repetition_penalty=1.2)
+    steps = sum(1 for k in out.stats.draft_lengths if k)  # a step with K = 0 (the last token) drafts nothing
+    assert len(moves) == 2 * steps
+    assert all(device == target.device for _, device in moves)
+    assert {len(shape) for shape in moves[0::2]} == {2} and {len(shape) for shape in moves[1::2]} == {3}  # (b, K) ids, (b, K, V) logits
