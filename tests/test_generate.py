@@ -613,4 +613,4 @@ def test_the_draft_block_moves_to_the_verify_device_once_per_step(monkeypatch):
     steps = sum(1 for k in out.stats.draft_lengths if k)  # a step with K = 0 (the last token) drafts nothing
     assert len(moves) == 2 * steps
     assert all(device == target.device for _, device in moves)
-    assert {len(shape) for shape in moves[0::2]} == {2} and {len(shape) for shape in moves[1::2]} == {3}  # (b, K) ids, (b, K, V) logits
+    assert {len(shape) for shape, _ in moves[0::2]} == {2} and {len(shape) for shape, _ in moves[1::2]} == {3}  # (b, K) ids, (b, K, V) logits
