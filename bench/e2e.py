@@ -95,6 +95,8 @@ def run_pair(name, target, draft, tokenizer, prompts, device, *, batches, max_ne
             methods["generate(assistant_model) + hook"] = lambda s, c=spec, i=ids, m=mask: measure.assisted(target, draft, i, m, seed=s, mode="loop", **c)
             methods["specdec_ext.generate"] = lambda s, c=spec, i=ids, m=mask: measure.speculative(target, draft, i, m, seed=s, **c)
             runs = {method: [] for method in methods}
+            for fn in methods.values():  # warm-up: one-off costs (first calls, allocator) stay out of the rounds
+                fn(rounds)
             for round_index in range(rounds):
                 for method, fn in methods.items():
                     runs[method].append(fn(round_index))
