@@ -400,3 +400,21 @@ def test_stop_strings_through_the_hook(embedded, batch):
     assert got.tolist() == expected.tolist()
     # The stop string did end the first row early (shorter output, or padding where free decoding went on).
     assert expected.shape[1] < free.shape[1] or expected[0].tolist() != free[0, : expected.shape[1]].tolist()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_sampled_runs_through_the_hook_are_the_loops(close_pair, batch):
+    """A sampled generate(assistant_model=...) is specdec_ext.generate with the same processors: same draws, same tokens."""
+    target, draft = close_pair
+    # Equal lengths: transformers < 5.24 lets the repetition penalty see prompt padding, generate() never does.
+    input_ids, attention_mask = left_pad([[5, 6, 7], [1, 2, 3], [4, 11, 4]][:batch])
+    torch.manual_seed(123)
+    with hf.fused_verification(num_draft_tokens=3):
+        got = target.generate(input_ids, attention_mask=attention_mask, assistant_model=draft, do_sample=True, temperature=0.8, top_k=8,
+                              top_p=0.95, max_new_tokens=12, repetition_penalty=1.2)
+    torch.manual_seed(123)
+    direct = specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=12, temperature=0.8, top_k=8, top_p=0.95,
+                                  repetition_penalty=1.2, num_draft_tokens=3, eos_token_id=[])
+    assert got.tolist() == direct.sequences.tolist()
+    new = got[:, input_ids.shape[1]:]
+    assert ((new >= 0) & (new < 16)).all() and hf.last_stats().target_forwards < 12  # several tokens per target forward
