@@ -113,9 +113,12 @@ class Context:
             ids = torch.cat([ids, self.drafts[member_index.to(self.drafts.device), :num_drafts].to(ids.device)], 1)
         return ids.to(device)
 
-    def base_counts(self, start: torch.Tensor | int, vocab: int, device) -> torch.Tensor:
-        """(b, V) float32 counts of each id among committed tokens at positions >= ``start`` (per row or one int)."""
-        key = (id(start) if isinstance(start, torch.Tensor) else start, vocab, str(device))
+    def base_counts(self, start: torch.Tensor | int, vocab: int, device, owner: int = 0) -> torch.Tensor:
+        """(b, V) float32 counts of each id among committed tokens at positions >= ``start`` (per row or one int).
+
+        Cached for the step; ``owner`` tells apart per-row ``start`` tensors of different processors.
+        """
+        key = (owner if isinstance(start, torch.Tensor) else start, vocab, str(device))
         if key not in self._counts:
             width = max(self.committed)
             ids = self.sequences[self.index, :width].to(device)
@@ -128,9 +131,9 @@ class Context:
             self._counts[key] = counts[:, :vocab]
         return self._counts[key]
 
-    def block_counts(self, start, vocab: int, first: int, positions: int, device) -> torch.Tensor:
+    def block_counts(self, start, vocab: int, first: int, positions: int, device, owner: int = 0) -> torch.Tensor:
         """(b, positions, V) counts at each block position: committed tokens from ``start`` plus the drafts before it."""
-        counts = self.base_counts(start, vocab, device)[:, None, :].repeat(1, positions, 1)
+        counts = self.base_counts(start, vocab, device, owner)[:, None, :].repeat(1, positions, 1)
         if self.drafts is not None:
             drafts = self.drafts.to(device).clamp(min=0, max=vocab - 1)
             ones = torch.ones((drafts.shape[0], 1, 1), dtype=counts.dtype, device=device)
@@ -172,7 +175,7 @@ class _RepetitionPenalty(_Stage):
             start = self.ignore
         elif isinstance(self.ignore, torch.Tensor):
             start = self.ignore.to(context.index.device)[context.index]
-        seen = context.block_counts(start, scores.shape[-1], first, scores.shape[1], scores.device) > 0
+        seen = context.block_counts(start, scores.shape[-1], first, scores.shape[1], scores.device, owner=id(self)) > 0
         penalised = torch.where(scores < 0, scores * self.penalty, scores / self.penalty)
         return torch.where(seen, penalised, scores)
 
