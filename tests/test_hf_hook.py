@@ -418,3 +418,22 @@ def test_sampled_runs_through_the_hook_are_the_loops(close_pair, batch):
     assert got.tolist() == direct.sequences.tolist()
     new = got[:, input_ids.shape[1]:]
     assert ((new >= 0) & (new < 16)).all() and hf.last_stats().target_forwards < 12  # several tokens per target forward
+
+
+def test_sampled_scores_are_the_warped_logits(close_pair):
+    """output_scores are what each token was drawn from: transformers' warpers applied to the raw logits (output_logits)."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    target, draft = close_pair
+    input_ids, attention_mask = left_pad(PROMPTS)
+    torch.manual_seed(0)
+    with hf.fused_verification(num_draft_tokens=3):
+        out = target.generate(input_ids, attention_mask=attention_mask, assistant_model=draft, do_sample=True, temperature=0.7, top_k=6,
+                              top_p=0.9, max_new_tokens=10, return_dict_in_generate=True, output_scores=True, output_logits=True)
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(6), TopPLogitsWarper(0.9)])
+    new = out.sequences[:, input_ids.shape[1]:]
+    assert len(out.scores) == len(out.logits) == new.shape[1]
+    for t in range(new.shape[1]):
+        torch.testing.assert_close(out.scores[t], warpers(None, out.logits[t].clone()))
+        drawn = out.scores[t].gather(1, new[:, t: t + 1])
+        assert torch.isfinite(drawn).all()  # every emitted token had probability > 0 under its scores
