@@ -11,7 +11,7 @@ import torch
 from scipy.stats import chi2
 from sequence_laws import fits
 from tiny_models import left_pad, perturbed_copy, tiny_gpt2, tiny_llama
-from transformers.generation.logits_process import LogitsProcessorList
+from transformers.generation.logits_process import LogitsProcessorList, TypicalLogitsWarper
 
 import specdec_ext
 from specdec_ext.processors import LogitsPipeline
@@ -403,6 +403,7 @@ def _reference_processors(case: str):
         "min_new_tokens": lambda: [lp.MinNewTokensLengthLogitsProcessor(3, 1, 4)],
         "temperature+top_k+min_p": lambda: [lp.TemperatureLogitsWarper(1.3), lp.TopKLogitsWarper(6), lp.MinPLogitsWarper(0.1)],
         "top_p+min_p": lambda: [lp.TopPLogitsWarper(0.9), lp.MinPLogitsWarper(0.1)],
+        "typical+temperature": lambda: [lp.TypicalLogitsWarper(0.8), lp.TemperatureLogitsWarper(1.2)],
         "lookup+frequency": lambda: [PresencePenaltyLogitsProcessor(0.0, 2.0, prompt_length=4)],
     }[case]()
 
@@ -418,12 +419,15 @@ PROCESSOR_CASES = {
     "min_new_tokens": ({"min_new_tokens": 1, "eos_token_id": 4, "pad_token_id": 4}, "stale prefix"),
     "temperature+top_k+min_p": ({"temperature": 1.3, "top_k": 6, "min_p": 0.1}, "q mismatch"),
     "top_p+min_p": ({"top_p": 0.9, "min_p": 0.1}, "q mismatch"),
+    # Warpers the kernels do not implement: every warper in torch, in the list's order (typical before temperature here).
+    "typical+temperature": ({"logits_processor": [TypicalLogitsWarper(0.8)], "temperature": 1.2}, "q mismatch"),
     # Prompt lookup proposes tokens already in the context: a count-based penalty sees each accepted draft.
     "lookup+frequency": ({"frequency_penalty": 2.0, "draft": "prompt_lookup", "ngram": 1}, "stale prefix"),
 }
 # Laws with mass on many cells (after 1, 2, 1, 2, 1 the target is uncertain); prompt lookup proposes
 # 4, 4 after 3, 4, 4, 3, which the target often accepts.
-PROCESSOR_PROMPTS = {"lookup+frequency": [3, 4, 4, 3], "temperature+top_k+min_p": [1, 2, 1, 2, 1], "top_p+min_p": [1, 2, 1, 2, 1]}
+PROCESSOR_PROMPTS = {"lookup+frequency": [3, 4, 4, 3], "temperature+top_k+min_p": [1, 2, 1, 2, 1], "top_p+min_p": [1, 2, 1, 2, 1],
+                     "typical+temperature": [1, 2, 1, 2, 1]}
 
 
 def _stale_prefix(original):
