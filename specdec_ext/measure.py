@@ -309,12 +309,18 @@ def step_breakdown(target, draft, input_ids, attention_mask, *, max_new_tokens: 
     inside = sum(v for name, v in per_step.items() if name != "step total")
     per_step["loop Python (sync, tallies, stops)"] = per_step["step total"] - inside
     predicted_step = 1000 * (k * plain_draft_1 + plain_target_1)
+    expected_tokens = expected_speedup(stats.mean_acceptance, 0.0, k)  # (1 - a^(K+1)) / (1 - a): tokens per step the formula counts
     return {
         "num_draft_tokens": k, "steps": steps, "tokens_per_step": stats.tokens_per_target_forward, "acceptance": stats.mean_acceptance,
         "ms_per_step": per_step,
         "plain_forwards_ms": {"target, 1 token": 1000 * plain_target_1, f"target, {k + 1} tokens": 1000 * plain_target_block,
                               "draft, 1 token": 1000 * plain_draft_1},
         "predicted_step_ms": predicted_step,
+        "expected_tokens_per_step": expected_tokens,
+        # The formula with the measured cost of the (K+1)-token target forward instead of one token's.
+        "predicted_speedup_plain_forwards": expected_tokens / (k * plain_draft_1 / plain_target_1 + 1),
+        "predicted_speedup_with_block_cost": expected_tokens / ((k * plain_draft_1 + plain_target_block) / plain_target_1),
+        "loop_speedup_over_plain_decoding": stats.tokens_per_target_forward * 1000 * plain_target_1 / per_step["step total"],
         "gaps_ms_per_step": {
             f"target block of {k + 1} tokens over 1 token": 1000 * (plain_target_block - plain_target_1),
             "target forward as run over plain": per_step.get("target forward", 0.0) - 1000 * plain_target_block,
