@@ -198,6 +198,15 @@ def main(argv: list[str] | None = None) -> int:
             breakdown = measure.step_breakdown(target, draft, ids, mask, max_new_tokens=max_new_tokens, num_draft_tokens=args.num_draft_tokens,
                                                sampling={"temperature": args.temperature})
         del target, draft
+    if breakdown is not None:
+        def ms_per_token(method):
+            row = next(r for r in rows if (r["setting"], r["batch"], r["method"]) == ("plain sampling", 1, method))
+            return 1000 * row["seconds"] / row["new_tokens"]
+
+        # The baseline's own per-token overhead (transformers' decoding loop around each forward) beside the
+        # plain forward the prediction assumes it costs.
+        breakdown["target_only_ms_per_token"] = ms_per_token("target only")
+        breakdown["hook_ms_per_token"] = ms_per_token("generate(assistant_model) + hook")
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{platform.machine()}-{torch.get_num_threads()}threads"
     import transformers
 
