@@ -1,12 +1,22 @@
-"""End-to-end decoding benchmark: target-only, transformers' assisted generation (eager and with the
-fused hook) and ``specdec_ext.generate``, side by side in one process.
+"""End-to-end decoding benchmark, side by side in one process: transformers' target-only decoding,
+its assisted generation (batch 1), ``generate(assistant_model=...)`` with the specdec_ext hook (the
+batched loop) and ``specdec_ext.generate`` called directly, at each batch size, with plain sampling
+and with repetition_penalty 1.1 + min_p 0.05 (every method applies the same processors).
 
     python -m bench.e2e                 # CPU: the embedded trained pair, batch 1 and 8
     python -m bench.e2e --device cuda   # GPU: random-initialised Llama-3-8B-shaped bf16 target with a
                                         # 1B-shaped draft (acceptance is then whatever two random models
                                         # give, and is reported as measured), plus the embedded pair
 
-Writes bench/results/e2e-<device>-<date>.json and a PNG plot; prints a table.
+Methods take turns inside each of ``--rounds`` rounds (after one warm-up call each) and the median
+round is kept, so a machine that gets busier slows every method alike. Writes
+bench/results/e2e-<device>-<date>.json and a PNG plot; prints a table. JSON fields: ``rows`` (one per
+setting, batch and method: tokens/s, speed-up over target-only at that batch, tokens per target
+forward, acceptance (accepted / judged drafts; transformers' assisted generation counted through its
+verification function), the Leviathan et al. prediction from the measured acceptance and draft/target
+cost for the loop's rows), ``goals`` (the ratios the issue asks for), ``step_breakdown`` (CPU: where a
+step of the loop goes, ms per step, against the forwards the prediction assumes) and the 1-minute
+load average before and after the run.
 """
 
 from __future__ import annotations
