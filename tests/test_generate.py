@@ -524,7 +524,7 @@ def test_a_seeded_row_is_the_same_in_any_batch(processors):
     target, draft = _pair("llama-gpt2")
     prompts = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4], [4, 11, 4, 12], [7, 7, 1, 9]])
     seeds = torch.tensor([11, 12, 2**40 + 3, 14])
-    common = {"max_new_tokens": 16, "temperature": 0.9, "eos_token_id": [], "num_draft_tokens": 3, "backend": "eager", **processors}
+    common = {"max_new_tokens": 16, "temperature": 0.9, "eos_token_id": [], "num_draft_tokens": 3, **processors}
     whole = specdec_ext.generate(target, draft, prompts, seeds=seeds, **common).sequences
     for b in range(4):
         alone = specdec_ext.generate(target, draft, prompts[b: b + 1], seeds=seeds[b: b + 1], **common).sequences
@@ -545,7 +545,7 @@ def test_seeded_rows_follow_the_target_law(monkeypatch):
 
     def run():
         out = specdec_ext.generate(target, draft, torch.tensor([prompt] * 6000), max_new_tokens=3, num_draft_tokens=2, eos_token_id=[],
-                                   seeds=torch.arange(6000) * 7919, backend="eager")
+                                   seeds=torch.arange(6000) * 7919)
         return fits(out.sequences[:, len(prompt):], target, prompt, None)
 
     ok, statistic, threshold = run()
@@ -585,7 +585,7 @@ def test_adaptive_k_reads_accept_probs(monkeypatch):
 
     monkeypatch.setattr(gen._DraftLength, "update", update)
     specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=12, num_draft_tokens="auto", eos_token_id=[],
-                         generator=torch.Generator().manual_seed(0), backend="eager")
+                         generator=torch.Generator().manual_seed(0))
     assert calls and all(calls)
     assert any(accepted != int(accepted) for accepted, _ in seen)  # sums of min(1, p/q), not counts
     assert all(0 <= accepted <= judged for accepted, judged in seen)
