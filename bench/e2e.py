@@ -174,6 +174,46 @@ def _plot(rows, path: Path) -> None:
     plt.close(fig)
 
 
+def markdown_tables(report: dict) -> str:
+    """The README's tables for a CPU report: throughput per setting and batch, goals, step breakdown."""
+    rows = report["rows"]
+    methods = ["target only", "assisted (transformers)", "generate(assistant_model) + hook", "specdec_ext.generate"]
+    lines = ["| setting | B | " + " | ".join(methods) + " | tokens / target forward | acceptance | predicted |", "|---|---|" + "---|" * (len(methods) + 3)]
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        for batch in sorted({r["batch"] for r in rows if r["setting"] == setting}):
+            cells, hook = [], None
+            for method in methods:
+                r = next((r for r in rows if (r["setting"], r["batch"], r["method"]) == (setting, batch, method)), None)
+                cells.append("–" if r is None else f"{r['tokens_per_second']:.0f} tok/s ({r['speedup_vs_target']:.2f}×)")
+                if method == "generate(assistant_model) + hook":
+                    hook = r
+            lines.append(f"| {setting} | {batch} | " + " | ".join(cells) + f" | {hook['tokens_per_target_forward']:.2f} | {hook['acceptance']:.3f} | "
+                         f"{hook['predicted_speedup']:.2f}× |")
+    out = ["\n".join(lines), ""]
+    if report.get("goals"):
+        out.append("| setting | hook B=1 / assisted B=1 (goal ≥ 1.3) | hook B=8 / target-only B=8 (goal ≥ 1.5) | measured / predicted (goal ≥ 0.85) |")
+        out.append("|---|---|---|---|")
+        for setting, goal in report["goals"].items():
+            values = list(goal.values())
+            out.append(f"| {setting} | {values[0]:.2f}× | {values[1]:.2f}× | {values[2]:.2f}× / {values[3]:.2f}× = {values[4]:.2f} |")
+        out.append("")
+    breakdown = report.get("step_breakdown")
+    if breakdown:
+        out.append(f"| ms per step (B=1, K={breakdown['num_draft_tokens']}, plain sampling) | as run | what the prediction assumes |")
+        out.append("|---|---|---|")
+        plain = breakdown["plain_forwards_ms"]
+        k = breakdown["num_draft_tokens"]
+        step = breakdown["ms_per_step"]
+        out.append(f"| draft forwards ({k}) | {step['draft forwards']:.2f} | {k * plain['draft, 1 token']:.2f} ({k} plain single-token forwards) |")
+        out.append(f"| target forward ({k + 1} tokens) | {step['target forward']:.2f} | {plain['target, 1 token']:.2f} (one single-token forward; "
+                   f"a plain {k + 1}-token forward takes {plain[f'target, {k + 1} tokens']:.2f}) |")
+        for name in ("draft sampling", "verify (+ processors, EOS, write)", "cache bookkeeping (settle, crop, rows)", "loop Python (sync, tallies, stops)"):
+            out.append(f"| {name} | {step.get(name, 0.0):.2f} | 0 |")
+        out.append(f"| **step** | **{step['step total']:.2f}** | **{breakdown['predicted_step_ms']:.2f}** |")
+        out.append("")
+    return "\n".join(out)
+
+
 def _fmt(value, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) and value == value else "-"
 
@@ -240,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     if breakdown:
         print("ms per step:", json.dumps(breakdown["ms_per_step"], indent=1))
         print("gaps:", json.dumps(breakdown["gaps_ms_per_step"], indent=1))
+    if device.type == "cpu" and not args.quick:
+        print(markdown_tables(report))
     print(f"load average: {report['load_average_1min']}; wrote {out / stem}.json and .png")
     return 0
 
