@@ -133,6 +133,8 @@ class Context:
 
     def block_counts(self, start, vocab: int, first: int, positions: int, device, owner: int = 0) -> torch.Tensor:
         """(b, positions, V) counts at each block position: committed tokens from ``start`` plus the drafts before it."""
+        if positions == 1 and self.drafts is not None:
+            return self._running_counts(start, vocab, first, device, owner)[:, None, :]
         counts = self.base_counts(start, vocab, device, owner)[:, None, :].repeat(1, positions, 1)
         if self.drafts is not None:
             drafts = self.drafts.to(device).clamp(min=0, max=vocab - 1)
@@ -146,6 +148,28 @@ class Context:
                 width = positions - from_position
                 index = drafts[:, i].view(-1, 1, 1).expand(-1, width, 1)
                 counts[:, from_position:].scatter_add_(2, index, (ones * valid[:, i].view(-1, 1, 1)).expand(-1, width, 1))
+        return counts
+
+    def _running_counts(self, start, vocab: int, first: int, device, owner: int) -> torch.Tensor:
+        """(b, V) counts after ``first`` drafts, one draft added to the previous position's (drafting goes in order)."""
+        key = ("running", owner if isinstance(start, torch.Tensor) else start, vocab, str(device))
+        previous = self._counts.get(key)
+        if first == 0:
+            counts = self.base_counts(start, vocab, device, owner)
+        elif previous is not None and previous[0] == first - 1:
+            draft = self.drafts[:, first - 1].to(device)
+            counts = previous[1].clone()
+            counts.scatter_add_(1, draft.clamp(min=0, max=vocab - 1)[:, None], (draft < vocab).to(counts.dtype)[:, None])
+        else:
+            counts = self._counts_after(start, vocab, first, device, owner)
+        self._counts[key] = (first, counts)
+        return counts
+
+    def _counts_after(self, start, vocab: int, first: int, device, owner: int) -> torch.Tensor:
+        counts = self.base_counts(start, vocab, device, owner).clone()
+        for i in range(first):
+            draft = self.drafts[:, i].to(device)
+            counts.scatter_add_(1, draft.clamp(min=0, max=vocab - 1)[:, None], (draft < vocab).to(counts.dtype)[:, None])
         return counts
 
     def lengths(self, first: int, positions: int, device) -> torch.Tensor:
