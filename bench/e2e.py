@@ -151,7 +151,7 @@ def goals(rows: list[dict]) -> dict:
     return out
 
 
-def _plot(rows, path: Path) -> None:
+def _plot(rows, path: Path, note: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -167,7 +167,7 @@ def _plot(rows, path: Path) -> None:
         ax.bar([x + i * width for x in range(len(groups))], values, width, label=method)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))], [f"{s}\nB={b}" for _, s, b in groups], fontsize=7)
     ax.set_ylabel("new tokens / s")
-    ax.set_title("End-to-end decoding throughput")
+    ax.set_title("End-to-end decoding throughput" + (f"\n{note}" if note else ""), fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -270,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"e2e-{device.type}-{report['date']}"
     (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    _plot(rows, out / f"{stem}.png")
+    load = report["load_average_1min"]
+    _plot(rows, out / f"{stem}.png", f"{device_name}, K={args.num_draft_tokens}, {max_new_tokens} new tokens, "
+                                     f"1-min load average {load['before']:.1f} → {load['after']:.1f}")
     print(f"{'setting':<36} {'B':>2} {'method':<33} {'tok/s':>8} {'vs target':>9} {'tok/fwd':>7} {'accept':>6} {'pred':>6}")
     for r in rows:
         print(f"{r['setting']:<36} {r['batch']:>2} {r['method']:<33} {r['tokens_per_second']:>8.1f} {r['speedup_vs_target']:>8.2f}x "
