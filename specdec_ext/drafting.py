@@ -13,7 +13,7 @@ import torch
 
 
 def prompt_lookup_drafts(sequences: torch.Tensor, index: torch.Tensor, first_token: torch.Tensor, committed: torch.Tensor,
-                         num_draft_tokens: int, ngram: int) -> tuple[torch.Tensor, torch.Tensor]:
+                         num_draft_tokens: int, ngram: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Drafts by n-gram lookup for every row at once.
 
     Args:
@@ -21,13 +21,15 @@ def prompt_lookup_drafts(sequences: torch.Tensor, index: torch.Tensor, first_tok
         index, first_token, committed: (b,) int64 tensors on the buffer's device.
         num_draft_tokens: K, the most drafts per row.
         ngram: the longest suffix matched (then shorter ones, down to 1).
+        width: ``committed.max()`` when the caller knows it on the host (saves a device sync).
 
     Returns:
         drafts (b, K) int64 (0 past a row's count) and counts (b,) int64: drafts found per row.
     """
     b = index.shape[0]
     device = sequences.device
-    width = int(committed.max()) if b else 0
+    if width is None:
+        width = int(committed.max()) if b else 0
     drafts = torch.zeros((b, num_draft_tokens), dtype=torch.long, device=device)
     counts = torch.zeros(b, dtype=torch.long, device=device)
     if b == 0 or num_draft_tokens == 0 or width < 2:

@@ -802,7 +802,8 @@ def _speculate(run: _Run, target: _Cache, draft: _Cache | None, rows: _Rows) -> 
     marks = [run.clock.mark()]
     if draft is None:
         committed = run.prompt_width + rows.generated
-        drafts, found = prompt_lookup_drafts(run.sequences, rows.index, run.first_token[rows.index], committed, k, run.ngram)
+        drafts, found = prompt_lookup_drafts(run.sequences, rows.index, run.first_token[rows.index], committed, k, run.ngram,
+                                             width=run.prompt_width + max(rows.generated_host))
         budget = torch.minimum(budget, found)
         draft_logits = None
         if run.context is not None:
