@@ -618,3 +618,43 @@ def test_the_draft_block_moves_to_the_verify_device_once_per_step(monkeypatch):
     assert len(moves) == 2 * steps
     assert all(device == target.device for _, device in moves)
     assert {len(shape) for shape, _ in moves[0::2]} == {2} and {len(shape) for shape, _ in moves[1::2]} == {3}  # (b, K) ids, (b, K, V) logits
+
+
+class _StopAfter:
+    """A user stopping criterion: a row ends right after it emits ``token`` (transformers' interface)."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_rows_stop_at_their_own_token_inside_accepted_blocks(monkeypatch):
+    """A criterion firing mid-block ends each row exactly where target-only decoding ends it; nothing after is emitted."""
+    from transformers.generation.stopping_criteria import StoppingCriteriaList
+
+    blocks = []
+    original = gen._apply_stops
+
+    def recording(run, rows, emitted_host, finished_host):
+        before = list(emitted_host)
+        original(run, rows, emitted_host, finished_host)
+        blocks.extend((b, e) for b, e in zip(before, emitted_host, strict=True) if e < b)
+
+    monkeypatch.setattr(gen, "_apply_stops", recording)
+    target, draft = _pair("llama-close")
+    input_ids, attention_mask = left_pad(PROMPTS)
+    stop = _eos_ending_some_rows(target, input_ids, attention_mask, 24)
+    expected = target.generate(input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=24, pad_token_id=0,
+                               stopping_criteria=StoppingCriteriaList([_StopAfter(stop)]))
+    expected = torch.nn.functional.pad(expected, (0, input_ids.shape[1] + 24 - expected.shape[1]), value=0)
+    out = specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=24, do_sample=False, num_draft_tokens=4,
+                               stopping_criteria=[_StopAfter(stop)], eos_token_id=[], pad_token_id=0)
+    new, reference = out.sequences[:, input_ids.shape[1]:], expected[:, input_ids.shape[1]:]
+    for row, count in enumerate(out.new_tokens):
+        # Up to the stop, target-only decoding's tokens (transformers pads finished rows only when an EOS is set).
+        assert new[row, :count].tolist() == reference[row, :count].tolist(), row
+    assert blocks  # some row's block was cut after its stop token: tokens already accepted behind it were dropped
+    for row, count in enumerate(out.new_tokens):
+        assert (new[row, count:] == 0).all() and (count == 24 or new[row, count - 1] == stop)
