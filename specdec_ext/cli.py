@@ -66,11 +66,15 @@ def cmd_generate(args) -> int:
         prompts = [args.prompt]
     input_ids, attention_mask = _encode(tokenizer, prompts, device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
+    lookup = args.prompt_lookup is not None
     try:
         out = generate(
-            target, draft, input_ids, attention_mask, max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0,
-            temperature=args.temperature if args.temperature > 0 else 1.0, top_k=args.top_k, top_p=args.top_p,
+            target, None if lookup else draft, input_ids, attention_mask, max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0,
+            temperature=args.temperature if args.temperature > 0 else 1.0, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+            no_repeat_ngram_size=args.no_repeat_ngram_size, stop_strings=args.stop or None, tokenizer=tokenizer,
             num_draft_tokens=args.num_draft_tokens if args.num_draft_tokens == "auto" else int(args.num_draft_tokens),
+            draft="prompt_lookup" if lookup else "model", ngram=args.prompt_lookup if lookup else 3,
             generator=generator, pad_token_id=tokenizer.pad_token_id,
         )
     except ValueError as error:
@@ -100,7 +104,9 @@ def cmd_demo(args) -> int:
 
     _quiet_transformers()
 
-    report = run_demo(quick=args.quick, max_new_tokens=args.max_new_tokens, temperature=args.temperature, num_draft_tokens=args.num_draft_tokens, seed=args.seed)
+    report = run_demo(quick=args.quick, max_new_tokens=args.max_new_tokens, temperature=args.temperature, num_draft_tokens=args.num_draft_tokens,
+                      seed=args.seed, repetition_penalty=args.repetition_penalty, min_p=args.min_p, stop=args.stop or None,
+                      prompt_lookup=args.prompt_lookup)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
@@ -126,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--temperature", type=float, default=DEMO_TEMPERATURE)
     demo.add_argument("--num-draft-tokens", type=int, default=4)
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--repetition-penalty", type=float, default=None, help="applied by every method (transformers' processor)")
+    demo.add_argument("--min-p", type=float, default=None, help="min-p filter, applied by every method")
+    demo.add_argument("--stop", action="append", default=[], help="stop string (repeatable), applied by every method")
+    demo.add_argument("--prompt-lookup", type=int, default=None, metavar="N", help="also measure prompt-lookup drafting (n-grams up to N)")
     demo.add_argument("--json", help="also write the measurements to this JSON file")
     demo.set_defaults(func=cmd_demo)
 
@@ -140,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=None)
     gen.add_argument("--top-p", type=float, default=None)
     gen.add_argument("--num-draft-tokens", default="4", help='drafts per step, or "auto"')
+    gen.add_argument("--min-p", type=float, default=None, help="min-p filter (after temperature / top-k, as transformers)")
+    gen.add_argument("--repetition-penalty", type=float, default=None, help="transformers' repetition penalty (1 = off)")
+    gen.add_argument("--presence-penalty", type=float, default=None, help="additive penalty on tokens already generated")
+    gen.add_argument("--no-repeat-ngram-size", type=int, default=None, help="never repeat an n-gram of this size")
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable): a row ends where its text completes it")
+    gen.add_argument("--prompt-lookup", type=int, default=None, metavar="N",
+                     help="draft by prompt lookup (n-gram matching in the row's own text, n <= N) instead of the draft model")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--device", default="cpu")
     gen.set_defaults(func=cmd_generate)

@@ -14,17 +14,31 @@ not shift them. The target's logits are recomputed every step from live slots on
 entries conditioned on a rejected continuation are never read again. Slots past the longest row's
 live end are cropped; holes are squeezed out (a per-row gather) once they outweigh the live slots; rows
 that finish are dropped from the batch, so they stop costing work.
+
+Logits processors (``processors.LogitsPipeline``) run on both models' logits at every draft position
+with that position's prefix; stopping rules (``stopping.Stopping``) end a row at the exact token
+that ends it, inside an accepted block. Drafts come from the draft model or, with
+``draft="prompt_lookup"``, from n-gram lookup in each row's own tokens (``drafting``).
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from .api import sample, verify
+from .drafting import prompt_lookup_drafts
+from .processors import Context, LogitsPipeline, PresencePenaltyLogitsProcessor
+from .stopping import Stopping
+
+#: verify() / sample() take per-request keys (seeds, offsets) and report accept_probs (stream v2 of the
+#: random-stream contract); checked once, so that the loop also runs on an API without them.
+REQUEST_KEYS = all("seeds" in inspect.signature(fn).parameters and "offsets" in inspect.signature(fn).parameters for fn in (verify, sample))
+ACCEPT_PROBS = "return_accept_probs" in inspect.signature(verify).parameters
 
 #: ``num_draft_tokens="auto"`` chooses K in [1, AUTO_MAX_DRAFT_TOKENS], starting at AUTO_FIRST_DRAFT_TOKENS.
 AUTO_MAX_DRAFT_TOKENS = 8
@@ -68,10 +82,23 @@ class SpeculativeStats:
 
 @dataclass
 class SpeculativeOutput:
-    """sequences: (B, L_in + max_new_tokens) int64, prompt as given, then new tokens, then padding after EOS."""
+    """What :func:`generate` returns.
+
+    sequences: (B, L_in + max_new_tokens) int64: the prompt as given, the new tokens, then padding
+        after a row's end (EOS, a stop criterion, ``max_time``).
+    stats: :class:`SpeculativeStats`.
+    new_tokens: tokens each row emitted (its EOS or stop token included).
+    scores / logits: with ``output_scores`` / ``output_logits``, one (B, V) float32 tensor per new
+        token as transformers defines them: the processed scores the token was drawn from (every
+        processor and warper applied) and the raw target logits. A row that has ended gets a line
+        putting all mass on the pad token (0 there, -inf elsewhere). Otherwise None.
+    """
 
     sequences: torch.Tensor
     stats: SpeculativeStats
+    new_tokens: list[int] = field(default_factory=list)
+    scores: tuple[torch.Tensor, ...] | None = None
+    logits: tuple[torch.Tensor, ...] | None = None
 
 
 def expected_speedup(acceptance: float, cost_ratio: float, num_draft_tokens: int) -> float:
@@ -112,7 +139,9 @@ class _DraftLength:
             return AUTO_FIRST_DRAFT_TOKENS
         return best_num_draft_tokens((self.accepted + 1.0) / (self.judged + 2.0), self.cost_ratio)
 
-    def update(self, accepted: int, judged: int, k: int, draft_seconds: float, target_seconds: float) -> None:
+    def update(self, accepted: float, judged: float, k: int, draft_seconds: float, target_seconds: float) -> None:
+        """``accepted`` / ``judged``: accepted drafts over drafts judged this step, or the sum of the judged
+        drafts' acceptance probabilities min(1, p/q) over their count (the same mean, lower variance)."""
         self.steps += 1
         self.accepted = 0.8 * self.accepted + accepted
         self.judged = 0.8 * self.judged + judged
@@ -173,6 +202,9 @@ class _Cache:
         self.cache = new_cache(model)
         self.forwards = 0
         self.slots = attention_mask[:, :0].to(self.device)
+        # Host flag: some live-slot mask entry is 0 (prompt padding, or a rejected draft's hole). Without
+        # holes, slot index equals position and the model's own causal masking is exact: no mask is built.
+        self.holes = not bool(attention_mask.all())
         positions = (attention_mask.cumsum(1) - 1).clamp(min=0)
         self.forward(input_ids, positions, attention_mask, logits_to_keep=1)
         if not getattr(self.cache, "is_croppable", True):
@@ -180,23 +212,30 @@ class _Cache:
         # The last prompt token is fed again with the first drafts, which gives its logits there.
         self.drop_last(1)
 
-    def forward(self, tokens, positions, live, logits_to_keep: int | None = None) -> torch.Tensor:
-        """Run the model on (rows, W) new tokens appended after the cache; ``live`` masks them."""
+    def forward(self, tokens, positions, live, logits_to_keep: int | None = None, all_live: bool = True) -> torch.Tensor:
+        """Run the model on (rows, W) new tokens appended after the cache; ``live`` masks them (``all_live``: it is all ones)."""
         tokens = tokens.to(self.device)
         # A token the model cannot embed (an id only the larger target vocabulary has, or -1 from an
         # invalid row) is shown as id 0: only this model's proposals depend on it, never exactness.
         tokens = torch.where((tokens >= 0) & (tokens < self.vocab_in), tokens, 0)
         self.slots = torch.cat([self.slots, live.to(self.device, torch.long)], dim=1)
+        self.holes = self.holes or not all_live
         kwargs = {self.cache_argument: self.cache}
         if logits_to_keep is not None and self.keeps_logits:
             kwargs["logits_to_keep"] = logits_to_keep
         output = self.model(input_ids=tokens, attention_mask=self._attention_mask(tokens.shape[1]), position_ids=positions.to(self.device),
                             use_cache=True, **kwargs)
         self.forwards += 1
+        self.logits_device = output.logits.device
         return output.logits
 
     def _attention_mask(self, width: int) -> torch.Tensor:
-        """The 2-D live-slot mask, or for sdpa / eager the (rows, 1, W, slots) mask: new token i sees live slots up to its own."""
+        """The 2-D live-slot mask, or for sdpa / eager the (rows, 1, W, slots) mask: new token i sees live slots up to its own.
+
+        None while no slot is a hole: the model's causal mask is then the same, and cheaper.
+        """
+        if not self.holes:
+            return None
         if self.attention not in ("sdpa", "eager"):
             return self.slots
         slot = torch.arange(self.slots.shape[1], device=self.device)
@@ -206,11 +245,15 @@ class _Cache:
             return visible | ~visible.any(-1, keepdim=True)
         return torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, torch.finfo(self.dtype).min)
 
-    def settle(self, live_tail: torch.Tensor) -> None:
-        """Mark the last slots dead where their drafts were rejected: they are never attended again."""
+    def settle(self, live_tail: torch.Tensor, all_live: bool = False) -> None:
+        """Mark the last slots dead where their drafts were rejected: they are never attended again.
+
+        ``all_live``: the caller knows every slot that survives its next crop is live.
+        """
         width = live_tail.shape[1]
         if width:
             self.slots[:, -width:] = live_tail.to(self.device, torch.long)
+            self.holes = self.holes or not all_live
 
     def drop_last(self, count: int) -> None:
         if count > 0:  # crop(0) would mean "crop to length 0" in older transformers
@@ -221,6 +264,8 @@ class _Cache:
         index = index.to(self.device)
         self.cache.batch_select_indices(index)
         self.slots = self.slots[index]
+        if self.holes:
+            self.holes = not bool(self.slots.all())
 
     def squeeze_holes(self, max_live: int) -> None:
         """Gather every row's live slots to the right end, when holes outweigh them (``max_live``: the most any row has)."""
@@ -238,12 +283,14 @@ class _Cache:
         for layer in layers:
             layer.keys = torch.take_along_dim(layer.keys, index, dim=2)
             layer.values = torch.take_along_dim(layer.values, index, dim=2)
+        self.holes = not bool(self.slots.all())
 
 
 def _plain_layer(layer, total: int) -> bool:
     keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
     return (type(layer).__name__ == "DynamicLayer" and isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)
             and keys.dim() == 4 and keys.shape[2] == total and values.shape[2] == total)
+
 
 
 @dataclass
@@ -258,7 +305,9 @@ class _Rows:
     behind: torch.Tensor  # (b,) bool: the draft cache lacks `before` too (the row accepted all K drafts)
     length_host: list[int] = field(default_factory=list)
     generated_host: list[int] = field(default_factory=list)
+    index_host: list[int] = field(default_factory=list)
     any_behind: bool = False
+    all_behind: bool = False
 
     @classmethod
     def start(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> _Rows:
@@ -266,13 +315,14 @@ class _Rows:
         length = attention_mask.sum(1)
         zeros = torch.zeros_like(length)
         return cls(torch.arange(batch, device=input_ids.device), input_ids[:, -1], length, zeros, input_ids[:, -1],
-                   zeros.bool(), length.tolist(), [0] * batch)
+                   zeros.bool(), length.tolist(), [0] * batch, list(range(batch)))
 
     def select(self, index: torch.Tensor, keep: list[int]) -> None:
         for name in ("index", "pending", "length", "generated", "before", "behind"):
             setattr(self, name, getattr(self, name)[index])
         self.length_host = [self.length_host[b] for b in keep]
         self.generated_host = [self.generated_host[b] for b in keep]
+        self.index_host = [self.index_host[b] for b in keep]
 
 
 @dataclass
@@ -302,36 +352,95 @@ class _Tally:
         self.draft_lengths.append(k)
         self.seconds = [total + span for total, span in zip(self.seconds, spans, strict=True)]
 
-    def stats(self, target: _Cache, draft: _Cache) -> SpeculativeStats:
+    def stats(self, target: _Cache, draft: _Cache | None) -> SpeculativeStats:
         steps = max(self.row_steps, 1)
         return SpeculativeStats(
             acceptance_per_position=[a / r if r else float("nan") for a, r in zip(self.accepted_at, self.reached, strict=True)],
             mean_acceptance=self.accepted / self.judged if self.judged else float("nan"),
             mean_accepted_per_step=self.accepted / steps,
             tokens_per_target_forward=self.emitted / steps,
-            target_forwards=target.forwards, draft_forwards=draft.forwards,
+            target_forwards=target.forwards, draft_forwards=draft.forwards if draft is not None else 0,
             draft_seconds=self.seconds[0], target_seconds=self.seconds[1], verify_seconds=self.seconds[2],
             draft_lengths=self.draft_lengths,
         )
 
 
+class _Recorder:
+    """Collects ``scores`` / ``logits`` lines of the emitted tokens, row by row (host lists of device tensors)."""
+
+    def __init__(self, batch: int, scores: bool, logits: bool):
+        self.scores = [[] for _ in range(batch)] if scores else None
+        self.logits = [[] for _ in range(batch)] if logits else None
+
+    def add(self, pipeline: LogitsPipeline, index: list[int], emitted: list[int], processed, raw) -> None:
+        rows = [b for b, e in enumerate(emitted) for _ in range(e)]
+        positions = [j for e in emitted for j in range(e)]
+        if not rows:
+            return
+        rows_t = torch.tensor(rows, device=raw.device)
+        positions_t = torch.tensor(positions, device=raw.device)
+        for store, lines in ((self.scores, lambda: pipeline.reported_scores(processed[rows_t, positions_t].float())),
+                             (self.logits, lambda: raw[rows_t, positions_t].float())):
+            if store is None:
+                continue
+            values = lines()
+            at = 0
+            for b, e in enumerate(emitted):
+                store[index[b]].extend(values[at: at + e].unbind(0))
+                at += e
+
+    def assemble(self, store, pad: int, vocab: int, device) -> tuple[torch.Tensor, ...] | None:
+        if store is None:
+            return None
+        steps = max((len(lines) for lines in store), default=0)
+        ended = torch.full((vocab,), float("-inf"), device=device)
+        ended[min(max(pad, 0), vocab - 1)] = 0.0
+        return tuple(torch.stack([lines[t] if t < len(lines) else ended for lines in store]) for t in range(steps))
+
+
 @dataclass
 class _Run:
-    """What one generate() call fixes up front, and where it keeps its results."""
+    """What one generation call fixes up front, and where it keeps its results."""
 
-    sampling: dict  # temperature, top_k, top_p as sample() and verify() take them
+    pipeline: LogitsPipeline
     generator: torch.Generator | None
     eos: torch.Tensor | None
+    pad: int
     sequences: torch.Tensor  # (B, L_in + max_new_tokens + 1): the last column is scratch
     prompt_width: int
     max_new_tokens: int
     lengths: _DraftLength
     clock: _Clock
     tally: _Tally
+    stopping: Stopping
+    vocab: int  # the target's output vocabulary
+    streamer: object | None = None
+    recorder: _Recorder | None = None
+    ngram: int = 0  # > 0: prompt-lookup drafting with this longest n-gram
+    first_token: torch.Tensor | None = None  # (B,) first non-padding column of each prompt
+    verify_device: torch.device | None = None
+    new_tokens: list[int] = field(default_factory=list)
+    context: Context | None = None  # the current step's prefixes, for processors
+    processed: torch.Tensor | None = None  # the current step's processed target logits
+    seeds: torch.Tensor | None = None  # (B,) int64 per-row keys on the rows' device
+    draft_keys: dict = field(default_factory=dict)  # the current draft draw's seeds / offsets
+    accept_probs: torch.Tensor | None = None  # the current step's min(1, p/q) of judged drafts (adaptive K)
+    backend: str = "auto"
+
+    @property
+    def sampling(self) -> dict:
+        return self.pipeline.kernel.as_kwargs()
 
 
-def _draft(draft: _Cache, rows: _Rows, k: int, sampling: dict, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """K proposals per row, (b, K) on the rows' device, and the (b, K, Vd) raw logits they were drawn from."""
+def _pad_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A draft line over the target's vocabulary: ids only the target has get -inf (q = 0 there)."""
+    if logits.shape[-1] >= vocab:
+        return logits
+    return torch.nn.functional.pad(logits, (0, vocab - logits.shape[-1]), value=float("-inf"))
+
+
+def _draft(draft: _Cache, rows: _Rows, k: int, run: _Run, context: Context | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """K proposals per row, (b, K) on the verification device, and the (b, K, V) processed logits they were drawn from."""
     if k == 0:
         return rows.pending[:, None][:, :0], None
     ones = torch.ones_like(rows.length)[:, None]
@@ -343,33 +452,76 @@ def _draft(draft: _Cache, rows: _Rows, k: int, sampling: dict, generator) -> tup
         live = torch.cat([rows.behind.long()[:, None], ones], 1)
     else:
         tokens, positions, live = rows.pending[:, None], rows.length[:, None] - 1, ones
+    all_live = not rows.any_behind or rows.all_behind
+    pipeline = run.pipeline
     proposals, logits = [], []
-    for _ in range(k):
-        last = draft.forward(tokens, positions, live)[:, -1]
-        token = sample(last, generator=generator, check=False, **sampling)
+    if context is not None:
+        context.drafts = torch.zeros((rows.pending.shape[0], k), dtype=torch.long, device=draft.device)
+    if run.seeds is not None:
+        row_seeds, row_offsets = run.seeds[rows.index].to(draft.device), rows.generated.to(draft.device)
+    for i in range(k):
+        if run.seeds is not None:
+            # Draft i of a row sits at its absolute position generated + i: the same number decides it in
+            # any batch (sample() races on its own stream, so it never shares noise with verify()).
+            run.draft_keys = {"seeds": row_seeds, "offsets": row_offsets + i}
+        raw = draft.forward(tokens, positions, live, all_live=all_live)[:, -1]
+        last = raw
+        if not pipeline.empty:
+            # q at draft position i is processed with that position's prefix, exactly as p will be.
+            last = pipeline.apply(_pad_vocab(raw, run.vocab)[:, None], context, i)[:, 0]
+        token = _draw_draft(raw, last, run)
+        if context is not None:
+            context.drafts[:, i] = token
         proposals.append(token)
         logits.append(last)
-        tokens, positions, live = token[:, None], positions[:, -1:] + 1, ones
-    device = rows.pending.device
-    return torch.stack(proposals, 1).to(device), torch.stack(logits, 1).to(device)
+        tokens, positions, live, all_live = token[:, None], positions[:, -1:] + 1, ones, True
+    drafts = _to_verify_device(torch.stack(proposals, 1), run)
+    if context is not None:
+        context.drafts = drafts
+    return drafts, _to_verify_device(torch.stack(logits, 1), run)
+
+
+def _to_verify_device(tensor: torch.Tensor, run: _Run) -> torch.Tensor:
+    """The step's one transfer of the draft's block (its K proposals, its (b, K, V) logits) to where the
+    target's logits are and verification runs: a draft on another device than the target's last layer
+    (e.g. a target split by accelerate's device_map) costs one copy per step, not one per token."""
+    return tensor.to(run.verify_device, non_blocking=True)
+
+
+def _draw_draft(raw: torch.Tensor, processed: torch.Tensor, run: _Run) -> torch.Tensor:
+    """One draft per row from the processed draft line: verify() is told q = this line's distribution."""
+    return sample(processed, generator=run.generator, check=False, backend=run.backend, **run.draft_keys, **run.sampling)
 
 
 def _verify_and_write(run: _Run, rows: _Rows, target_logits, draft_logits, drafts, budget):
-    """Verify, cut each row's block at its first EOS, write it into the output; returns device tensors."""
-    result = verify(target_logits, draft_logits, drafts, num_draft_tokens=budget, generator=run.generator, check=False, **run.sampling)
-    accepted = result.num_accepted
+    """Process the target's logits, verify, cut each row's block at its first EOS, write it into the output."""
+    processed = target_logits if run.pipeline.empty else run.pipeline.apply(target_logits, run.context, 0)
+    run.processed = processed
+    extra = {}
+    if run.seeds is not None:
+        extra = {"seeds": run.seeds[rows.index].to(processed.device), "offsets": rows.generated.to(processed.device)}
+    if ACCEPT_PROBS and run.lengths.auto and draft_logits is not None:
+        extra["return_accept_probs"] = True
+    if run.backend != "auto":
+        extra["backend"] = run.backend
+    result = verify(processed, draft_logits, drafts, num_draft_tokens=budget.to(processed.device), generator=run.generator, check=False,
+                    **extra, **run.sampling)
+    run.accept_probs = getattr(result, "accept_probs", None) if extra.get("return_accept_probs") else None
+    device = rows.index.device
+    tokens = result.tokens.to(device)
+    accepted = result.num_accepted.to(device)
     emitted = accepted + 1
-    offsets = torch.arange(drafts.shape[1] + 1, device=drafts.device)[None, :]
+    offsets = torch.arange(drafts.shape[1] + 1, device=device)[None, :]
     hit_eos = torch.zeros_like(accepted, dtype=torch.bool)
     if run.eos is not None:
-        is_eos = torch.isin(result.tokens, run.eos) & (offsets < emitted[:, None])
+        is_eos = torch.isin(tokens, run.eos) & (offsets < emitted[:, None])
         hit_eos = is_eos.any(1)
         emitted = torch.where(hit_eos, is_eos.long().argmax(1) + 1, emitted)
     inside = offsets < emitted[:, None]
     # Tokens past a row's end go to the scratch last column, so one index_put writes every row.
     columns = torch.where(inside, run.prompt_width + rows.generated[:, None] + offsets, run.sequences.shape[1] - 1)
-    run.sequences.index_put_((rows.index[:, None].expand_as(columns), columns), result.tokens)
-    return result.tokens, accepted, emitted, hit_eos
+    run.sequences.index_put_((rows.index[:, None].expand_as(columns), columns), tokens)
+    return tokens, accepted, emitted, hit_eos
 
 
 def _step_counts(accepted, budget, k):
@@ -381,36 +533,89 @@ def _step_counts(accepted, budget, k):
     return torch.cat([reached.sum(0), taken.sum(0), judged[None]])
 
 
-def _advance(target: _Cache, draft: _Cache, rows: _Rows, k: int, tokens, drafts, accepted, emitted, host, max_new_tokens) -> None:
+def _advance(target: _Cache, draft: _Cache | None, rows: _Rows, k: int, tokens, drafts, accepted, emitted, host, max_new_tokens) -> None:
     """Commit the step: new pending tokens, dead slots for rejected drafts, crops, finished rows out."""
-    accepted_host, emitted_host, eos_host = host
+    accepted_host, emitted_host, finished_host = host
     rows.pending = tokens.gather(1, accepted[:, None])[:, 0]
     if k:
-        rows.before = drafts[:, -1]
+        rows.before = drafts[:, -1].to(rows.pending.device)
     rows.behind = accepted == k
     rows.length = rows.length + emitted
     rows.generated = rows.generated + emitted
     rows.length_host = [n + e for n, e in zip(rows.length_host, emitted_host, strict=True)]
     rows.generated_host = [n + e for n, e in zip(rows.generated_host, emitted_host, strict=True)]
-    keep = [b for b, g in enumerate(rows.generated_host) if not eos_host[b] and g < max_new_tokens]
+    keep = [b for b, g in enumerate(rows.generated_host) if not finished_host[b] and g < max_new_tokens]
     if not keep:
         rows.index = rows.index[:0]
+        rows.index_host = []
         return
     # Target slots: the old pending token and drafts 1..a stay live; draft a+1 onwards are holes.
-    target.settle(torch.arange(k + 1, device=accepted.device)[None, :] <= accepted[:, None])
-    draft.settle(torch.arange(1, k, device=accepted.device)[None, :] <= accepted[:, None])
     most = max(accepted_host[b] for b in keep)
+    uniform = all(accepted_host[b] == most for b in keep)  # then the crops below leave no hole in kept rows
+    target.settle(torch.arange(k + 1, device=accepted.device)[None, :] <= accepted[:, None], all_live=uniform)
     target.drop_last(k - most)
-    draft.drop_last(k - 1 - min(most, k - 1))
-    rows.any_behind = any(accepted_host[b] == k for b in keep)
+    if draft is not None:
+        draft.settle(torch.arange(1, k, device=accepted.device)[None, :] <= accepted[:, None],
+                     all_live=len({min(accepted_host[b], k - 1) for b in keep}) == 1)
+        draft.drop_last(k - 1 - min(most, k - 1))
+    rows.any_behind = draft is not None and any(accepted_host[b] == k for b in keep)
+    rows.all_behind = rows.any_behind and all(accepted_host[b] == k for b in keep)
     if len(keep) < len(rows.generated_host):
         index = torch.tensor(keep, device=rows.index.device)
         target.select_rows(index)
-        draft.select_rows(index)
+        if draft is not None:
+            draft.select_rows(index)
         rows.select(index, keep)
     longest = max(rows.length_host) - 1  # live slots of the longest row (all committed tokens but the pending one)
     target.squeeze_holes(longest)
-    draft.squeeze_holes(longest)
+    if draft is not None:
+        draft.squeeze_holes(longest)
+
+
+def processor_list(*, do_sample: bool, temperature: float, top_k: int | None, top_p: float | None, min_p: float | None = None,
+                   repetition_penalty: float | None = None, presence_penalty: float | None = None, frequency_penalty: float | None = None,
+                   no_repeat_ngram_size: int | None = None, bad_words_ids=None, sequence_bias=None, suppress_tokens=None,
+                   min_new_tokens: int | None = None, eos: torch.Tensor | None = None, prompt_width: int = 0,
+                   prompt_padding: torch.Tensor | None = None, logits_processor=None) -> list:
+    """transformers' processor objects for these arguments, in the order its generate() builds them."""
+    from transformers.generation import logits_process as lp
+
+    processors = []
+    if sequence_bias is not None:
+        processors.append(lp.SequenceBiasLogitsProcessor(sequence_bias=sequence_bias))
+    if repetition_penalty is not None and repetition_penalty != 1.0:
+        if isinstance(repetition_penalty, bool) or not isinstance(repetition_penalty, (int, float)) or not repetition_penalty > 0 \
+                or not math.isfinite(repetition_penalty):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {repetition_penalty!r}")
+        processor = lp.RepetitionPenaltyLogitsProcessor(float(repetition_penalty))
+        # Prompt padding is not context (transformers >= 5.24 ignores it the same way).
+        processor.prompt_ignore_length = prompt_padding
+        processors.append(processor)
+    if presence_penalty or frequency_penalty:
+        processors.append(PresencePenaltyLogitsProcessor(presence_penalty or 0.0, frequency_penalty or 0.0, prompt_length=prompt_width))
+    if no_repeat_ngram_size:
+        processors.append(lp.NoRepeatNGramLogitsProcessor(no_repeat_ngram_size))
+    if bad_words_ids is not None:
+        processors.append(lp.NoBadWordsLogitsProcessor(bad_words_ids, eos))
+    if min_new_tokens and eos is not None:
+        if isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, int) or min_new_tokens < 0:
+            raise ValueError(f"min_new_tokens must be an integer >= 0, got {min_new_tokens!r}")
+        processors.append(lp.MinNewTokensLengthLogitsProcessor(prompt_width, min_new_tokens, eos))
+    if suppress_tokens is not None:
+        processors.append(lp.SuppressTokensLogitsProcessor(suppress_tokens))
+    processors += list(logits_processor or [])
+    if do_sample:
+        if temperature != 1.0:
+            processors.append(lp.TemperatureLogitsWarper(temperature))
+        if top_k:
+            processors.append(lp.TopKLogitsWarper(top_k))
+        if top_p is not None and top_p < 1.0:
+            processors.append(lp.TopPLogitsWarper(top_p))
+        if min_p is not None:
+            if isinstance(min_p, bool) or not isinstance(min_p, (int, float)) or not 0 <= min_p <= 1:
+                raise ValueError(f"min_p must be a number in [0, 1], got {min_p!r}")
+            processors.append(lp.MinPLogitsWarper(float(min_p)))
+    return processors
 
 
 def generate(
@@ -424,94 +629,241 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+    no_repeat_ngram_size: int | None = None,
+    bad_words_ids: list[list[int]] | None = None,
+    sequence_bias: list | dict | None = None,
+    suppress_tokens: list[int] | None = None,
+    min_new_tokens: int | None = None,
+    logits_processor=None,
+    stopping_criteria=None,
+    stop_strings: str | list[str] | None = None,
+    tokenizer=None,
+    max_time: float | None = None,
+    streamer=None,
+    output_scores: bool = False,
+    output_logits: bool = False,
     num_draft_tokens: int | str = 4,
+    draft: str = "model",
+    ngram: int = 3,
     generator: torch.Generator | None = None,
+    seeds: torch.Tensor | list[int] | None = None,
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
+    backend: str = "auto",
 ) -> SpeculativeOutput:
     """Speculative generation for a batch of left-padded prompts; exactly the target's sampling law.
 
     Args:
         target_model, draft_model: transformers causal LMs sharing a vocabulary: the draft's may be
-            smaller (a target padded with extra ids), never larger (ValueError).
+            smaller (a target padded with extra ids), never larger (ValueError). ``draft_model`` may
+            be None with ``draft="prompt_lookup"``.
         input_ids: (B, L_in) prompts, left-padded. attention_mask: (B, L_in), 0 on padding; None = all ones.
         max_new_tokens: new tokens per row.
-        do_sample: False = greedy (temperature 0; ``temperature``, ``top_k`` and ``top_p`` ignored).
-        temperature, top_k, top_p: processing of both models' raw logits, as transformers' warpers
-            apply it (temperature, then top-k, then top-p; None = off).
+        do_sample: False = greedy (the argmax of the processed scores; warpers ignored).
+        temperature, top_k, top_p, min_p: transformers' warpers, in its order (temperature, top-k,
+            top-p, min-p; None = off).
+        repetition_penalty: transformers' ``RepetitionPenaltyLogitsProcessor`` over each row's
+            context (prompt padding excluded). presence_penalty / frequency_penalty: additive
+            penalties on generated tokens (:class:`specdec_ext.processors.PresencePenaltyLogitsProcessor`).
+        no_repeat_ngram_size, bad_words_ids, sequence_bias, suppress_tokens, min_new_tokens: as in
+            transformers' ``generate``.
+        logits_processor: more ``LogitsProcessor`` objects, applied after the ones above and before
+            the warpers (where transformers puts a user's list), to both models' logits at every
+            position with that position's input_ids.
+        stopping_criteria, stop_strings (needs ``tokenizer``), max_time: end rows as transformers
+            does; a row ends at the exact token that ends it, and nothing after it is emitted.
+        streamer: a transformers streamer (batch size 1); it receives the tokens of each step as
+            they are accepted.
+        output_scores, output_logits: also return the processed scores / raw logits of every new token.
         num_draft_tokens: drafts per step K, or "auto": each step takes the K in [1, 8] that maximises
             Leviathan et al.'s expected speedup (1 - a^(K+1)) / ((1 - a)(K c + 1)), with a the running
             per-token acceptance rate and c the measured cost of a draft forward over a target forward
             (K = 4 until both are measured). Rows near ``max_new_tokens`` verify fewer drafts.
-        generator: torch.Generator for every random draw (None = the default one).
+        draft: "model" (the draft model proposes) or "prompt_lookup" (each row proposes the tokens
+            that followed an earlier occurrence of its last ``ngram`` .. 1 tokens; one-hot q).
+        generator: torch.Generator for every random draw (None = the default one). Unused with ``seeds``.
+        seeds: per-row random keys, (B,) integers >= 0: row b's draws depend only on its seed and
+            its own tokens (each draft and each verification at the row's absolute position, i.e. the
+            tokens it has generated so far), so with a fixed ``num_draft_tokens`` a row gives the same
+            tokens in any batch, alone or with other rows (K decides which positions are bonus draws,
+            so "auto" can differ). Needs verify() / sample() with per-request keys.
         eos_token_id: an id or ids ending a row; None = the target's ``generation_config``; [] = none.
-        pad_token_id: fills rows after their EOS; None = the ``generation_config``'s, else the first EOS.
+        pad_token_id: fills rows after their end; None = the ``generation_config``'s, else the first EOS.
+        backend: the verify() / sample() backend ("auto", "triton", "cpp", "eager").
 
     Returns:
-        SpeculativeOutput(sequences (B, L_in + max_new_tokens) int64, stats).
+        :class:`SpeculativeOutput` (sequences (B, L_in + max_new_tokens), stats, new_tokens, scores, logits).
 
     Example:
         >>> out = specdec_ext.generate(target, draft, ids, mask, max_new_tokens=64, temperature=0.7)  # doctest: +SKIP
         >>> out.sequences.shape, out.stats.tokens_per_target_forward  # doctest: +SKIP
     """
+    if draft not in ("model", "prompt_lookup"):
+        raise ValueError(f"draft must be 'model' or 'prompt_lookup', got {draft!r}")
+    if draft == "model" and draft_model is None:
+        raise ValueError("draft_model is None: pass a draft model, or draft='prompt_lookup'")
+    if draft == "prompt_lookup":
+        if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 1:
+            raise ValueError(f"ngram must be an integer >= 1, got {ngram!r}")
+        draft_model = None
     _check_models(target_model, draft_model)
     device = target_model.device
     input_ids, attention_mask = _check_inputs(input_ids, attention_mask, device)
     sampling = _sampling(do_sample, temperature, top_k, top_p)
+    eos = _eos_ids(target_model, eos_token_id, device)
+    padding = (attention_mask == 0).sum(1)
+    processors = processor_list(
+        do_sample=do_sample, temperature=sampling["temperature"], top_k=sampling["top_k"], top_p=sampling["top_p"], min_p=min_p,
+        repetition_penalty=repetition_penalty, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids, sequence_bias=sequence_bias,
+        suppress_tokens=suppress_tokens, min_new_tokens=min_new_tokens, eos=eos, prompt_width=input_ids.shape[1],
+        prompt_padding=padding if bool(padding.any()) else None, logits_processor=logits_processor,
+    )
+    criteria = list(stopping_criteria or [])
+    if stop_strings is not None:
+        if tokenizer is None:
+            raise ValueError("stop_strings needs the tokenizer: pass tokenizer=...")
+        from transformers.generation.stopping_criteria import StopStringCriteria
+
+        criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+    if max_time is not None and (isinstance(max_time, bool) or not isinstance(max_time, (int, float)) or max_time <= 0):
+        raise ValueError(f"max_time must be a number of seconds > 0, got {max_time!r}")
+    seeds = _check_seeds(seeds, input_ids.shape[0], device)
+    return speculate(
+        target_model, draft_model, input_ids, attention_mask, pipeline=LogitsPipeline(processors, do_sample=do_sample), seeds=seeds, backend=backend,
+        stopping=Stopping(criteria, max_time=max_time), max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens,
+        ngram=ngram if draft == "prompt_lookup" else 0, generator=generator, eos=eos, pad=_pad_value(target_model, pad_token_id, eos),
+        streamer=streamer, output_scores=output_scores, output_logits=output_logits,
+    )
+
+
+def speculate(target_model, draft_model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, pipeline: LogitsPipeline,
+              stopping: Stopping, max_new_tokens: int, num_draft_tokens, ngram: int, generator, eos: torch.Tensor | None, pad: int,
+              streamer=None, output_scores: bool = False, output_logits: bool = False, seeds: torch.Tensor | None = None,
+              backend: str = "auto") -> SpeculativeOutput:
+    """The loop behind :func:`generate` and the transformers hook, on checked inputs.
+
+    ``pipeline`` and ``stopping`` carry every processor and criterion; ``draft_model`` None with
+    ``ngram`` > 0 drafts by prompt lookup.
+    """
+    device = target_model.device
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    if streamer is not None and input_ids.shape[0] != 1:
+        raise ValueError(f"streamer supports batch size 1 (like transformers' TextStreamer), got batch size {input_ids.shape[0]}")
     lengths = _DraftLength(num_draft_tokens)
     longest = input_ids.shape[1] + max_new_tokens * ((AUTO_MAX_DRAFT_TOKENS if lengths.auto else lengths.fixed) + 1)
     _check_attention_span(target_model, "target_model", longest)
-    _check_attention_span(draft_model, "draft_model", longest)
-    eos = _eos_ids(target_model, eos_token_id, device)
-    pad = _pad_value(target_model, pad_token_id, eos)
+    if draft_model is not None:
+        _check_attention_span(draft_model, "draft_model", longest)
     width = input_ids.shape[1]
+    batch = input_ids.shape[0]
     # One extra last column takes the writes that fall past a row's end (see _verify_and_write).
-    sequences = torch.full((input_ids.shape[0], width + max_new_tokens + 1), pad, dtype=torch.long, device=device)
+    sequences = torch.full((batch, width + max_new_tokens + 1), pad, dtype=torch.long, device=device)
     sequences[:, :width] = input_ids
-    run = _Run(sampling, generator, eos, sequences, width, max_new_tokens, lengths, _Clock(device), _Tally())
+    recorder = _Recorder(batch, output_scores, output_logits) if (output_scores or output_logits) else None
+    run = _Run(pipeline, generator, eos, pad, sequences, width, max_new_tokens, lengths, _Clock(device), _Tally(), stopping,
+               _output_vocab(target_model), streamer, recorder, ngram, (attention_mask == 0).sum(1), new_tokens=[0] * batch, seeds=seeds, backend=backend)
+    draft = None
     with torch.no_grad():
         marks = [run.clock.mark()]
         target = _Cache(target_model, input_ids, attention_mask)
+        run.verify_device = target.logits_device
         marks.append(run.clock.mark())
-        draft = _Cache(draft_model, input_ids, attention_mask)
+        if draft_model is not None:
+            draft = _Cache(draft_model, input_ids, attention_mask)
         marks.append(run.clock.mark())
         rows = _Rows.start(input_ids, attention_mask)
         while max_new_tokens and rows.index.numel():
             _speculate(run, target, draft, rows)
         target_prefill, draft_prefill = run.clock.spans(marks)
+    if streamer is not None:
+        streamer.end()
     run.tally.seconds[0] += draft_prefill
     run.tally.seconds[1] += target_prefill
-    return SpeculativeOutput(sequences[:, :-1].contiguous(), run.tally.stats(target, draft))
+    scores = logits = None
+    if recorder is not None:
+        scores = recorder.assemble(recorder.scores, pad, run.vocab, run.verify_device)
+        logits = recorder.assemble(recorder.logits, pad, run.vocab, run.verify_device)
+    return SpeculativeOutput(sequences[:, :-1].contiguous(), run.tally.stats(target, draft), run.new_tokens, scores, logits)
 
 
-def _speculate(run: _Run, target: _Cache, draft: _Cache, rows: _Rows) -> None:
+def _speculate(run: _Run, target: _Cache, draft: _Cache | None, rows: _Rows) -> None:
     """One step for every row still generating: draft, score, verify, commit. One host sync."""
     k = min(run.lengths.choose(), run.max_new_tokens - min(rows.generated_host) - 1)
     budget = (run.max_new_tokens - 1 - rows.generated).clamp(max=k)  # rows near the end verify fewer drafts
+    run.context = None
+    if not run.pipeline.empty:
+        run.context = Context(run.sequences, rows.index, [run.prompt_width + g for g in rows.generated_host])
     marks = [run.clock.mark()]
-    drafts, draft_logits = _draft(draft, rows, k, run.sampling, run.generator)
+    if draft is None:
+        committed = run.prompt_width + rows.generated
+        drafts, found = prompt_lookup_drafts(run.sequences, rows.index, run.first_token[rows.index], committed, k, run.ngram,
+                                             width=run.prompt_width + max(rows.generated_host))
+        budget = torch.minimum(budget, found)
+        draft_logits = None
+        if run.context is not None:
+            run.context.drafts = drafts
+    else:
+        drafts, draft_logits = _draft(draft, rows, k, run, run.context)
     marks.append(run.clock.mark())
     # Every row feeds its pending token and its K drafts: all live while scored, settled after verify.
-    block = torch.cat([rows.pending[:, None], drafts], 1)
+    block = torch.cat([rows.pending[:, None], drafts.to(rows.pending.device)], 1)
     positions = rows.length[:, None] - 1 + torch.arange(k + 1, device=block.device)
     target_logits = target.forward(block, positions, torch.ones_like(block))
     marks.append(run.clock.mark())
     greedy = run.sampling["temperature"] == 0  # greedy verification never reads the draft's logits
     tokens, accepted, emitted, hit_eos = _verify_and_write(run, rows, target_logits, None if greedy else draft_logits, drafts, budget)
-    counts = _step_counts(accepted, budget, k)
+    counts = _step_counts(accepted, budget.to(accepted.device), k)
+    parts = [accepted, emitted, hit_eos.long(), (tokens[:, 0] < 0).long(), counts]
+    if run.accept_probs is not None:
+        # Mean min(1, p/q) over the judged drafts: what adaptive K estimates the acceptance rate from.
+        judged_probs = run.accept_probs.to(counts.device, torch.float64)
+        seen = ~torch.isnan(judged_probs)
+        parts = [part.double() for part in parts] + [torch.where(seen, judged_probs, 0.0).sum()[None], seen.sum()[None].double()]
     marks.append(run.clock.mark())
     b = accepted.shape[0]
-    host = torch.cat([accepted, emitted, hit_eos.long(), (tokens[:, 0] < 0).long(), counts]).tolist()  # the step's one sync
-    accepted_host, emitted_host, eos_host, invalid_host, counts_host = host[:b], host[b:2 * b], host[2 * b:3 * b], host[3 * b:4 * b], host[4 * b:]
+    host = torch.cat(parts).tolist()  # the step's one sync
+    estimate = None
+    if run.accept_probs is not None:
+        estimate, host = host[-2:], [int(value) for value in host[:-2]]
+    accepted_host, emitted_host, finished_host, invalid_host, counts_host = host[:b], host[b:2 * b], host[2 * b:3 * b], host[3 * b:4 * b], host[4 * b:]
     if any(invalid_host):
-        row = int(rows.index[invalid_host.index(1)])
+        row = rows.index_host[invalid_host.index(1)]
         raise ValueError(f"row {row}: the target or draft model produced NaN / +inf logits, or logits that are -inf everywhere")
+    _apply_stops(run, rows, emitted_host, finished_host)
     spans = run.clock.spans(marks)
     run.tally.add(k, accepted_host, emitted_host, counts_host[-1], counts_host[:-1], spans)
-    run.lengths.update(sum(accepted_host), counts_host[-1], k, spans[0], spans[1])
-    _advance(target, draft, rows, k, tokens, drafts, accepted, emitted, (accepted_host, emitted_host, eos_host), run.max_new_tokens)
+    run.lengths.update(*(estimate or (sum(accepted_host), counts_host[-1])), k, spans[0], spans[1])
+    for b, e in enumerate(emitted_host):
+        run.new_tokens[rows.index_host[b]] += e
+    if run.recorder is not None:
+        run.recorder.add(run.pipeline, rows.index_host, emitted_host, run.processed, target_logits)
+    if run.streamer is not None:
+        run.streamer.put(tokens[:1, : emitted_host[0]].cpu())
+    _advance(target, draft, rows, k, tokens, drafts, accepted, emitted, (accepted_host, emitted_host, finished_host), run.max_new_tokens)
+
+
+def _apply_stops(run: _Run, rows: _Rows, emitted_host: list[int], finished_host: list[int]) -> None:
+    """Stopping criteria on the tokens just written: cut each row at its first stop (host lists updated in place)."""
+    stopping = run.stopping
+    if stopping.per_token:
+        start = [run.prompt_width + g for g in rows.generated_host]
+        stops = stopping.first_stops(run.sequences, rows.index_host, start, emitted_host)
+        for b, stop in enumerate(stops):
+            if stop is None:
+                continue
+            if stop + 1 < emitted_host[b]:
+                # Tokens after the stop were written: the row ends at the stop, padding after it.
+                run.sequences[rows.index_host[b], start[b] + stop + 1: start[b] + emitted_host[b]] = run.pad
+            emitted_host[b] = stop + 1
+            finished_host[b] = 1
+    if stopping.out_of_time():
+        finished_host[:] = [1] * len(finished_host)
 
 
 def _output_vocab(model) -> int:
@@ -524,6 +876,8 @@ def _output_vocab(model) -> int:
 
 def _check_models(target_model, draft_model) -> None:
     for name, model in (("target_model", target_model), ("draft_model", draft_model)):
+        if model is None and name == "draft_model":
+            return
         if getattr(model, "config", None) is None or not callable(getattr(model, "get_input_embeddings", None)):
             raise ValueError(f"{name} must be a transformers causal language model, got {type(model).__name__}")
         if getattr(model.config, "is_encoder_decoder", False):
@@ -547,6 +901,20 @@ def _check_inputs(input_ids, attention_mask, device) -> tuple[torch.Tensor, torc
     if not bool((attention_mask[:, -1] == 1).all()):
         raise ValueError("prompts must be left-padded: the last column of attention_mask must be 1 in every row")
     return input_ids.to(device=device, dtype=torch.long), attention_mask
+
+
+def _check_seeds(seeds, batch: int, device) -> torch.Tensor | None:
+    if seeds is None:
+        return None
+    if not REQUEST_KEYS:
+        raise ValueError("seeds= needs specdec_ext.verify / sample with per-request keys (seeds, offsets), which this installation lacks")
+    try:
+        values = torch.as_tensor(seeds)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"seeds must be {batch} integers >= 0, got {seeds!r}") from None
+    if values.dtype not in (torch.int32, torch.int64) or values.shape != (batch,) or bool((values < 0).any()):
+        raise ValueError(f"seeds must be {batch} integers >= 0 (one per row), got {seeds!r}")
+    return values.to(device=device, dtype=torch.int64)
 
 
 def _sampling(do_sample, temperature, top_k, top_p) -> dict:

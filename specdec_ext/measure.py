@@ -8,6 +8,7 @@ fused hook) and :func:`specdec_ext.generate` side by side from one process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import time
 from dataclasses import dataclass, field
@@ -62,37 +63,100 @@ def _hf_sampling(sampling: dict) -> dict:
     }
 
 
-def target_only(target, input_ids, attention_mask, *, max_new_tokens, sampling, eos_ids, pad_id, seed=0) -> Run:
-    """Plain ``target.generate``: the baseline every speed-up is measured against."""
+@contextlib.contextmanager
+def _counting_forwards(model):
+    """Counts the model's forward calls (a forward hook: no measurable cost)."""
+    calls = []
+    handle = model.register_forward_hook(lambda module, args, output: calls.append(1))
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+@contextlib.contextmanager
+def _counting_verifications():
+    """Counts accepted / judged drafts of transformers' own sampled verification (wraps its module global)."""
+    from transformers.generation import utils
+
+    tally = {"accepted": 0, "judged": 0}
+    inner = utils._speculative_sampling
+
+    @functools.wraps(inner)
+    def counted(candidate_input_ids, candidate_logits, candidate_length, new_logits, *args, **kwargs):
+        tokens, n_matches = inner(candidate_input_ids, candidate_logits, candidate_length, new_logits, *args, **kwargs)
+        n, length = int(n_matches), int(candidate_length)
+        tally["accepted"] += n
+        tally["judged"] += n + (1 if n < length else 0)
+        return tokens, n_matches
+
+    utils._speculative_sampling = counted
+    try:
+        yield tally
+    finally:
+        utils._speculative_sampling = inner
+
+
+def target_only(target, input_ids, attention_mask, *, max_new_tokens, sampling, eos_ids, pad_id, seed=0, extra=None) -> Run:
+    """Plain ``target.generate``: the baseline every speed-up is measured against. ``extra``: more
+    generate() keywords (processors such as repetition_penalty / min_p, stop_strings + tokenizer)."""
     torch.manual_seed(seed)
     _sync(target.device)
-    start = time.perf_counter()
-    with torch.no_grad():
-        out = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, pad_token_id=pad_id, **_hf_sampling(sampling))
-    _sync(target.device)
-    seconds = time.perf_counter() - start
-    return Run("target only", input_ids.shape[0], count_new_tokens(out, input_ids.shape[1], eos_ids), seconds)
+    with _counting_forwards(target) as forwards, torch.no_grad():
+        start = time.perf_counter()
+        out = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                              **_hf_sampling(sampling), **(extra or {}))
+        _sync(target.device)
+        seconds = time.perf_counter() - start
+    new = count_new_tokens(out, input_ids.shape[1], eos_ids)
+    run = Run("target only", input_ids.shape[0], new, seconds)
+    run.details = {"target_forwards": len(forwards), "tokens_per_target_forward": new / input_ids.shape[0] / max(len(forwards), 1)}
+    return run
 
 
-def assisted(target, draft, input_ids, attention_mask, *, max_new_tokens, sampling, num_draft_tokens, eos_ids, pad_id, hooked, seed=0) -> Run:
-    """transformers' assisted generation (batch 1 only), with eager or fused verification."""
+ASSISTED_MODES = {
+    "transformers": "assisted (transformers)",
+    "verification": "assisted + fused verification",
+    "loop": "generate(assistant_model) + hook",
+}
+
+
+def assisted(target, draft, input_ids, attention_mask, *, max_new_tokens, sampling, num_draft_tokens, eos_ids, pad_id, hooked=False,
+             seed=0, mode=None, extra=None, lookup_ngram: int | None = None) -> Run:
+    """``target.generate(..., assistant_model=draft)``. mode: "transformers" (its own loop, batch 1),
+    "verification" (its loop, fused verification) or "loop" (the hook's batched loop, any batch);
+    ``hooked=True`` is "verification" (older callers). ``draft=None`` with ``lookup_ngram``: prompt
+    lookup (``prompt_lookup_num_tokens=num_draft_tokens``) instead of a draft model."""
+    mode = mode or ("verification" if hooked else "transformers")
+    if mode not in ASSISTED_MODES:
+        raise ValueError(f"mode must be one of {list(ASSISTED_MODES)}, got {mode!r}")
     torch.manual_seed(seed)
-    context = hf.fused_verification() if hooked else contextlib.nullcontext()
+    context = hf.fused_verification(loop=mode == "loop", num_draft_tokens=num_draft_tokens) if mode != "transformers" else contextlib.nullcontext()
     _sync(target.device)
-    start = time.perf_counter()
-    with context, torch.no_grad():
-        out = target.generate(
-            input_ids, attention_mask=attention_mask, assistant_model=draft, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-            num_assistant_tokens=num_draft_tokens, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
-            **_hf_sampling(sampling),
-        )
-    _sync(target.device)
-    seconds = time.perf_counter() - start
-    name = "assisted + fused hook" if hooked else "assisted (transformers)"
-    return Run(name, input_ids.shape[0], count_new_tokens(out, input_ids.shape[1], eos_ids), seconds)
+    with context, _counting_forwards(target) as forwards, _counting_verifications() as tally, torch.no_grad():
+        start = time.perf_counter()
+        source = ({"assistant_model": draft, "num_assistant_tokens": num_draft_tokens, "num_assistant_tokens_schedule": "constant",
+                   "assistant_confidence_threshold": 0.0} if draft is not None else
+                  {"prompt_lookup_num_tokens": num_draft_tokens, "max_matching_ngram_size": lookup_ngram or 2})
+        out = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                              **source, **_hf_sampling(sampling), **(extra or {}))
+        _sync(target.device)
+        seconds = time.perf_counter() - start
+    new = count_new_tokens(out, input_ids.shape[1], eos_ids)
+    run = Run(ASSISTED_MODES[mode] if draft is not None else f"prompt lookup ({ASSISTED_MODES[mode]})", input_ids.shape[0], new, seconds)
+    if mode == "loop":
+        stats = hf.last_stats()
+        run.details = {"stats": stats, "target_forwards": stats.target_forwards, "tokens_per_target_forward": stats.tokens_per_target_forward,
+                       "acceptance": stats.mean_acceptance}
+    else:
+        steps = max(len(forwards) - 0, 1)  # assisted generation scores its first candidates with the prompt: every forward is a step
+        run.details = {"target_forwards": len(forwards), "tokens_per_target_forward": new / input_ids.shape[0] / steps,
+                       "acceptance": tally["accepted"] / tally["judged"] if tally["judged"] else float("nan")}
+    return run
 
 
-def speculative(target, draft, input_ids, attention_mask, *, max_new_tokens, sampling, num_draft_tokens, eos_ids, pad_id, seed=0) -> Run:
+def speculative(target, draft, input_ids, attention_mask, *, max_new_tokens, sampling, num_draft_tokens, eos_ids, pad_id, seed=0,
+                extra=None) -> Run:
     """:func:`specdec_ext.generate`, any batch size."""
     generator = torch.Generator(device=target.device).manual_seed(seed)
     temperature = sampling.get("temperature", 1.0)
@@ -101,12 +165,13 @@ def speculative(target, draft, input_ids, attention_mask, *, max_new_tokens, sam
     out = generate(
         target, draft, input_ids, attention_mask, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
         temperature=temperature if temperature > 0 else 1.0, top_k=sampling.get("top_k"), top_p=sampling.get("top_p"),
-        num_draft_tokens=num_draft_tokens, generator=generator, eos_token_id=eos_ids or None, pad_token_id=pad_id,
+        num_draft_tokens=num_draft_tokens, generator=generator, eos_token_id=eos_ids or None, pad_token_id=pad_id, **(extra or {}),
     )
     _sync(target.device)
     seconds = time.perf_counter() - start
     run = Run(f"specdec_ext.generate (B={input_ids.shape[0]})", input_ids.shape[0], count_new_tokens(out.sequences, input_ids.shape[1], eos_ids), seconds)
-    run.details = {"stats": out.stats, "sequences": out.sequences}
+    run.details = {"stats": out.stats, "sequences": out.sequences, "target_forwards": out.stats.target_forwards,
+                   "tokens_per_target_forward": out.stats.tokens_per_target_forward, "acceptance": out.stats.mean_acceptance}
     return run
 
 
@@ -140,25 +205,129 @@ def verification_latency(vocab: int, num_draft_tokens: int, *, device="cpu", rep
     return {"transformers": eager, "fused": fused}
 
 
+def forward_seconds(model, input_ids, *, width: int = 1, repeats: int = 10) -> float:
+    """Median seconds of one cached forward of ``width`` new tokens after ``input_ids`` (plain DynamicCache,
+    no attention mask: the cheapest way to run the model, as target-only decoding does)."""
+    # Newer transformers name the cache argument `cache` (`past_key_values` is deprecated there).
+    cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache = new_cache(model)
+    with torch.no_grad():
+        model(input_ids, use_cache=True, **{cache_argument: cache})
+        tokens = input_ids[:, -1:].repeat(1, width)
+
+        def one():
+            model(tokens, use_cache=True, **{cache_argument: cache})
+            cache.crop(-width)  # drop the tokens again (a negative count works on every transformers 5.x)
+
+        return _median_seconds(one, repeats, model.device)
+
+
 def forward_cost_ratio(target, draft, input_ids, *, repeats: int = 10) -> float:
     """c of Leviathan et al.: one cached single-token forward of the draft over one of the target."""
-
-    def step_seconds(model) -> float:
-        # Newer transformers name the cache argument `cache` (`past_key_values` is deprecated there).
-        cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        cache = new_cache(model)
-        with torch.no_grad():
-            model(input_ids, use_cache=True, **{cache_argument: cache})
-            token = input_ids[:, -1:]
-
-            def one():
-                model(token, use_cache=True, **{cache_argument: cache})
-                cache.crop(-1)  # drop the token again (a negative count works on every transformers 5.x)
-
-            return _median_seconds(one, repeats, target.device)
-
-    return step_seconds(draft) / step_seconds(target)
+    return forward_seconds(draft, input_ids, repeats=repeats) / forward_seconds(target, input_ids, repeats=repeats)
 
 
 def predicted_speedup(acceptance: float, cost_ratio: float, num_draft_tokens: int) -> float:
     return expected_speedup(acceptance, cost_ratio, num_draft_tokens)
+
+
+@contextlib.contextmanager
+def _timed(owner, name: str, bucket: dict, key):
+    """Adds the wall time of every call of ``owner.name`` to ``bucket[key(args)]`` while active."""
+    inner = getattr(owner, name)
+
+    @functools.wraps(inner)
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            label = key(args)
+            bucket[label] = bucket.get(label, 0.0) + time.perf_counter() - start
+
+    setattr(owner, name, timed)
+    try:
+        yield
+    finally:
+        setattr(owner, name, inner)
+
+
+def step_breakdown(target, draft, input_ids, attention_mask, *, max_new_tokens: int, num_draft_tokens: int, sampling: dict,
+                   extra: dict | None = None, repeats: int = 3, seed: int = 0) -> dict:
+    """Where a speculative step's time goes, against what Leviathan et al.'s prediction assumes.
+
+    Runs :func:`specdec_ext.generate` with each phase timed (wall clock; CPU, so there are no
+    asynchronous kernels to wait for) and measures the model forwards the prediction is built on:
+    K single-token draft forwards plus one single-token target forward per step. Returns milliseconds
+    per step: each phase as run, the same forwards run plainly, and the gaps between them.
+    """
+    import importlib
+
+    gen = importlib.import_module("specdec_ext.generate")  # the module (specdec_ext.generate is the function)
+    k = num_draft_tokens
+    plain_target_1 = forward_seconds(target, input_ids, width=1, repeats=20)
+    plain_target_block = forward_seconds(target, input_ids, width=k + 1, repeats=20)
+    plain_draft_1 = forward_seconds(draft, input_ids, width=1, repeats=20)
+    best = None
+    for _ in range(repeats):
+        bucket: dict = {}
+        generator = torch.Generator().manual_seed(seed)
+        state = {"in_step": False}
+
+        def which(args, state=state):
+            if not state["in_step"]:
+                return "prefill"
+            return "draft forwards" if args[0].model is draft else "target forward"
+
+        def step_label(args, state=state):
+            state["in_step"] = False  # called when the step returns
+            return "step total"
+
+        inner_speculate = gen._speculate
+
+        def speculate(*args, state=state, inner=inner_speculate):
+            state["in_step"] = True
+            return inner(*args)
+
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_timed(gen._Cache, "forward", bucket, which))
+            stack.enter_context(_timed(gen, "_draw_draft", bucket, lambda args: "draft sampling"))
+            stack.enter_context(_timed(gen, "_verify_and_write", bucket, lambda args: "verify (+ processors, EOS, write)"))
+            stack.enter_context(_timed(gen, "_advance", bucket, lambda args: "cache bookkeeping (settle, crop, rows)"))
+            gen._speculate = speculate
+            stack.callback(setattr, gen, "_speculate", inner_speculate)
+            stack.enter_context(_timed(gen, "_speculate", bucket, step_label))
+            temperature = sampling.get("temperature", 1.0)
+            out = gen.generate(target, draft, input_ids, attention_mask, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
+                               temperature=temperature if temperature > 0 else 1.0, num_draft_tokens=k, generator=generator,
+                               eos_token_id=[], **(extra or {}))
+        steps = len(out.stats.draft_lengths)
+        if best is None or bucket["step total"] < best[0]["step total"]:
+            best = (bucket, steps, out.stats)
+    bucket, steps, stats = best
+    per_step = {name: 1000 * seconds / steps for name, seconds in bucket.items() if name != "prefill"}
+    inside = sum(v for name, v in per_step.items() if name != "step total")
+    per_step["loop Python (sync, tallies, stops)"] = per_step["step total"] - inside
+    predicted_step = 1000 * (k * plain_draft_1 + plain_target_1)
+    expected_tokens = expected_speedup(stats.mean_acceptance, 0.0, k)  # (1 - a^(K+1)) / (1 - a): tokens per step the formula counts
+    return {
+        "num_draft_tokens": k, "steps": steps, "tokens_per_step": stats.tokens_per_target_forward, "acceptance": stats.mean_acceptance,
+        "ms_per_step": per_step,
+        "plain_forwards_ms": {"target, 1 token": 1000 * plain_target_1, f"target, {k + 1} tokens": 1000 * plain_target_block,
+                              "draft, 1 token": 1000 * plain_draft_1},
+        "predicted_step_ms": predicted_step,
+        "expected_tokens_per_step": expected_tokens,
+        # The formula with the measured cost of the (K+1)-token target forward instead of one token's.
+        "predicted_speedup_plain_forwards": expected_tokens / (k * plain_draft_1 / plain_target_1 + 1),
+        "predicted_speedup_with_block_cost": expected_tokens / ((k * plain_draft_1 + plain_target_block) / plain_target_1),
+        "loop_speedup_over_plain_decoding": stats.tokens_per_target_forward * 1000 * plain_target_1 / per_step["step total"],
+        "gaps_ms_per_step": {
+            f"target block of {k + 1} tokens over 1 token": 1000 * (plain_target_block - plain_target_1),
+            "target forward as run over plain": per_step.get("target forward", 0.0) - 1000 * plain_target_block,
+            "draft forwards as run over plain": per_step.get("draft forwards", 0.0) - 1000 * k * plain_draft_1,
+            "draft sampling": per_step.get("draft sampling", 0.0),
+            "verify (+ processors, EOS, write)": per_step.get("verify (+ processors, EOS, write)", 0.0),
+            "cache bookkeeping": per_step.get("cache bookkeeping (settle, crop, rows)", 0.0),
+            "loop Python": per_step["loop Python (sync, tallies, stops)"],
+        },
+    }

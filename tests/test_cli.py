@@ -26,7 +26,8 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     report_path = tmp_path / "demo.json"
     assert cli.main(["demo", "--quick", "--max-new-tokens", "8", "--json", str(report_path)]) == 0
     out = capsys.readouterr().out
-    for needle in ("target only (B=1)", "assisted + fused hook (B=1)", "specdec_ext.generate (B=2)", "acceptance per draft position", "predicted speedup"):
+    for needle in ("target only (B=1)", "assisted (transformers) (B=1)", "generate(assistant_model) + hook (B=1)", "generate(assistant_model) + hook (B=2)",
+                   "specdec_ext.generate (B=2)", "acceptance per draft position", "predicted speedup"):
         assert needle in out
     report = json.loads(report_path.read_text())
     assert {r["method"] for r in report["runs"]} >= {"target only (B=1)", "specdec_ext.generate (B=1)"}
@@ -43,6 +44,33 @@ def test_generate_command(tmp_path, capsys):
     assert cli.main(["generate", "--batch-file", str(batch), "--max-new-tokens", "6", "--temperature", "0", "--num-draft-tokens", "auto"]) == 0
     out = capsys.readouterr().out
     assert "Quarterly results:" in out and "Rates outlook:" in out
+
+
+def test_generate_command_processors_stops_and_prompt_lookup(capsys):
+    from specdec_ext.demo.assets import load_pair
+
+    # A stop string the free text produces: the printed text ends right where it completes.
+    assert cli.main(["generate", "--prompt", "Market wrap:", "--max-new-tokens", "24", "--temperature", "0"]) == 0
+    free = capsys.readouterr().out.split("\n")[0]
+    stop = free[len("Market wrap:") + 6: len("Market wrap:") + 9]
+    assert cli.main(["generate", "--prompt", "Market wrap:", "--max-new-tokens", "24", "--temperature", "0", "--stop", stop]) == 0
+    stopped = capsys.readouterr().out.split("\n")[0]
+    # (the completing token may overhang the string, as transformers' StopStringCriteria allows)
+    assert stop in stopped and len(stopped) < len(free) and free.startswith(stopped)
+
+    # Processors change greedy text exactly as transformers' own greedy decoding with them.
+    target, _, tokenizer = load_pair()
+    ids = tokenizer(["Market wrap:"], return_tensors="pt")["input_ids"]
+    expected = tokenizer.decode(target.generate(ids, do_sample=False, max_new_tokens=16, repetition_penalty=1.5,
+                                                pad_token_id=tokenizer.pad_token_id)[0], skip_special_tokens=True)
+    for source in ([], ["--prompt-lookup", "2"]):
+        assert cli.main(["generate", "--prompt", "Market wrap:", "--max-new-tokens", "16", "--temperature", "0", "--repetition-penalty", "1.5",
+                         *source]) == 0
+        assert capsys.readouterr().out.split("\n")[0] == expected.split("\n")[0]
+    assert cli.main(["generate", "--prompt", "Market wrap:", "--max-new-tokens", "8", "--min-p", "0.05", "--temperature", "0.8"]) == 0
+    assert "acceptance" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="min_p"):
+        cli.main(["generate", "--prompt", "x", "--max-new-tokens", "2", "--min-p", "1.5"])
 
 
 def test_cli_errors_are_clear(tmp_path):

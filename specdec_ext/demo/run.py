@@ -29,13 +29,19 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(out)
 
 
-def run_demo(*, quick: bool = False, max_new_tokens: int | None = None, temperature: float = 0.7, num_draft_tokens: int = 4, seed: int = 0) -> dict:
-    """Generate, measure and print; returns the measurements as a JSON-ready dict."""
+def run_demo(*, quick: bool = False, max_new_tokens: int | None = None, temperature: float = 0.7, num_draft_tokens: int = 4, seed: int = 0,
+             repetition_penalty: float | None = None, min_p: float | None = None, stop: list[str] | None = None,
+             prompt_lookup: int | None = None) -> dict:
+    """Generate, measure and print; returns the measurements as a JSON-ready dict.
+
+    ``repetition_penalty``, ``min_p`` and ``stop`` (stop strings) are applied by every method;
+    ``prompt_lookup`` = N also measures prompt-lookup drafting (n-grams up to N) through the hook.
+    """
     torch.manual_seed(seed)
     prompts = DEMO_PROMPTS[:1] if quick else DEMO_PROMPTS[:4]
     max_new_tokens = max_new_tokens or (16 if quick else 96)
     sampling = {"temperature": temperature}
-    stages = ["load the embedded pair", "sample text", "warm up", "target only", "assisted (transformers)", "assisted + fused hook",
+    stages = ["load the embedded pair", "sample text", "warm up", "target only", "assisted (transformers)", "generate(assistant_model) + hook",
               "specdec_ext.generate B=1", "batched", "verification latency", "draft/target cost"]
     bar = tqdm(total=len(stages), desc="specdec demo", unit="stage", leave=False)
 
@@ -46,7 +52,14 @@ def run_demo(*, quick: bool = False, max_new_tokens: int | None = None, temperat
     target, draft, tokenizer = load_pair()
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    common = {"max_new_tokens": max_new_tokens, "sampling": sampling, "eos_ids": eos, "pad_id": pad}
+    extra = {}
+    if repetition_penalty is not None:
+        extra["repetition_penalty"] = repetition_penalty
+    if min_p is not None:
+        extra["min_p"] = min_p
+    if stop:
+        extra.update(stop_strings=stop, tokenizer=tokenizer)
+    common = {"max_new_tokens": max_new_tokens, "sampling": sampling, "eos_ids": eos, "pad_id": pad, "extra": extra}
     speculate = {**common, "num_draft_tokens": num_draft_tokens}
     bar.update()
 
@@ -60,13 +73,13 @@ def run_demo(*, quick: bool = False, max_new_tokens: int | None = None, temperat
     warm_ids, warm_mask = _encode(tokenizer, prompts[:1])
     warm = {**speculate, "max_new_tokens": 4}
     measure.target_only(target, warm_ids, warm_mask, **{k: v for k, v in warm.items() if k != "num_draft_tokens"})
-    measure.assisted(target, draft, warm_ids, warm_mask, hooked=True, **warm)
+    measure.assisted(target, draft, warm_ids, warm_mask, mode="loop", **warm)
     measure.speculative(target, draft, warm_ids, warm_mask, **warm)
     bar.update()
 
     # Methods take turns on each prompt, and the whole round repeats: a busy machine then slows every
     # method alike, and the median round per method is reported.
-    rounds = {name: [] for name in ("target", "assisted", "hooked", "specdec")}
+    rounds = {name: [] for name in ("target", "assisted", "hooked", "specdec") + (("lookup",) if prompt_lookup else ())}
     for round_index in range(1 if quick else 3):
         stage(f"batch-1 methods, round {round_index + 1}")
         single = {name: [] for name in rounds}
@@ -74,8 +87,11 @@ def run_demo(*, quick: bool = False, max_new_tokens: int | None = None, temperat
             p_ids, p_mask = _encode(tokenizer, [prompt])
             single["target"].append(measure.target_only(target, p_ids, p_mask, seed=seed + i, **common))
             single["assisted"].append(measure.assisted(target, draft, p_ids, p_mask, hooked=False, seed=seed + i, **speculate))
-            single["hooked"].append(measure.assisted(target, draft, p_ids, p_mask, hooked=True, seed=seed + i, **speculate))
+            single["hooked"].append(measure.assisted(target, draft, p_ids, p_mask, mode="loop", seed=seed + i, **speculate))
             single["specdec"].append(measure.speculative(target, draft, p_ids, p_mask, seed=seed + i, **speculate))
+            if prompt_lookup:
+                single["lookup"].append(measure.assisted(target, None, p_ids, p_mask, mode="loop", seed=seed + i, lookup_ngram=prompt_lookup,
+                                                         **speculate))
         for name, runs in single.items():
             rounds[name].append(_sum_runs(runs, name))
     median = {name: sorted(runs, key=lambda r: r.tokens_per_second)[len(runs) // 2] for name, runs in rounds.items()}
@@ -87,6 +103,8 @@ def run_demo(*, quick: bool = False, max_new_tokens: int | None = None, temperat
     batched_target = measure.target_only(target, b_ids, b_mask, seed=seed, **common)
     batched_target.method = f"target only (B={len(batch_prompts)})"
     batched = measure.speculative(target, draft, b_ids, b_mask, seed=seed, **speculate)
+    batched_hook = measure.assisted(target, draft, b_ids, b_mask, mode="loop", seed=seed, **speculate)
+    batched_hook.method = f"generate(assistant_model) + hook (B={len(batch_prompts)})"
     bar.update()
 
     stage(stages[8])
@@ -97,16 +115,18 @@ def run_demo(*, quick: bool = False, max_new_tokens: int | None = None, temperat
     bar.update()
     bar.close()
 
-    labels = {"target": "target only", "assisted": "assisted, eager verification", "hooked": "assisted + fused hook", "specdec": "specdec_ext.generate"}
+    labels = {"target": "target only", "assisted": "assisted (transformers)", "hooked": "generate(assistant_model) + hook",
+              "specdec": "specdec_ext.generate", "lookup": "prompt lookup + hook"}
     runs = []
     for name, label in labels.items():
-        median[name].method = f"{label} (B=1)"
-        runs.append(median[name])
-    runs += [batched_target, batched]
+        if name in median:
+            median[name].method = f"{label} (B=1)"
+            runs.append(median[name])
+    runs += [batched_target, batched_hook, batched]
     stats = batched.details["stats"]
     baseline = runs[0].tokens_per_second
     predicted = measure.predicted_speedup(stats.mean_acceptance, cost, num_draft_tokens)
-    measured = runs[3].tokens_per_second / baseline
+    measured = median["hooked"].tokens_per_second / baseline
 
     print(f"\nGenerated with specdec_ext.generate (embedded pair, temperature {temperature:.2f}, K={num_draft_tokens}):\n")
     for text in texts:
@@ -121,7 +141,7 @@ def run_demo(*, quick: bool = False, max_new_tokens: int | None = None, temperat
     print(f"verification of one block (B=1, K={num_draft_tokens}, V={target.config.vocab_size}): transformers {latency['transformers'] * 1e6:.0f} us, "
           f"fused {latency['fused'] * 1e6:.0f} us ({latency['transformers'] / latency['fused']:.1f}x)")
     print(f"draft/target forward cost c = {cost:.3f}; Leviathan et al. predicted speedup (1-a^(K+1))/((1-a)(Kc+1)) = {predicted:.2f}x; "
-          f"measured (specdec_ext.generate B=1 vs target only B=1) = {measured:.2f}x")
+          f"measured (generate(assistant_model) + hook, B=1 vs target only B=1) = {measured:.2f}x")
     return {
         "temperature": temperature, "num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens,
         "runs": [{"method": r.method, "batch": r.batch, "new_tokens": r.new_tokens, "seconds": r.seconds, "tokens_per_second": r.tokens_per_second} for r in runs],
