@@ -211,7 +211,9 @@ def test_portable_fallback_is_compiled_for_the_baseline(tmp_path):
     if not setup.baseline_flags() or "x86" not in setup.baseline_flags()[0]:
         pytest.skip("the AVX check applies to x86-64")
     compiler = os.environ.get("CXX", "c++")
-    obj = setup.compile_baseline_object(tmp_path / "kernel_base.o", cxx=[compiler, "-march=haswell"])
-    listing = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True, check=True).stdout
-    assert "ymm" not in listing and "zmm" not in listing and "vfmadd" not in listing
+    # (-O1 keeps the compile short; the explicit vector code still compiles to vector instructions.)
+    obj = setup.compile_baseline_object(tmp_path / "kernel_base.o", cxx=[compiler, "-march=haswell"], extra_flags=("-O1",))
+    listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(obj)], capture_output=True, text=True, check=True).stdout
+    vex = [line for line in listing.splitlines() if re.match(r"\s*[0-9a-f]+:\s+v[a-z0-9]+\s", line)]
+    assert not vex, vex[:5]  # no AVX (VEX-encoded) instruction at all
     assert "xmm" in listing  # (SSE2 vectors)
