@@ -117,10 +117,13 @@ def cxx_command() -> list[str]:
     return shlex.split(os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++")
 
 
-def compile_baseline_object(output: Path, cxx: list[str] | None = None) -> Path:
+def compile_baseline_object(output: Path, cxx: list[str] | None = None, extra_flags: tuple[str, ...] = ()) -> Path:
     """Compiles csrc/kernel_base.cpp for the baseline target, ignoring CFLAGS / CXXFLAGS."""
     output.parent.mkdir(parents=True, exist_ok=True)
-    command = [*(cxx or cxx_command()), "-std=c++17", "-fPIC", *COMMON_FLAGS, *baseline_flags(), f"-I{HERE / 'csrc'}", "-c", str(HERE / BASELINE_SOURCE), "-o", str(output)]
+    command = [
+        *(cxx or cxx_command()), "-std=c++17", "-fPIC", *COMMON_FLAGS, *extra_flags, *baseline_flags(), f"-I{HERE / 'csrc'}",
+        "-c", str(HERE / BASELINE_SOURCE), "-o", str(output),
+    ]
     subprocess.run(command, check=True)
     return output
 

@@ -195,6 +195,7 @@ void process_chunk(Line& line, int64_t chunk, ChunkStats& out, const Kernels& k)
   if (collecting) {
     // Candidates s >= guess; the pass also reports max(s) and NaN, the line's validity check.
     Scratch& scratch = thread_scratch();
+    std::call_once(line.guess_once, [&] { line.guess = guess_candidate_threshold(line, uses_top_k(line), scratch.sample); });
     float* values = scratch.values.get(len);
     int64_t* ids = scratch.ids.get(len);
     float max_s;
@@ -297,7 +298,6 @@ void combine_chunks(Line& line, const ChunkStats* chunks, const Kernels& k) {
 bool filter_needs_stats_first(const Line& line) { return !uses_top_k(line); }
 
 void prepare_filter_line(Line& line) {
-  line.guess = guess_candidate_threshold(line, uses_top_k(line), thread_scratch().sample);
   line.guess_ready = true;
   line.candidates.assign(line.chunks, Candidates{});
 }

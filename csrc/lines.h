@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "fastmath.h"
@@ -64,6 +65,7 @@ struct Line {
   bool done = false;       // read (statistics or scan) and combined
   bool has_kept = false;   // filtered line whose kept set is small: the race visits only these ids
   float guess = -kInf;     // filtered lines: candidates are the values >= this
+  std::once_flag guess_once;           // the guess is made by the first chunk that needs it
   bool guess_ready = false;            // filtered lines: the next chunk pass collects candidates
   bool top_p_first_pass_done = false;  // top-p-only lines: m, z_all (and validity) came from a first pass
   std::vector<int64_t> kept;  // ascending ids with s >= tau
@@ -134,10 +136,11 @@ void process_chunk(Line& line, int64_t chunk, ChunkStats& out, const Kernels& k)
 // Combines a line's chunk results (in chunk order): raw max, validity, m, z (and raw z).
 void combine_chunks(Line& line, const ChunkStats* chunks, const Kernels& k);
 
-// Filtered lines (filter.cpp). A line with top-k gets its candidate guess from a sample before its
-// chunks run (prepare_filter_line); a top-p-only line first has its statistics combined, then the
-// guess (from the exact maximum), then a second pass of chunks collects. finish_filter_line turns
-// the candidates into tau, z and the kept ids (O(candidates), on one thread).
+// Filtered lines (filter.cpp). prepare_filter_line makes a line's next chunk pass collect its
+// candidates; the first of those chunks to run guesses the threshold from a sample of the line (so
+// the guesses of many lines are made in parallel). A top-p-only line first has its statistics
+// combined (its guess uses the exact maximum). finish_filter_line turns the candidates into tau, z
+// and the kept ids (O(candidates), on one thread).
 bool filter_needs_stats_first(const Line& line);
 void prepare_filter_line(Line& line);
 void finish_filter_line(Line& line, const Kernels& k);

@@ -151,16 +151,16 @@ def test_a_throwing_item_stops_the_pass_and_propagates(scheduler, throw_on):
 @needs_cpp
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_normaliser_is_accurate_against_float64(temperature):
-    """z = sum exp(s - m) over a 128k line: relative error within float32 rounding of the result
-    (a float32 running sum, 8k values per lane, loses up to ~1e-6)."""
+    """z = sum exp(s - m) over a 128k line: relative error within float32 rounding of the result.
+    (Float32 lane sums, 512 values per lane and chunk, lose 2.6e-7 on a 3 * randn line.)"""
     g = torch.Generator().manual_seed(5)
-    lines = torch.cat([torch.randn(4, 128256, generator=g) * 2, torch.zeros(1, 128256), torch.rand(2, 128256, generator=g) - 30.0])
+    lines = torch.cat([torch.randn(4, 128256, generator=g) * 3, torch.zeros(1, 128256), torch.rand(2, 128256, generator=g) - 30.0])
     m, z = _cpp_backend._C.line_stats(lines, temperature)
     scaled = lines * torch.tensor(1.0 / temperature, dtype=torch.float32) if temperature != 1.0 else lines
     assert torch.equal(m, scaled.amax(dim=1))
     exact = torch.exp(scaled.double() - scaled.double().amax(dim=1, keepdim=True)).sum(dim=1)
     relative = ((z - exact).abs() / exact).max().item()
-    assert relative < 1.5e-7, relative
+    assert relative < 1.2e-7, relative
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,7 +211,9 @@ def test_portable_fallback_is_compiled_for_the_baseline(tmp_path):
     if not setup.baseline_flags() or "x86" not in setup.baseline_flags()[0]:
         pytest.skip("the AVX check applies to x86-64")
     compiler = os.environ.get("CXX", "c++")
-    obj = setup.compile_baseline_object(tmp_path / "kernel_base.o", cxx=[compiler, "-march=haswell"])
-    listing = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True, check=True).stdout
-    assert "ymm" not in listing and "zmm" not in listing and "vfmadd" not in listing
+    # (-O1 keeps the compile short; the explicit vector code still compiles to vector instructions.)
+    obj = setup.compile_baseline_object(tmp_path / "kernel_base.o", cxx=[compiler, "-march=haswell"], extra_flags=("-O1",))
+    listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(obj)], capture_output=True, text=True, check=True).stdout
+    vex = [line for line in listing.splitlines() if re.match(r"\s*[0-9a-f]+:\s+v[a-z0-9]+\s", line)]
+    assert not vex, vex[:5]  # no AVX (VEX-encoded) instruction at all
     assert "xmm" in listing  # (SSE2 vectors)
