@@ -23,18 +23,19 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._params import LOGPROBS_NONE, LOGPROBS_RAW, VerifyArgs
-from ._philox import VERIFY_STREAM
+from ._params import LOGPROBS_NONE, VerifyArgs
 
 # Line statistics: values per tile (one block reduction each) and warps per program. A thread
 # holds TILE / (32 * warps) values; 16-byte loads give each row of the tile 4 (fp32) or 8 (16-bit)
 # consecutive values per thread.
 STATS_TILE = 4096
 STATS_WARPS = 4
-# The race: ids per loop step and warps per program on a GPU; programs per multiprocessor wanted
-# at any batch size (chunks per row = that many programs over B, at most one per tile).
+STATS_PROGRAMS_PER_SM = 16
+# The race: ids per loop step and warps per program on a GPU (one warp: the walk's reductions over
+# positions stay in the warp, no block barriers); programs per multiprocessor wanted at any batch
+# size (chunks per row = that many programs over B, at most one per tile).
 RACE_BLOCK = 256
-RACE_WARPS = 2
+RACE_WARPS = 1
 RACE_PROGRAMS_PER_SM = 16
 FINAL_BLOCK = 1024  # chunk results the finalising program reads per step
 # Top-k / top-p: values per candidates program (held in registers), candidate slots per chunk
@@ -99,6 +100,7 @@ class Geometry(NamedTuple):
     interpret: bool
     multiprocessors: int
     stats_tile: int
+    stats_parts: int | None  # None: from the multiprocessors and the line count
     race_block: int
     race_chunks: int | None  # None: from the multiprocessors and B
     candidate_chunk: int
@@ -106,7 +108,7 @@ class Geometry(NamedTuple):
 
 
 def geometry(
-    device: torch.device, *, race_chunks: int | None = None, race_block: int | None = None, stats_tile: int | None = None,
+    device: torch.device, *, race_chunks: int | None = None, race_block: int | None = None, stats_tile: int | None = None, stats_parts: int | None = None,
     candidate_chunk: int | None = None, threshold_block: int | None = None, sm_count: int | None = None,
 ) -> Geometry:
     """The geometry a call on ``device`` uses (arguments override it: tests cover several chunks per
@@ -121,6 +123,7 @@ def geometry(
         interpret=interpret,
         multiprocessors=sm_count,
         stats_tile=stats_tile or STATS_TILE,
+        stats_parts=stats_parts,
         race_block=race_block or (_INTERPRETER_RACE_BLOCK if interpret else RACE_BLOCK),
         race_chunks=race_chunks,
         candidate_chunk=candidate_chunk or (_INTERPRETER_CANDIDATE_CHUNK if interpret else CANDIDATE_CHUNK),
@@ -144,6 +147,9 @@ class Launch(NamedTuple):
         self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=1, enable_fp_fusion=False)
 
 
+_ALIGN = 64  # workspace buffers start on multiples of 64 elements (256 bytes)
+
+
 class Sizes(NamedTuple):
     """Workspace elements one call needs."""
 
@@ -154,10 +160,16 @@ class Sizes(NamedTuple):
 
 def _layout(args: VerifyArgs, geo: Geometry) -> dict:
     """Sizes and launch constants of a call (everything but the tensors)."""
-    batch, k, vocab, draft_vocab = args.batch, args.num_positions, args.vocab, args.draft_vocab
+    batch, k, vocab = args.batch, args.num_positions, args.vocab
     has_draft = args.draft_logits is not None and k > 0
     lines = batch * (k + 1) + (batch * k if has_draft else 0)
-    tiles = _cdiv(vocab, geo.stats_tile)
+    tiles = _cdiv(vocab, geo.stats_tile)  # statistics tiles per line, and partial slots per line
+    if geo.interpret:
+        tiles_per_part = 1
+    else:  # enough programs to fill the device several times over, then longer ones
+        tiles_per_part = max(1, min(tiles, _cdiv(lines * tiles, STATS_PROGRAMS_PER_SM * geo.multiprocessors)))
+    if geo.stats_parts is not None:
+        tiles_per_part = _cdiv(tiles, geo.stats_parts)
     race_tiles = _cdiv(vocab, geo.race_block)
     if geo.race_chunks is not None:
         wanted = geo.race_chunks
@@ -169,10 +181,16 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
     chunks = _cdiv(race_tiles, tiles_per_chunk)
     candidate_chunks = _cdiv(vocab, geo.candidate_chunk) if args.filtered else 0
     stats = lines * tiles
-    floats = 4 * stats + lines + batch * chunks + lines * candidate_chunks * (CANDIDATES + 2)
-    ints = stats + batch * chunks + 2 * lines * candidate_chunks
+
+    def padded(*sizes: int) -> int:
+        return sum(_ALIGN * _cdiv(n, _ALIGN) for n in sizes)
+
+    cand = lines * candidate_chunks
+    stats += _next_power_of_2(tiles)  # the race reads whole power-of-two rows of partials
+    floats = padded(stats, stats, stats, stats, lines, batch * chunks, cand * CANDIDATES, cand, cand)
+    ints = padded(stats, batch * chunks, cand, cand)
     return {
-        "has_draft": has_draft, "lines": lines, "tiles": tiles, "chunks": chunks, "tiles_per_chunk": tiles_per_chunk,
+        "has_draft": has_draft, "lines": lines, "tiles": tiles, "tiles_per_part": tiles_per_part, "chunks": chunks, "tiles_per_chunk": tiles_per_chunk,
         "candidate_chunks": candidate_chunks, "sizes": Sizes(floats, ints, batch),
     }
 
@@ -238,20 +256,22 @@ _BUFFERS: dict[tuple, Buffers] = {}
 
 def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tensor, layout: dict, batch: int) -> Buffers:
     """Carve a call's buffers out of the workspace (views, cached per workspace and layout)."""
-    key = (ws_floats.data_ptr(), ws_floats.numel(), ws_ints.data_ptr(), ws_ints.numel(), counters.data_ptr(), layout["lines"], layout["tiles"],
-           layout["chunks"], layout["candidate_chunks"], batch)
-    found = _BUFFERS.get(key)
+    key = (ws_floats.device, ws_floats.data_ptr(), ws_floats.numel(), ws_ints.data_ptr(), ws_ints.numel(), counters.data_ptr(), layout["lines"],
+           layout["tiles"], layout["chunks"], layout["candidate_chunks"], batch)
+    found = _BUFFERS.get(key) if ws_floats.device.type != "meta" else None
     if found is not None:
         return found
     lines, tiles, chunks, cc = layout["lines"], layout["tiles"], layout["chunks"], layout["candidate_chunks"]
     position = {"f": 0, "i": 0}
 
     def take(kind: str, n: int) -> torch.Tensor:
+        # Every buffer starts on a 256-byte boundary: its pointer's divisibility (which the
+        # compiler specialises on) never depends on the sizes carved before it.
         start = position[kind]
-        position[kind] = start + n
+        position[kind] = start + _ALIGN * _cdiv(n, _ALIGN)
         return (ws_floats if kind == "f" else ws_ints)[start : start + n]
 
-    stats = lines * tiles
+    stats = lines * tiles + _next_power_of_2(tiles)  # padded: see _layout
     found = Buffers(
         part_m=take("f", stats), part_z=take("f", stats), part_rm=take("f", stats), part_rz=take("f", stats), part_i=take("i", stats),
         tau=take("f", lines), race_val=take("f", batch * chunks), race_idx=take("i", batch * chunks), counters=counters,
@@ -327,9 +347,10 @@ def plan(args: VerifyArgs, base_key: int, geo: Geometry, bufs: Buffers, layout: 
     t_lanes, t_rows = _lanes(target.dtype, geo.stats_tile)
     d_lanes, d_rows = _lanes(draft.dtype, geo.stats_tile)
     launches.append(Launch(
-        "line_stats", k.line_stats_kernel, (lines, tiles),
-        (target, draft, args.temperature, args.num_draft_tokens, bufs.tau, bufs.part_m, bufs.part_z, bufs.part_i, bufs.part_rm, bufs.part_rz, *shape_args),
-        {"TILES": tiles, "HAS_DRAFT": has_draft, "CHECK": args.check, "FILTERED": args.filtered, "LOGPROBS": args.logprobs,
+        "line_stats", k.line_stats_kernel, (lines, _cdiv(tiles, layout["tiles_per_part"])),
+        (target, draft, args.temperature, args.num_draft_tokens, bufs.tau, bufs.part_m, bufs.part_z, bufs.part_i, bufs.part_rm, bufs.part_rz, *shape_args,
+         layout["tiles_per_part"]),
+        {"PARTS": tiles, "HAS_DRAFT": has_draft, "CHECK": args.check, "FILTERED": args.filtered, "LOGPROBS": args.logprobs,
          "T_LANES": t_lanes, "T_ROWS": t_rows, "D_LANES": d_lanes, "D_ROWS": d_rows},
         STATS_WARPS,
     ))
@@ -341,8 +362,9 @@ def plan(args: VerifyArgs, base_key: int, geo: Geometry, bufs: Buffers, layout: 
         "race", k.race_kernel, (batch, layout["chunks"]),
         (target, draft, tokens, *per_row, seeds, offsets, bufs.tau, bufs.part_m, bufs.part_z, bufs.part_i, bufs.part_rm, bufs.part_rz,
          bufs.race_val, bufs.race_idx, bufs.counters, out.tokens, out.num_accepted, logprobs, accept,
-         base_key, batch, num_positions, vocab, draft_vocab, *t_strides, *d_strides, tok_stride, layout["tiles_per_chunk"], layout["chunks"]),
-        {"TILES": tiles, "TILE": geo.stats_tile, "TP": triton.next_power_of_2(tiles), "KP": triton.next_power_of_2(num_positions + 1),
+         base_key, batch, num_positions, vocab, draft_vocab, *t_strides, *d_strides, tok_stride, layout["tiles_per_part"], layout["tiles_per_chunk"],
+         layout["chunks"]),
+        {"PARTS": tiles, "TILE": geo.stats_tile, "PP": triton.next_power_of_2(tiles), "KP": triton.next_power_of_2(num_positions + 1),
          "STREAM": args.stream, "HAS_DRAFT": has_draft, "HAS_SEEDS": args.seeds is not None, "HAS_OFFSETS": args.offsets is not None,
          "CHECK": args.check, "FILTERED": args.filtered, "LOGPROBS": args.logprobs, "ACCEPT_PROBS": args.accept_probs,
          "INTERPRET": geo.interpret, "BLOCK": geo.race_block, "FINAL_BLOCK": FINAL_BLOCK},
@@ -383,4 +405,41 @@ def verify(args: VerifyArgs, base_key: int, **overrides) -> tuple[torch.Tensor, 
     return tuple(out)
 
 
-__all__ = ["Geometry", "Launch", "VERIFY_STREAM", "LOGPROBS_RAW", "allocate_outputs", "geometry", "is_available", "kernels", "plan", "verify"]
+def launches_for(args: VerifyArgs, base_key: int = 0, **geometry_overrides) -> list[Launch]:
+    """The launches a call would make, without running them (any device, ``meta`` included: the
+    workspace is then made of meta tensors). The compile check and the GPU model start here."""
+    args = prepare(args)
+    device = args.target_logits.device
+    geo = geometry(device, **geometry_overrides)
+    layout = _layout(args, geo)
+    if device.type == "meta":
+        floats = torch.empty(layout["sizes"].floats, dtype=torch.float32, device=device)
+        ints = torch.empty(layout["sizes"].ints, dtype=torch.int32, device=device)
+        counters = torch.empty(max(args.batch, 1), dtype=torch.int32, device=device)
+    else:
+        ws = workspace(device)
+        ws.reserve(layout["sizes"])
+        floats, ints, counters = ws.floats, ws.ints, ws.counters
+    bufs = buffers(floats, ints, counters, layout, args.batch)
+    return plan(args, base_key, geo, bufs, layout, allocate_outputs(args, device))
+
+
+def compile_launch(launch: Launch, arch: int = 90):
+    """Compile ``launch`` for an NVIDIA GPU of compute capability ``arch`` (no GPU needed: Triton
+    ships ptxas) with exactly the specialisation a launch with these arguments gets: the JIT's own
+    argument binder decides which integers are 16-divisible or 1 and which pointers are aligned."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    kernel = launch.kernel
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*launch.args, **launch.constexprs, num_warps=launch.num_warps, num_stages=1, enable_fp_fusion=False)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, specialization, options)
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+__all__ = ["Geometry", "Launch", "allocate_outputs", "compile_launch", "geometry", "is_available", "kernels", "launches_for", "plan", "verify"]

@@ -35,7 +35,7 @@ def _keys(batch, seed=5):
 def assert_same(a, b):
     assert torch.equal(a[0], b[0]), f"tokens differ:\n{a[0]}\n{b[0]}"
     assert torch.equal(a[1], b[1]), f"num_accepted differ: {a[1]} {b[1]}"
-    for got, want in zip(a[2:], b[2:]):
+    for got, want in zip(a[2:], b[2:], strict=True):
         assert (got is None) == (want is None)
         if got is not None:
             torch.testing.assert_close(got, want, rtol=0, atol=1e-5, equal_nan=True)
@@ -92,6 +92,7 @@ def test_identity_across_launch_geometries():
     seeds, offsets = _keys(3)
     layouts = [
         {"race_chunks": 3, "race_block": 128, "stats_tile": 512},
+        {"race_chunks": 1, "race_block": 256, "stats_tile": 512, "stats_parts": 1},  # one statistics program loops over both tiles
         {"race_chunks": 8, "race_block": 64},
         {"race_chunks": 2, "race_block": 512, "stats_tile": 512, "candidate_chunk": 256, "threshold_block": 256},
     ]
@@ -106,7 +107,9 @@ def test_identity_bf16_statistics_tiles_and_ragged_rows():
     """16-bit lines are read 8 values per thread and row: several tiles, a ragged last one."""
     target, draft, tokens = _case(2, 3, 2500, torch.bfloat16, seed=14, noise=0.4)
     args = _args(target, draft, tokens, num_draft_tokens=torch.tensor([3, 1]), return_logprobs="raw", return_accept_probs=True)
-    assert_same(_triton_backend.verify(args, 77, stats_tile=1024, race_chunks=3, race_block=256), verify_eager(args, 77))
+    expected = verify_eager(args, 77)
+    assert_same(_triton_backend.verify(args, 77, stats_tile=1024, race_chunks=3, race_block=256), expected)
+    assert_same(_triton_backend.verify(args, 77, stats_tile=1024, stats_parts=2), expected)  # parts of 2 and 1 tiles
 
 
 def test_seeded_rows_do_not_depend_on_batch_or_chunking():
@@ -121,7 +124,7 @@ def test_seeded_rows_do_not_depend_on_batch_or_chunking():
         r = torch.tensor(rows)
         args = _args(target[r], draft[r], tokens[r], seeds=seeds[r], offsets=offsets[r], temperature=temperature[r], **common)
         part = _triton_backend.verify(args, 0, race_chunks=chunks, race_block=128)
-        for got, want in zip(part, whole):
+        for got, want in zip(part, whole, strict=True):
             torch.testing.assert_close(got, want[r], rtol=0, atol=0, equal_nan=True)
 
 

@@ -21,19 +21,25 @@ instead; that race, needed only in this rounding corner, is run by the finalisin
 import triton
 import triton.language as tl
 
-from .random import acceptance_coins, divide, exp, negative_log, position_words, race_uniforms, reciprocal
+from .random import acceptance_coins, divide, exp, fast_reciprocal, log2_uniform, position_words, race_uniforms, reciprocal
 
 
 @triton.jit
-def _combine_lines(part_m_ptr, part_z_ptr, first_line, positions, used, tiles_used, TILES: tl.constexpr, TP: tl.constexpr):
-    """(max, normaliser, bad) of the lines ``first_line + positions`` from their per-tile partials.
+def _combine_lines(part_m_ptr, part_z_ptr, first_line, positions, used, parts_used, PARTS: tl.constexpr, PP: tl.constexpr):
+    """(max, normaliser, bad) of the lines ``first_line + positions`` from their per-part partials.
 
-    bad: NaN or +inf seen, an empty line (max -inf) or a non-finite scaled max."""
-    tiles = tl.arange(0, TP)
-    mask = used[:, None] & (tiles[None, :] < tiles_used)
-    offs = (first_line + positions).to(tl.int64)[:, None] * TILES + tiles[None, :]
-    part_m = tl.load(part_m_ptr + offs, mask=mask, other=float("-inf"))
-    part_z = tl.load(part_z_ptr + offs, mask=mask, other=0.0)
+    bad: NaN or +inf seen, an empty line (max -inf) or a non-finite scaled max. ``used`` only says
+    which lines exist: the loads never wait for a row's n_b (lines past it hold stale values, and
+    every use of the result is masked by the line's own use)."""
+    parts = tl.arange(0, PP)
+    offs = (first_line + positions).to(tl.int64)[:, None] * PARTS + parts[None, :]
+    # Whole rows of partials (the workspace is padded past the last line's PP slots), so each
+    # thread reads 16-byte vectors; the slots past the line's parts are masked after the load.
+    part_m = tl.load(part_m_ptr + offs, mask=used[:, None], other=float("-inf"))
+    part_z = tl.load(part_z_ptr + offs, mask=used[:, None], other=0.0)
+    valid = parts[None, :] < parts_used
+    part_m = tl.where(valid, part_m, float("-inf"))
+    part_z = tl.where(valid, part_z, 0.0)
     line_max = tl.max(part_m, axis=1)
     seen = tl.max(((part_m != part_m) | (part_z != part_z) | (part_m == float("inf"))).to(tl.int32), axis=1) != 0
     ref = tl.where((line_max == float("-inf")) | (line_max == float("inf")), 0.0, line_max)
@@ -44,13 +50,13 @@ def _combine_lines(part_m_ptr, part_z_ptr, first_line, positions, used, tiles_us
 
 
 @triton.jit
-def _combine_argmax(part_m_ptr, part_i_ptr, first_line, positions, used, tiles_used, line_max, TILES: tl.constexpr, TP: tl.constexpr):
+def _combine_argmax(part_m_ptr, part_i_ptr, first_line, positions, used, parts_used, line_max, PARTS: tl.constexpr, PP: tl.constexpr):
     """Lowest index of the raw max of each line (greedy lines store the raw max in part_m)."""
-    tiles = tl.arange(0, TP)
-    mask = used[:, None] & (tiles[None, :] < tiles_used)
-    offs = (first_line + positions).to(tl.int64)[:, None] * TILES + tiles[None, :]
-    part_m = tl.load(part_m_ptr + offs, mask=mask, other=float("-inf"))
-    part_i = tl.load(part_i_ptr + offs, mask=mask, other=2147483647)
+    parts = tl.arange(0, PP)
+    offs = (first_line + positions).to(tl.int64)[:, None] * PARTS + parts[None, :]
+    part_m = tl.load(part_m_ptr + offs, mask=used[:, None], other=float("-inf"))
+    part_i = tl.load(part_i_ptr + offs, mask=used[:, None], other=2147483647)
+    mask = used[:, None] & (parts[None, :] < parts_used)
     return tl.min(tl.where(mask & (part_m == line_max[:, None]), part_i, 2147483647), axis=1)
 
 
@@ -61,47 +67,84 @@ def _pick(values, positions, j, other):
 
 
 @triton.jit
-def _prob(s, line_max, normaliser, normaliser_rcp, tau):
-    """Processed probability exp(s - m) / z of scaled logits s (0 where cut off)."""
+def _prob(s, line_max, normaliser, normaliser_rcp, tau, FILTERED: tl.constexpr):
+    """Processed probability exp(s - m) / z of scaled logits s (0 where cut off; s = -inf gives 0)."""
     p = divide(exp(s - line_max), normaliser, normaliser_rcp)
-    return tl.where(s >= tau, p, 0.0)
+    if FILTERED:
+        p = tl.where(s >= tau, p, 0.0)
+    return p
+
+
+@triton.jit
+def _race_tile(
+    key, t_line, d_line, tile_start, end, draft_end, p_lo, p_hi, inv_t,
+    t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau, rejected_token,
+    RESIDUAL: tl.constexpr, HAS_DRAFT: tl.constexpr, MASKED: tl.constexpr, FILTERED: tl.constexpr, STREAM: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Race keys r(y) * (1 / E_y) of the ids tile_start + [0, BLOCK) (-1 past ``end`` when MASKED)."""
+    idx = tile_start + tl.arange(0, BLOCK)
+    if MASKED:
+        s = tl.load(t_line + idx, mask=idx < end, other=float("-inf")).to(tl.float32) * inv_t
+    else:
+        s = tl.load(t_line + idx).to(tl.float32) * inv_t
+    r = _prob(s, t_max, t_norm, t_rcp, t_tau, FILTERED)
+    if RESIDUAL:
+        if HAS_DRAFT:
+            if MASKED:
+                d = tl.load(d_line + idx, mask=idx < draft_end, other=float("-inf")).to(tl.float32) * inv_t
+            else:
+                d = tl.load(d_line + idx).to(tl.float32) * inv_t
+            q = _prob(d, d_max, d_norm, d_rcp, d_tau, FILTERED)
+        else:
+            q = tl.where(idx == rejected_token, 1.0, 0.0)
+        r = tl.maximum(r - q, 0.0)
+    # r / E with E = -ln(2) log2(u): the positive factor ln(2) does not move the argmax.
+    race_key = r * -fast_reciprocal(log2_uniform(race_uniforms(key, tile_start, p_lo, p_hi, STREAM, BLOCK), INTERPRET), INTERPRET)
+    if MASKED:
+        race_key = tl.where(idx < end, race_key, -1.0)
+    return race_key
 
 
 @triton.jit
 def _race_range(
-    key, t_line, d_line, start, end, p_lo, p_hi, inv_t,
-    t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau, draft_end, rejected_token,
-    RESIDUAL: tl.constexpr, HAS_DRAFT: tl.constexpr, STREAM: tl.constexpr, INTERPRET: tl.constexpr, BLOCK: tl.constexpr,
+    key, t_line, d_line, start, end, draft_end, p_lo, p_hi, inv_t,
+    t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau, rejected_token,
+    RESIDUAL: tl.constexpr, HAS_DRAFT: tl.constexpr, FILTERED: tl.constexpr, STREAM: tl.constexpr, INTERPRET: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """(best key, lowest index with it) of r / E over the ids [start, end), start a multiple of BLOCK.
+    """(best key, lowest index with it) of the race over the ids [start, end), start a multiple of BLOCK.
 
-    RESIDUAL: r = max(p - q, 0) (q from the draft line, or one-hot at ``rejected_token``); else r = p."""
-    offsets = tl.arange(0, BLOCK)
+    The keys are r(y) / E_y up to the positive factor of the reciprocal's rounding: argmax r / E.
+    RESIDUAL: r = max(p - q, 0) (q from the draft line, or one-hot at ``rejected_token``); else r = p.
+    Whole tiles run unmasked (ids below ``draft_end`` = min(end, Vd) are then all in the draft's
+    vocabulary when full_end <= draft_end); the last, partial tile masks."""
     lane_best = tl.full((BLOCK,), -1.0, tl.float32)
-    lane_index = start + offsets
-    for tile_start in range(start, end, BLOCK):
+    lane_tile = tl.zeros((BLOCK,), tl.int32)
+    full_end = start + (tl.minimum(end, draft_end) - start) // BLOCK * BLOCK
+    full_end = tl.maximum(full_end, start)
+    tile = 0
+    for tile_start in range(start, full_end, BLOCK):
         tile_start = tl.multiple_of(tile_start, BLOCK)
-        idx = tile_start + offsets
-        mask = idx < end
-        s = tl.load(t_line + idx, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
-        r = _prob(s, t_max, t_norm, t_rcp, t_tau)
-        if RESIDUAL:
-            if HAS_DRAFT:
-                d = tl.load(d_line + idx, mask=idx < draft_end, other=float("-inf")).to(tl.float32) * inv_t
-                q = _prob(d, d_max, d_norm, d_rcp, d_tau)
-            else:
-                q = tl.where(idx == rejected_token, 1.0, 0.0)
-            r = tl.maximum(r - q, 0.0)
-        exponential = negative_log(race_uniforms(key, tile_start, p_lo, p_hi, STREAM, BLOCK), INTERPRET)
-        race_key = tl.where(mask, tl.math.div_rn(r, exponential), -1.0)
+        race_key = _race_tile(key, t_line, d_line, tile_start, end, draft_end, p_lo, p_hi, inv_t, t_max, t_norm, t_rcp, t_tau,
+                              d_max, d_norm, d_rcp, d_tau, rejected_token, RESIDUAL, HAS_DRAFT, False, FILTERED, STREAM, INTERPRET, BLOCK)
         better = race_key > lane_best  # strict: an earlier tile keeps a tie (lower index)
         lane_best = tl.where(better, race_key, lane_best)
-        lane_index = tl.where(better, idx, lane_index)
+        lane_tile = tl.where(better, tile, lane_tile)
+        tile += 1
+    for tile_start in range(full_end, end, BLOCK):
+        tile_start = tl.multiple_of(tile_start, BLOCK)
+        race_key = _race_tile(key, t_line, d_line, tile_start, end, draft_end, p_lo, p_hi, inv_t, t_max, t_norm, t_rcp, t_tau,
+                              d_max, d_norm, d_rcp, d_tau, rejected_token, RESIDUAL, HAS_DRAFT, True, FILTERED, STREAM, INTERPRET, BLOCK)
+        better = race_key > lane_best
+        lane_best = tl.where(better, race_key, lane_best)
+        lane_tile = tl.where(better, tile, lane_tile)
+        tile += 1
     best = tl.max(lane_best, axis=0)
+    lane_index = start + lane_tile * BLOCK + tl.arange(0, BLOCK)
     return best, tl.min(tl.where(lane_best == best, lane_index, 2147483647), axis=0)
 
 
-@triton.jit(do_not_specialize=["batch", "base_key", "tiles_per_chunk", "num_chunks"])
+@triton.jit(do_not_specialize=["batch", "base_key", "tiles_per_part", "tiles_per_chunk", "num_chunks"])
 def race_kernel(
     target_ptr,  # (B, K+1, V) raw target logits, last dim contiguous
     draft_ptr,  # (B, K, Vd) raw draft logits (unused without HAS_DRAFT)
@@ -113,10 +156,10 @@ def race_kernel(
     seeds_ptr,  # (B,) int64 per-row keys (read only with HAS_SEEDS)
     offsets_ptr,  # (B,) int64 absolute position of draft position 0 (read only with HAS_OFFSETS)
     tau_ptr,  # (lines,) float32 cut-offs (read only when FILTERED)
-    part_m_ptr,  # (lines, TILES) float32 line statistics partials (line_stats_kernel)
+    part_m_ptr,  # (lines, PARTS) float32 line statistics partials (line_stats_kernel)
     part_z_ptr,
-    part_i_ptr,  # (lines, TILES) int32
-    part_rm_ptr,  # (lines, TILES) float32 (LOGPROBS == 2)
+    part_i_ptr,  # (lines, PARTS) int32
+    part_rm_ptr,  # (lines, PARTS) float32 (LOGPROBS == 2)
     part_rz_ptr,
     race_val_ptr,  # (B, >= num_chunks) float32 workspace: each chunk's best key
     race_idx_ptr,  # (B, >= num_chunks) int32 workspace: its index
@@ -135,11 +178,12 @@ def race_kernel(
     d_stride_b,
     d_stride_k,
     tok_stride_b,
+    tiles_per_part,  # statistics tiles per partial (line_stats_kernel's)
     tiles_per_chunk,  # race tiles (BLOCK ids) per chunk
     num_chunks,  # programs per row
-    TILES: tl.constexpr,  # line statistics partials per line
+    PARTS: tl.constexpr,  # line statistics partial slots per line
     TILE: tl.constexpr,  # values per statistics tile
-    TP: tl.constexpr,  # next power of two of TILES
+    PP: tl.constexpr,  # next power of two of PARTS
     KP: tl.constexpr,  # next power of two of K + 1
     STREAM: tl.constexpr,  # 1 verify, 2 sample
     HAS_DRAFT: tl.constexpr,
@@ -166,8 +210,9 @@ def race_kernel(
     num_draft = tl.minimum(tl.maximum(requested, 0), K).to(tl.int32)
     top_k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
-    invalid = (temperature >= 0) == 0 | (temperature == float("inf")) | (top_k < 0) | (((top_p > 0) & (top_p <= 1)) == 0)
-    invalid = invalid | (requested < 0) | (requested > K)
+    temperature_ok = (temperature >= 0) & (temperature != float("inf"))  # False for NaN
+    top_p_ok = (top_p > 0) & (top_p <= 1)
+    invalid = (temperature_ok == 0) | (top_k < 0) | (top_p_ok == 0) | (requested < 0) | (requested > K)
     if HAS_SEEDS:
         key = tl.load(seeds_ptr + row)
         invalid = invalid | (key < 0)
@@ -185,40 +230,47 @@ def race_kernel(
     d_row = draft_ptr + row64 * d_stride_b
 
     # 1. The walk, all positions at once.
+    t_parts = tl.cdiv(tl.cdiv(V, TILE), tiles_per_part)
+    d_parts = tl.cdiv(tl.cdiv(Vd, TILE), tiles_per_part)
     positions = tl.arange(0, KP)
     # Per-position copies of row flags (vector & scalar booleans trip the interpreter).
     stochastic_v = tl.where(stochastic, positions >= 0, positions < 0)
-    greedy_v = tl.where(greedy, positions >= 0, positions < 0)
     drafted = positions < num_draft  # positions with a draft to verify
     t_used = positions <= num_draft
-    t_max, t_norm, t_bad = _combine_lines(part_m_ptr, part_z_ptr, t_first, positions, t_used, tl.cdiv(V, TILE), TILES, TP)
+    t_lines = positions <= K
+    d_lines = positions < K
+    # Everything below until j is loaded at once: no load waits for n_b or the temperature.
+    t_max, t_norm, t_bad = _combine_lines(part_m_ptr, part_z_ptr, t_first, positions, t_lines, t_parts, PARTS, PP)
     t_rcp = reciprocal(tl.where(t_norm > 0, t_norm, 1.0))
     if FILTERED:
-        t_tau = tl.load(tau_ptr + t_first + positions, mask=t_used & stochastic_v, other=float("-inf"))
+        t_tau = tl.where(stochastic_v, tl.load(tau_ptr + t_first + positions, mask=t_lines, other=float("-inf")), float("-inf"))
     else:
         t_tau = tl.full((KP,), float("-inf"), tl.float32)
     tokens = tl.load(tokens_ptr + row64 * tok_stride_b + positions, mask=positions < K, other=0).to(tl.int64)
     invalid = invalid | (tl.max((drafted & ((tokens < 0) | (tokens >= Vd))).to(tl.int32), axis=0) != 0)
     tokens = tl.minimum(tl.maximum(tokens, 0), Vd - 1).to(tl.int32)
-    raw_x = tl.load(t_row + positions.to(tl.int64) * t_stride_k + tokens, mask=drafted, other=0.0).to(tl.float32)
+    raw_x = tl.load(t_row + positions.to(tl.int64) * t_stride_k + tokens, mask=d_lines, other=0.0).to(tl.float32)
     s_x = raw_x * inv_t
-    p_x = _prob(s_x, t_max, t_norm, t_rcp, t_tau)
+    p_x = _prob(s_x, t_max, t_norm, t_rcp, t_tau, FILTERED)
     if HAS_DRAFT:
         d_used = drafted & stochastic_v
         if CHECK:
             d_used = drafted
-        d_max, d_norm, d_bad = _combine_lines(part_m_ptr, part_z_ptr, d_first, positions, d_used, tl.cdiv(Vd, TILE), TILES, TP)
+        d_max, d_norm, d_bad = _combine_lines(part_m_ptr, part_z_ptr, d_first, positions, d_lines, d_parts, PARTS, PP)
         d_rcp = reciprocal(tl.where(d_norm > 0, d_norm, 1.0))
         if FILTERED:
-            d_tau = tl.load(tau_ptr + d_first + positions, mask=d_used & stochastic_v, other=float("-inf"))
+            d_tau = tl.where(stochastic_v, tl.load(tau_ptr + d_first + positions, mask=d_lines, other=float("-inf")), float("-inf"))
         else:
             d_tau = tl.full((KP,), float("-inf"), tl.float32)
-        d_x = tl.load(d_row + positions.to(tl.int64) * d_stride_k + tokens, mask=d_used, other=0.0).to(tl.float32) * inv_t
-        q_x = _prob(d_x, d_max, d_norm, d_rcp, d_tau)
+        d_x = tl.load(d_row + positions.to(tl.int64) * d_stride_k + tokens, mask=d_lines, other=0.0).to(tl.float32) * inv_t
+        q_x = _prob(d_x, d_max, d_norm, d_rcp, d_tau, FILTERED)
     else:
         q_x = tl.full((KP,), 1.0, tl.float32)
     coins = acceptance_coins(key, offset + positions)
-    argmax = _combine_argmax(part_m_ptr, part_i_ptr, t_first, positions, t_used & greedy_v, tl.cdiv(V, TILE), t_max, TILES, TP)
+    if greedy:
+        argmax = _combine_argmax(part_m_ptr, part_i_ptr, t_first, positions, t_lines, t_parts, t_max, PARTS, PP)
+    else:
+        argmax = tl.zeros((KP,), tl.int32)
     accept = drafted & tl.where(greedy, tokens == argmax, coins * q_x < p_x)
     j = tl.min(tl.where(accept, KP, positions), axis=0)  # first position not accepted (<= n_b)
     rejected = j < num_draft
@@ -258,18 +310,21 @@ def race_kernel(
         jd_tau = j_tau
     start = chunk * tiles_per_chunk * BLOCK
     end = tl.minimum(start + tiles_per_chunk * BLOCK, V)
+    draft_end = tl.minimum(end, Vd)  # q = 0 beyond the draft's vocabulary
+    if not HAS_DRAFT:
+        draft_end = end
     best = -1.0
     best_index = start
     if stochastic & (invalid == 0):
         if rejected:
             best, best_index = _race_range(
-                key, t_line, d_line, start, end, p_lo, p_hi, inv_t, j_max, j_norm, j_rcp, j_tau, jd_max, jd_norm, jd_rcp, jd_tau,
-                tl.minimum(end, Vd), rejected_token, True, HAS_DRAFT, STREAM, INTERPRET, BLOCK,
+                key, t_line, d_line, start, end, draft_end, p_lo, p_hi, inv_t, j_max, j_norm, j_rcp, j_tau, jd_max, jd_norm, jd_rcp, jd_tau,
+                rejected_token, True, HAS_DRAFT, FILTERED, STREAM, INTERPRET, BLOCK,
             )
         else:
             best, best_index = _race_range(
-                key, t_line, d_line, start, end, p_lo, p_hi, inv_t, j_max, j_norm, j_rcp, j_tau, jd_max, jd_norm, jd_rcp, jd_tau,
-                tl.minimum(end, Vd), rejected_token, False, HAS_DRAFT, STREAM, INTERPRET, BLOCK,
+                key, t_line, d_line, start, end, end, p_lo, p_hi, inv_t, j_max, j_norm, j_rcp, j_tau, jd_max, jd_norm, jd_rcp, jd_tau,
+                rejected_token, False, HAS_DRAFT, FILTERED, STREAM, INTERPRET, BLOCK,
             )
     slot = row64 * num_chunks + chunk
     tl.store(race_val_ptr + slot, best)
@@ -294,8 +349,8 @@ def race_kernel(
         if rejected & stochastic & (invalid == 0) & (winner_key <= 0.0):
             # Every residual is zero: race p over the whole line.
             _, winner = _race_range(
-                key, t_line, d_line, 0, V, p_lo, p_hi, inv_t, j_max, j_norm, j_rcp, j_tau, jd_max, jd_norm, jd_rcp, jd_tau,
-                Vd, rejected_token, False, HAS_DRAFT, STREAM, INTERPRET, BLOCK,
+                key, t_line, d_line, 0, V, V, p_lo, p_hi, inv_t, j_max, j_norm, j_rcp, j_tau, jd_max, jd_norm, jd_rcp, jd_tau,
+                rejected_token, False, HAS_DRAFT, FILTERED, STREAM, INTERPRET, BLOCK,
             )
         winner = tl.where(greedy, _pick(argmax, positions, j, 0), winner)
         invalid = invalid | (winner < 0) | (winner >= V)  # never emit an out-of-range id
@@ -309,7 +364,7 @@ def race_kernel(
             s_e = raw_e * inv_t
             processed = tl.where(s_e >= t_tau, (s_e - t_max) - tl.log(t_norm), float("-inf"))
             if LOGPROBS == 2:
-                r_max, r_norm, _ = _combine_lines(part_rm_ptr, part_rz_ptr, t_first, positions, t_used & stochastic_v, tl.cdiv(V, TILE), TILES, TP)
+                r_max, r_norm, _ = _combine_lines(part_rm_ptr, part_rz_ptr, t_first, positions, t_lines, t_parts, PARTS, PP)
                 raw_lp = (raw_e - r_max) - tl.log(r_norm)
                 # Greedy lines hold their raw statistics in part_m / part_z (inv_t = 1 there).
                 values = tl.where(greedy, processed, raw_lp)
