@@ -235,6 +235,8 @@ class Call:
     seeds: bool = False
     offsets: bool = False
     stream: int = 1
+    draft_dtype: str | None = None  # default: the target's
+    draft_vocab: int | None = None  # default: the target's
     candidate_passes: int = 0  # whole-line search passes of the threshold kernel (0: the cut is found among the candidates)
 
     @property
@@ -259,11 +261,11 @@ def meta_args(call: Call):
 
     from specdec_ext._params import VerifyArgs
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[call.dtype]
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     meta = torch.device("meta")
     b, k, v = call.batch, call.k, call.vocab
-    target = torch.empty(b, k + 1, v, dtype=dtype, device=meta)
-    draft = torch.empty(b, k, v, dtype=dtype, device=meta) if call.draft == "logits" and k else None
+    target = torch.empty(b, k + 1, v, dtype=dtypes[call.dtype], device=meta)
+    draft = torch.empty(b, k, call.draft_vocab or v, dtype=dtypes[call.draft_dtype or call.dtype], device=meta) if call.draft == "logits" and k else None
     row = lambda dt: torch.empty(b, dtype=dt, device=meta)  # noqa: E731
     return VerifyArgs(
         target, draft, torch.empty(b, k, dtype=torch.int64, device=meta), row(torch.float32), row(torch.int64), row(torch.float32), row(torch.int64),
@@ -395,11 +397,11 @@ def _work(launch, call: Call) -> dict:
         return {
             "trips": tiles_per_chunk, "values": block, "programs_used": call.batch * chunks,
             "bytes": call.batch * raced * call.vocab * call.itemsize + call.batch * (2 * lines_t + 2 * lines_d) * 4 * c["PARTS"],
-            # row parameters, partials and drafts (one round: no load waits for another); the
-            # drafts' logits (gather); the chunk's logits (still in L2 when the call's logits fit
-            # in half of it); the arrival atomic; the last program's read of the chunk results
-            # (and, with logprobs, the winner's logit).
-            "rounds": ["l2", "l2", "l2" if _logits_bytes(call) < ASSUMPTIONS["l2_bytes"] / 2 else "dram", "l2", "l2"] + (["l2"] if call.logprobs else []),
+            # row parameters, partials and the drafts' logits (one round: no load waits for
+            # another); the chunk's logits (still in L2 when the call's logits fit in half of it);
+            # the arrival atomic; the last program's read of the chunk results (and, with
+            # logprobs, the winner's logit).
+            "rounds": ["l2", "l2" if _logits_bytes(call) < ASSUMPTIONS["l2_bytes"] / 2 else "dram", "l2", "l2"] + (["l2"] if call.logprobs else []),
             "final_trips": math.ceil(chunks / _triton_backend.FINAL_BLOCK),
         }
     if launch.name == "candidates":

@@ -28,8 +28,8 @@ from ._params import LOGPROBS_NONE, VerifyArgs
 # Line statistics: values per tile (one block reduction each) and warps per program. A thread
 # holds TILE / (32 * warps) values; 16-byte loads give each row of the tile 4 (fp32) or 8 (16-bit)
 # consecutive values per thread.
-STATS_TILE = 4096
-STATS_WARPS = 4
+STATS_TILE = 8192
+STATS_WARPS = 8
 STATS_PROGRAMS_PER_SM = 16
 # The race: ids per loop step and warps per program on a GPU (one warp: the walk's reductions over
 # positions stay in the warp, no block barriers); programs per multiprocessor wanted at any batch
@@ -142,8 +142,6 @@ class Launch(NamedTuple):
     num_warps: int
 
     def run(self) -> None:
-        # No FMA contraction: p(x) is the same float expression on every backend (an explicit
-        # tl.fma where a kernel wants one).
         self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=1, enable_fp_fusion=False)
 
 
@@ -187,7 +185,7 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
 
     cand = lines * candidate_chunks
     stats += _next_power_of_2(tiles)  # the race reads whole power-of-two rows of partials
-    floats = padded(stats, stats, stats, stats, lines, batch * chunks, cand * CANDIDATES, cand, cand)
+    floats = padded(stats, stats, stats, stats, lines, lines, batch * chunks, cand * CANDIDATES, cand, cand)
     ints = padded(stats, batch * chunks, cand, cand)
     return {
         "has_draft": has_draft, "lines": lines, "tiles": tiles, "tiles_per_part": tiles_per_part, "chunks": chunks, "tiles_per_chunk": tiles_per_chunk,
@@ -240,6 +238,7 @@ class Buffers(NamedTuple):
     part_rm: torch.Tensor
     part_rz: torch.Tensor
     part_i: torch.Tensor
+    gathered: torch.Tensor
     tau: torch.Tensor
     race_val: torch.Tensor
     race_idx: torch.Tensor
@@ -274,7 +273,7 @@ def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tens
     stats = lines * tiles + _next_power_of_2(tiles)  # padded: see _layout
     found = Buffers(
         part_m=take("f", stats), part_z=take("f", stats), part_rm=take("f", stats), part_rz=take("f", stats), part_i=take("i", stats),
-        tau=take("f", lines), race_val=take("f", batch * chunks), race_idx=take("i", batch * chunks), counters=counters,
+        gathered=take("f", lines), tau=take("f", lines), race_val=take("f", batch * chunks), race_idx=take("i", batch * chunks), counters=counters,
         cand=take("f", lines * cc * CANDIDATES), cand_max=take("f", lines * cc), cand_sum=take("f", lines * cc),
         cand_count=take("i", lines * cc), cand_floor=take("i", lines * cc),
     )
@@ -311,97 +310,145 @@ def allocate_outputs(args: VerifyArgs, device: torch.device) -> Outputs:
     )
 
 
-def plan(args: VerifyArgs, base_key: int, geo: Geometry, bufs: Buffers, layout: dict, out: Outputs) -> list[Launch]:
-    """The launches of one call (see the module docstring)."""
-    import triton
+class Template(NamedTuple):
+    """A launch without its per-call tensors: ``arguments(args, base_key, out)`` fills them in."""
 
+    name: str
+    kernel: Any
+    grid: tuple[int, ...]
+    arguments: Any
+    constexprs: dict
+    num_warps: int
+
+
+def templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict) -> list[Template]:
+    """The launches of a call as templates (see the module docstring): everything that depends on
+    shapes, strides, flags and the workspace, computed once per call signature."""
     k = kernels()
-    target = args.target_logits
-    draft = args.draft_logits
-    tokens = args.draft_tokens
+    target, draft, tokens = args.target_logits, args.draft_logits, args.draft_tokens
     batch, num_positions, vocab, draft_vocab = args.batch, args.num_positions, args.vocab, args.draft_vocab
     has_draft = layout["has_draft"]
-    if not has_draft:
-        draft = target  # a placeholder pointer, never read
     t_strides = (target.stride(0), target.stride(1))
     d_strides = (draft.stride(0), draft.stride(1)) if has_draft else (0, 0)
     tok_stride = tokens.stride(0) if num_positions else 0
-    lines, tiles = layout["lines"], layout["tiles"]
-    per_row = (args.temperature, args.top_k, args.top_p, args.num_draft_tokens)
+    lines, tiles, tiles_per_part = layout["lines"], layout["tiles"], layout["tiles_per_part"]
     shape_args = (batch, num_positions, vocab, draft_vocab, *t_strides, *d_strides)
-    launches = []
+    b = bufs
+    found = []
+
+    def logits(a: VerifyArgs) -> tuple:
+        return (a.target_logits, a.draft_logits if has_draft else a.target_logits)  # the target is a placeholder, never read
+
     if args.filtered:
         cc = layout["candidate_chunks"]
         common = {"NUM_CHUNKS": cc, "HAS_DRAFT": has_draft, "CHUNK": geo.candidate_chunk, "CAND": CANDIDATES}
-        launches.append(Launch(
+        candidate_buffers = (b.cand, b.cand_count, b.cand_floor, b.cand_max, b.cand_sum)
+        found.append(Template(
             "candidates", k.candidates_kernel, (lines, cc),
-            (target, draft, *per_row, bufs.cand, bufs.cand_count, bufs.cand_floor, bufs.cand_max, bufs.cand_sum, *shape_args),
+            lambda a, key, o: (*logits(a), a.temperature, a.top_k, a.top_p, a.num_draft_tokens, *candidate_buffers, *shape_args),
             common, 4,
         ))
-        launches.append(Launch(
+        found.append(Template(
             "threshold", k.threshold_kernel, (lines,),
-            (target, draft, bufs.tau, *per_row, bufs.cand, bufs.cand_count, bufs.cand_floor, bufs.cand_max, bufs.cand_sum, *shape_args),
-            common | {"CHUNKS_POW2": triton.next_power_of_2(cc), "CANDS_POW2": triton.next_power_of_2(cc * CANDIDATES), "BLOCK": geo.threshold_block},
+            lambda a, key, o: (*logits(a), b.tau, a.temperature, a.top_k, a.top_p, a.num_draft_tokens, *candidate_buffers, *shape_args),
+            common | {"CHUNKS_POW2": _next_power_of_2(cc), "CANDS_POW2": _next_power_of_2(cc * CANDIDATES), "BLOCK": geo.threshold_block},
             4,
         ))
     t_lanes, t_rows = _lanes(target.dtype, geo.stats_tile)
-    d_lanes, d_rows = _lanes(draft.dtype, geo.stats_tile)
-    launches.append(Launch(
-        "line_stats", k.line_stats_kernel, (lines, _cdiv(tiles, layout["tiles_per_part"])),
-        (target, draft, args.temperature, args.num_draft_tokens, bufs.tau, bufs.part_m, bufs.part_z, bufs.part_i, bufs.part_rm, bufs.part_rz, *shape_args,
-         layout["tiles_per_part"]),
+    d_lanes, d_rows = _lanes((draft if has_draft else target).dtype, geo.stats_tile)
+    found.append(Template(
+        "line_stats", k.line_stats_kernel, (lines, _cdiv(tiles, tiles_per_part)),
+        lambda a, key, o: (*logits(a), a.temperature, a.num_draft_tokens, b.tau, b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz,
+                           a.draft_tokens, b.gathered, *shape_args, tok_stride, tiles_per_part),
         {"PARTS": tiles, "HAS_DRAFT": has_draft, "CHECK": args.check, "FILTERED": args.filtered, "LOGPROBS": args.logprobs,
          "T_LANES": t_lanes, "T_ROWS": t_rows, "D_LANES": d_lanes, "D_ROWS": d_rows},
         STATS_WARPS,
     ))
-    seeds = args.seeds if args.seeds is not None else args.num_draft_tokens  # placeholders, never read
-    offsets = args.offsets if args.offsets is not None else args.num_draft_tokens
-    logprobs = out.logprobs if out.logprobs is not None else bufs.tau
-    accept = out.accept_probs if out.accept_probs is not None else bufs.tau
-    launches.append(Launch(
-        "race", k.race_kernel, (batch, layout["chunks"]),
-        (target, draft, tokens, *per_row, seeds, offsets, bufs.tau, bufs.part_m, bufs.part_z, bufs.part_i, bufs.part_rm, bufs.part_rz,
-         bufs.race_val, bufs.race_idx, bufs.counters, out.tokens, out.num_accepted, logprobs, accept,
-         base_key, batch, num_positions, vocab, draft_vocab, *t_strides, *d_strides, tok_stride, layout["tiles_per_part"], layout["tiles_per_chunk"],
-         layout["chunks"]),
-        {"PARTS": tiles, "TILE": geo.stats_tile, "PP": triton.next_power_of_2(tiles), "KP": triton.next_power_of_2(num_positions + 1),
+    race_tail = (batch, num_positions, vocab, draft_vocab, *t_strides, *d_strides, tok_stride, _cdiv(tiles, tiles_per_part),
+                 _cdiv(_cdiv(draft_vocab, geo.stats_tile), tiles_per_part), layout["tiles_per_chunk"], layout["chunks"])
+    stats_buffers = (b.tau, b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz, b.gathered, b.race_val, b.race_idx, b.counters)
+
+    def race_arguments(a: VerifyArgs, key: int, o: Outputs) -> tuple:
+        placeholder = a.num_draft_tokens  # for the optional tensors: never read when absent
+        return (
+            *logits(a), a.draft_tokens, a.temperature, a.top_k, a.top_p, a.num_draft_tokens,
+            a.seeds if a.seeds is not None else placeholder, a.offsets if a.offsets is not None else placeholder, *stats_buffers,
+            o.tokens, o.num_accepted, o.logprobs if o.logprobs is not None else b.tau, o.accept_probs if o.accept_probs is not None else b.tau,
+            key, *race_tail,
+        )
+
+    found.append(Template(
+        "race", k.race_kernel, (batch, layout["chunks"]), race_arguments,
+        {"PARTS": tiles, "PP": _next_power_of_2(tiles), "KP": _next_power_of_2(num_positions + 1),
          "STREAM": args.stream, "HAS_DRAFT": has_draft, "HAS_SEEDS": args.seeds is not None, "HAS_OFFSETS": args.offsets is not None,
          "CHECK": args.check, "FILTERED": args.filtered, "LOGPROBS": args.logprobs, "ACCEPT_PROBS": args.accept_probs,
          "INTERPRET": geo.interpret, "BLOCK": geo.race_block, "FINAL_BLOCK": FINAL_BLOCK},
         RACE_WARPS if not geo.interpret else 4,
     ))
-    return launches
+    return found
+
+
+def plan(args: VerifyArgs, base_key: int, geo: Geometry, bufs: Buffers, layout: dict, out: Outputs) -> list[Launch]:
+    """The launches of one call."""
+    return [Launch(t.name, t.kernel, t.grid, t.arguments(args, base_key, out), t.constexprs, t.num_warps) for t in templates(args, geo, bufs, layout)]
 
 
 def prepare(args: VerifyArgs) -> VerifyArgs:
     """Inputs as the kernels read them: last dimensions contiguous."""
+    draft = args.draft_logits
+    if args.target_logits.stride(-1) == 1 and (draft is None or draft.stride(-1) == 1) and (args.draft_tokens.stride(-1) == 1 or args.num_positions <= 1):
+        return args
     return args._replace(
         target_logits=_last_dim_contiguous(args.target_logits),
-        draft_logits=_last_dim_contiguous(args.draft_logits) if args.draft_logits is not None else None,
+        draft_logits=_last_dim_contiguous(draft) if draft is not None else None,
         draft_tokens=_last_dim_contiguous(args.draft_tokens),
     )
+
+
+_SETUPS: dict[tuple, tuple] = {}
+
+
+def _setup(args: VerifyArgs, device: torch.device, overrides: dict) -> list[Template]:
+    """The launch templates of a call, cached per shapes, strides, dtypes, flags, device and CUDA
+    stream: a repeated call (a decoding loop) pays one dictionary lookup here."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    target, draft, tokens = args.target_logits, args.draft_logits, args.draft_tokens
+    key = (
+        device, stream, target.shape, target.stride(), target.dtype, None if draft is None else (draft.shape, draft.stride(), draft.dtype),
+        tokens.shape, tokens.stride(), args.filtered, args.check, args.logprobs, args.accept_probs, args.stream, args.seeds is None,
+        args.offsets is None, tuple(sorted(overrides.items())) if overrides else (),
+    )
+    found = _SETUPS.get(key)
+    ws = workspace(device)
+    if found is not None and found[0] is ws.counters:
+        return found[1]
+    geo = geometry(device, **overrides)
+    layout = _layout(args, geo)
+    ws.reserve(layout["sizes"])
+    found = templates(args, geo, buffers(ws.floats, ws.ints, ws.counters, layout, args.batch), layout)
+    if len(_SETUPS) > 256:
+        _SETUPS.clear()
+    _SETUPS[key] = (ws.counters, found)
+    return found
 
 
 def verify(args: VerifyArgs, base_key: int, **overrides) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Run the fused kernels; returns (tokens (B, K+1) int64, num_accepted (B,) int64, logprobs
     (B, K+1) float32 or None, accept_probs (B, K) float32 or None). No host sync.
 
-    ``overrides`` (race_chunks, race_block, stats_tile, candidate_chunk, threshold_block) change
-    the launch geometry, never the result: tests use them to cover several chunks per row, ragged
-    last tiles and the candidate search on small vocabularies.
+    ``overrides`` (race_chunks, race_block, stats_tile, stats_parts, candidate_chunk,
+    threshold_block) change the launch geometry, never the result: tests use them to cover several
+    chunks per row, ragged last tiles and the candidate search on small vocabularies.
     """
     args = prepare(args)
     device = args.target_logits.device
     out = allocate_outputs(args, device)
     if args.batch == 0:
         return tuple(out)
-    geo = geometry(device, **overrides)
-    layout = _layout(args, geo)
-    ws = workspace(device)
-    ws.reserve(layout["sizes"])
-    bufs = buffers(ws.floats, ws.ints, ws.counters, layout, args.batch)
-    for launch in plan(args, base_key, geo, bufs, layout, out):
-        launch.run()
+    for t in _setup(args, device, overrides):
+        # No FMA contraction: p(x) is the same float expression on every backend (an explicit
+        # tl.fma where a kernel wants one).
+        t.kernel[t.grid](*t.arguments(args, base_key, out), **t.constexprs, num_warps=t.num_warps, num_stages=1, enable_fp_fusion=False)
     return tuple(out)
 
 

@@ -144,7 +144,7 @@ def _race_range(
     return best, tl.min(tl.where(lane_best == best, lane_index, 2147483647), axis=0)
 
 
-@triton.jit(do_not_specialize=["batch", "base_key", "tiles_per_part", "tiles_per_chunk", "num_chunks"])
+@triton.jit(do_not_specialize=["batch", "base_key", "t_parts", "d_parts", "tiles_per_chunk", "num_chunks"])
 def race_kernel(
     target_ptr,  # (B, K+1, V) raw target logits, last dim contiguous
     draft_ptr,  # (B, K, Vd) raw draft logits (unused without HAS_DRAFT)
@@ -161,6 +161,7 @@ def race_kernel(
     part_i_ptr,  # (lines, PARTS) int32
     part_rm_ptr,  # (lines, PARTS) float32 (LOGPROBS == 2)
     part_rz_ptr,
+    gathered_ptr,  # (lines,) float32: the raw logit at each position's draft token (line_stats_kernel)
     race_val_ptr,  # (B, >= num_chunks) float32 workspace: each chunk's best key
     race_idx_ptr,  # (B, >= num_chunks) int32 workspace: its index
     counter_ptr,  # (B,) int32 workspace, 0 between calls: programs of the row that arrived
@@ -178,11 +179,11 @@ def race_kernel(
     d_stride_b,
     d_stride_k,
     tok_stride_b,
-    tiles_per_part,  # statistics tiles per partial (line_stats_kernel's)
+    t_parts,  # statistics partials of a target line (line_stats_kernel's grid)
+    d_parts,  # statistics partials of a draft line
     tiles_per_chunk,  # race tiles (BLOCK ids) per chunk
     num_chunks,  # programs per row
     PARTS: tl.constexpr,  # line statistics partial slots per line
-    TILE: tl.constexpr,  # values per statistics tile
     PP: tl.constexpr,  # next power of two of PARTS
     KP: tl.constexpr,  # next power of two of K + 1
     STREAM: tl.constexpr,  # 1 verify, 2 sample
@@ -230,8 +231,6 @@ def race_kernel(
     d_row = draft_ptr + row64 * d_stride_b
 
     # 1. The walk, all positions at once.
-    t_parts = tl.cdiv(tl.cdiv(V, TILE), tiles_per_part)
-    d_parts = tl.cdiv(tl.cdiv(Vd, TILE), tiles_per_part)
     positions = tl.arange(0, KP)
     # Per-position copies of row flags (vector & scalar booleans trip the interpreter).
     stochastic_v = tl.where(stochastic, positions >= 0, positions < 0)
@@ -249,7 +248,7 @@ def race_kernel(
     tokens = tl.load(tokens_ptr + row64 * tok_stride_b + positions, mask=positions < K, other=0).to(tl.int64)
     invalid = invalid | (tl.max((drafted & ((tokens < 0) | (tokens >= Vd))).to(tl.int32), axis=0) != 0)
     tokens = tl.minimum(tl.maximum(tokens, 0), Vd - 1).to(tl.int32)
-    raw_x = tl.load(t_row + positions.to(tl.int64) * t_stride_k + tokens, mask=d_lines, other=0.0).to(tl.float32)
+    raw_x = tl.load(gathered_ptr + t_first + positions, mask=d_lines, other=0.0)
     s_x = raw_x * inv_t
     p_x = _prob(s_x, t_max, t_norm, t_rcp, t_tau, FILTERED)
     if HAS_DRAFT:
@@ -262,7 +261,7 @@ def race_kernel(
             d_tau = tl.where(stochastic_v, tl.load(tau_ptr + d_first + positions, mask=d_lines, other=float("-inf")), float("-inf"))
         else:
             d_tau = tl.full((KP,), float("-inf"), tl.float32)
-        d_x = tl.load(d_row + positions.to(tl.int64) * d_stride_k + tokens, mask=d_lines, other=0.0).to(tl.float32) * inv_t
+        d_x = tl.load(gathered_ptr + d_first + positions, mask=d_lines, other=0.0) * inv_t
         q_x = _prob(d_x, d_max, d_norm, d_rcp, d_tau, FILTERED)
     else:
         q_x = tl.full((KP,), 1.0, tl.float32)

@@ -147,6 +147,8 @@ def line_stats_kernel(
     part_i_ptr,  # (lines, PARTS) int32 out: greedy lines, lowest index of the raw max
     part_rm_ptr,  # (lines, PARTS) float32 out: RAW_STATS, max of the raw part
     part_rz_ptr,  # (lines, PARTS) float32 out: RAW_STATS, sum of exp(raw - raw max)
+    tokens_ptr,  # (B, K) int32 / int64 draft tokens
+    gathered_ptr,  # (lines,) float32 out: each draft position's line's raw logit at its draft token
     batch,
     K,
     V,
@@ -155,6 +157,7 @@ def line_stats_kernel(
     t_stride_k,
     d_stride_b,
     d_stride_k,
+    tok_stride_b,
     tiles_per_part,  # tiles each program reads (follows B: fewer, longer programs at large batch)
     PARTS: tl.constexpr,  # partial slots per line (cdiv(V, TILE)): the row stride of part_*
     HAS_DRAFT: tl.constexpr,
@@ -181,6 +184,9 @@ def line_stats_kernel(
         tau = float("-inf")
     out = line.to(tl.int64) * PARTS + part
     first = part * tiles_per_part
+    # The draft token of this position (clamped as the race clamps it), for the gather below.
+    token = tl.load(tokens_ptr + row.to(tl.int64) * tok_stride_b + pos, mask=pos < K, other=0).to(tl.int32)
+    token = tl.minimum(tl.maximum(token, 0), Vd - 1)
     if is_draft:
         if HAS_DRAFT:
             last = tl.minimum(first + tiles_per_part, tl.cdiv(Vd, D_LANES * D_ROWS))
@@ -188,12 +194,21 @@ def line_stats_kernel(
             if not CHECK:
                 used = used & (temperature != 0)  # a greedy row's walk reads no draft line
             if used:
-                base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
-                _part(base, first, last, Vd, inv_t, tau, greedy, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
+                d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
+                # Issued with the tiles' loads; stored when the token lies in this part.
+                mine = (token >= first * (D_LANES * D_ROWS)) & (token < last * (D_LANES * D_ROWS))
+                at_token = tl.load(d_base + token, mask=mine, other=0.0).to(tl.float32)
+                _part(d_base, first, last, Vd, inv_t, tau, greedy, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
                       FILTERED, False, False, D_LANES, D_ROWS)
+                tl.store(gathered_ptr + line, at_token, mask=mine)
     else:
         last = tl.minimum(first + tiles_per_part, tl.cdiv(V, T_LANES * T_ROWS))
         if (pos <= num_draft) & (first < last):
-            base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
-            _part(base, first, last, V, inv_t, tau, greedy, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
+            t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
+            # The race reads the draft token's logit from here, with the partials, instead of
+            # gathering it from the line after its other loads.
+            mine = (pos < num_draft) & (token >= first * (T_LANES * T_ROWS)) & (token < last * (T_LANES * T_ROWS))
+            at_token = tl.load(t_base + token, mask=mine, other=0.0).to(tl.float32)
+            _part(t_base, first, last, V, inv_t, tau, greedy, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
                   FILTERED, LOGPROBS != 0, LOGPROBS == 2, T_LANES, T_ROWS)
+            tl.store(gathered_ptr + line, at_token, mask=mine)

@@ -127,11 +127,11 @@ def candidates_kernel(
     if active & (chunk * CHUNK < width):
         if is_draft:
             if HAS_DRAFT:
-                base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
-                _chunk_candidates(base, chunk, Vd, inv_t, out, cand_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr, chunk_sum_ptr, CHUNK, CAND)
+                d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
+                _chunk_candidates(d_base, chunk, Vd, inv_t, out, cand_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr, chunk_sum_ptr, CHUNK, CAND)
         else:
-            base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
-            _chunk_candidates(base, chunk, V, inv_t, out, cand_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr, chunk_sum_ptr, CHUNK, CAND)
+            t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
+            _chunk_candidates(t_base, chunk, V, inv_t, out, cand_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr, chunk_sum_ptr, CHUNK, CAND)
 
 
 @triton.jit
@@ -296,11 +296,11 @@ def threshold_kernel(
     if active:
         if is_draft:
             if HAS_DRAFT:
-                base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
-                tau = _line_threshold(base, line, Vd, inv_t, top_k, top_p, use_k, use_p, cand_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr, chunk_sum_ptr,
+                d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
+                tau = _line_threshold(d_base, line, Vd, inv_t, top_k, top_p, use_k, use_p, cand_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr, chunk_sum_ptr,
                                       NUM_CHUNKS, CHUNK, CHUNKS_POW2, CAND, CANDS_POW2, BLOCK)
         else:
-            base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
-            tau = _line_threshold(base, line, V, inv_t, top_k, top_p, use_k, use_p, cand_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr, chunk_sum_ptr,
+            t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
+            tau = _line_threshold(t_base, line, V, inv_t, top_k, top_p, use_k, use_p, cand_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr, chunk_sum_ptr,
                                   NUM_CHUNKS, CHUNK, CHUNKS_POW2, CAND, CANDS_POW2, BLOCK)
     tl.store(tau_ptr + line, tau)
