@@ -64,6 +64,7 @@ ASSUMPTIONS = {
     "graph_kernel_gap_us": 0.8,  # between dependent kernel nodes of a graph (drain + launch)
     "python_call_overhead_us": 9.0,  # specdec_ext.verify's Python up to the launches (validation, key, plan, outputs), fast host
     "python_launch_us": 3.5,  # Triton 3.x launcher per kernel from Python (argument binding + cuLaunchKernel)
+    "threshold_search_bits": 24,  # order-key bits each top-k / top-p search resolves (candidate floor to line max)
     "rejected_rows": "every row rejects at its last draft position: the race reads a target and a draft line (the heavier loop)",
     "sampled_rows": "every row samples (temperature > 0); greedy rows would skip the race and read no draft line",
 }
@@ -359,11 +360,10 @@ def _pick_loop(code: KernelCode, name: str, call: Call) -> tuple[Loop | None, st
         residual = min((loop for loop in races if loop.has("LDG") == most_loads), key=lambda loop: loop.instructions)
         return residual, "residual race tile"
     if name == "candidates":
-        searches = [loop for loop in code.loops if not loop.has("LDG")]
-        return (max(searches, key=lambda loop: loop.instructions) if searches else None), "chunk bisection step"
+        return None, "per-thread selection (no loop)"
     if name == "threshold":
         searches = [loop for loop in code.loops if not loop.has("LDG")]
-        return (max(searches, key=lambda loop: loop.instructions) if searches else None), "candidate bisection step"
+        return (max(searches, key=lambda loop: loop.instructions) if searches else None), "candidate search step"
     return None, ""
 
 
@@ -386,6 +386,10 @@ def _work(launch, call: Call) -> dict:
         tile = c["T_LANES"] * c["T_ROWS"]
         used_lines = lines_t + lines_d
         programs_used = used_lines * launch.grid[1]
+        if call.filtered and call.candidate_passes == 0 and call.logprobs != 2:
+            # The threshold kernel wrote these lines' statistics from the candidates: the programs
+            # only gather the draft token's logit.
+            return {"trips": 0, "values": tile, "programs_used": programs_used, "bytes": used_lines * 4, "rounds": ["l2", "l2"]}
         return {
             "trips": tiles_per_part, "values": tile, "programs_used": programs_used, "bytes": used_lines * call.vocab * call.itemsize,
             "rounds": ["dram", "l2"],  # the tiles' loads (issued together), then the partials' stores
@@ -408,13 +412,17 @@ def _work(launch, call: Call) -> dict:
         chunk = c["CHUNK"]
         filtered_lines = lines_t + lines_d
         return {
-            "trips": 32, "values": chunk, "programs_used": filtered_lines * c["NUM_CHUNKS"], "bytes": filtered_lines * call.vocab * call.itemsize,
+            "trips": 0, "values": chunk, "programs_used": filtered_lines * c["NUM_CHUNKS"], "bytes": filtered_lines * call.vocab * call.itemsize,
             "rounds": ["dram", "l2"],
         }
     if launch.name == "threshold":
         passes = call.candidate_passes
+        # Two searches (top-k, top-p) over the candidates, each PROBES keys per step: the range
+        # between the candidates' floor and the line max spans about 2**24 order keys (logits
+        # within a factor 4 of each other), ceil(24 / log2(PROBES + 1)) steps each.
+        steps = 2 * math.ceil(ASSUMPTIONS["threshold_search_bits"] / math.log2(c["PROBES"] + 1))
         return {
-            "trips": 65, "values": c["CANDS_POW2"], "programs_used": lines_t + lines_d,
+            "trips": steps, "values": c["CANDS_POW2"], "programs_used": lines_t + lines_d,
             "bytes": (lines_t + lines_d) * (c["CANDS_POW2"] * 4 + passes * call.vocab * call.itemsize),
             "rounds": ["l2", "l2"] + ["l2"] * passes,
             "line_passes": passes, "block": c["BLOCK"],

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._params import LOGPROBS_NONE, VerifyArgs
+from ._params import LOGPROBS_NONE, LOGPROBS_RAW, VerifyArgs
 
 # Line statistics: values per tile (one block reduction each) and warps per program. A thread
 # holds TILE / (32 * warps) values; 16-byte loads give each row of the tile 4 (fp32) or 8 (16-bit)
@@ -41,7 +41,10 @@ FINAL_BLOCK = 1024  # chunk results the finalising program reads per step
 # Top-k / top-p: values per candidates program (held in registers), candidate slots per chunk
 # (1/64 of the line) and the tile of the whole-line fallback search.
 CANDIDATE_CHUNK = 4096
+CANDIDATE_WARPS = 4
 CANDIDATES = 64
+THRESHOLD_WARPS = 8
+THRESHOLD_PROBES = 4  # keys tested per search step over the candidates
 THRESHOLD_BLOCK = 1024
 # The interpreter runs programs one after another, paying per program and per loop step, not per
 # lane: one race chunk per row and large tiles there.
@@ -186,7 +189,7 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
     cand = lines * candidate_chunks
     stats += _next_power_of_2(tiles)  # the race reads whole power-of-two rows of partials
     floats = padded(stats, stats, stats, stats, lines, lines, batch * chunks, cand * CANDIDATES, cand, cand)
-    ints = padded(stats, batch * chunks, cand, cand)
+    ints = padded(stats, batch * chunks, cand * CANDIDATES, cand, cand, lines)
     return {
         "has_draft": has_draft, "lines": lines, "tiles": tiles, "tiles_per_part": tiles_per_part, "chunks": chunks, "tiles_per_chunk": tiles_per_chunk,
         "candidate_chunks": candidate_chunks, "sizes": Sizes(floats, ints, batch),
@@ -246,8 +249,10 @@ class Buffers(NamedTuple):
     cand: torch.Tensor
     cand_max: torch.Tensor
     cand_sum: torch.Tensor
+    cand_mult: torch.Tensor
     cand_count: torch.Tensor
     cand_floor: torch.Tensor
+    resolved: torch.Tensor
 
 
 _BUFFERS: dict[tuple, Buffers] = {}
@@ -275,7 +280,7 @@ def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tens
         part_m=take("f", stats), part_z=take("f", stats), part_rm=take("f", stats), part_rz=take("f", stats), part_i=take("i", stats),
         gathered=take("f", lines), tau=take("f", lines), race_val=take("f", batch * chunks), race_idx=take("i", batch * chunks), counters=counters,
         cand=take("f", lines * cc * CANDIDATES), cand_max=take("f", lines * cc), cand_sum=take("f", lines * cc),
-        cand_count=take("i", lines * cc), cand_floor=take("i", lines * cc),
+        cand_mult=take("i", lines * cc * CANDIDATES), cand_count=take("i", lines * cc), cand_floor=take("i", lines * cc), resolved=take("i", lines),
     )
     if len(_BUFFERS) > 64:
         _BUFFERS.clear()
@@ -339,33 +344,39 @@ def templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict) -> l
     def logits(a: VerifyArgs) -> tuple:
         return (a.target_logits, a.draft_logits if has_draft else a.target_logits)  # the target is a placeholder, never read
 
+    t_parts = _cdiv(tiles, tiles_per_part)
+    d_parts = _cdiv(_cdiv(draft_vocab, geo.stats_tile), tiles_per_part)
     if args.filtered:
         cc = layout["candidate_chunks"]
         common = {"NUM_CHUNKS": cc, "HAS_DRAFT": has_draft, "CHUNK": geo.candidate_chunk, "CAND": CANDIDATES}
-        candidate_buffers = (b.cand, b.cand_count, b.cand_floor, b.cand_max, b.cand_sum)
+        candidate_buffers = (b.cand, b.cand_mult, b.cand_count, b.cand_floor, b.cand_max, b.cand_sum)
+        vectors = {"T_VEC": 16 // target.dtype.itemsize, "D_VEC": 16 // (draft if has_draft else target).dtype.itemsize, "THREADS": 32 * CANDIDATE_WARPS}
+        if geo.candidate_chunk < vectors["THREADS"] * max(vectors["T_VEC"], vectors["D_VEC"]):
+            raise ValueError(f"candidate_chunk must hold at least one 16-byte vector per thread, got {geo.candidate_chunk}")
         found.append(Template(
             "candidates", k.candidates_kernel, (lines, cc),
             lambda a, key, o: (*logits(a), a.temperature, a.top_k, a.top_p, a.num_draft_tokens, *candidate_buffers, *shape_args),
-            common, 4,
+            common | vectors, CANDIDATE_WARPS,
         ))
         found.append(Template(
             "threshold", k.threshold_kernel, (lines,),
-            lambda a, key, o: (*logits(a), b.tau, a.temperature, a.top_k, a.top_p, a.num_draft_tokens, *candidate_buffers, *shape_args),
-            common | {"CHUNKS_POW2": _next_power_of_2(cc), "CANDS_POW2": _next_power_of_2(cc * CANDIDATES), "BLOCK": geo.threshold_block},
-            4,
+            lambda a, key, o: (*logits(a), b.tau, b.resolved, b.part_m, b.part_z, a.temperature, a.top_k, a.top_p, a.num_draft_tokens,
+                               *candidate_buffers, *shape_args, t_parts, d_parts),
+            common | {"CHUNKS_POW2": _next_power_of_2(cc), "CANDS_POW2": _next_power_of_2(cc * CANDIDATES), "BLOCK": geo.threshold_block,
+                      "PARTS": tiles, "PP": _next_power_of_2(tiles), "RESOLVE": args.logprobs != LOGPROBS_RAW, "PROBES": THRESHOLD_PROBES},
+            THRESHOLD_WARPS,
         ))
     t_lanes, t_rows = _lanes(target.dtype, geo.stats_tile)
     d_lanes, d_rows = _lanes((draft if has_draft else target).dtype, geo.stats_tile)
     found.append(Template(
         "line_stats", k.line_stats_kernel, (lines, _cdiv(tiles, tiles_per_part)),
-        lambda a, key, o: (*logits(a), a.temperature, a.num_draft_tokens, b.tau, b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz,
+        lambda a, key, o: (*logits(a), a.temperature, a.num_draft_tokens, b.tau, b.resolved, b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz,
                            a.draft_tokens, b.gathered, *shape_args, tok_stride, tiles_per_part),
         {"PARTS": tiles, "HAS_DRAFT": has_draft, "CHECK": args.check, "FILTERED": args.filtered, "LOGPROBS": args.logprobs,
          "T_LANES": t_lanes, "T_ROWS": t_rows, "D_LANES": d_lanes, "D_ROWS": d_rows},
         STATS_WARPS,
     ))
-    race_tail = (batch, num_positions, vocab, draft_vocab, *t_strides, *d_strides, tok_stride, _cdiv(tiles, tiles_per_part),
-                 _cdiv(_cdiv(draft_vocab, geo.stats_tile), tiles_per_part), layout["tiles_per_chunk"], layout["chunks"])
+    race_tail = (batch, num_positions, vocab, draft_vocab, *t_strides, *d_strides, tok_stride, t_parts, d_parts, layout["tiles_per_chunk"], layout["chunks"])
     stats_buffers = (b.tau, b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz, b.gathered, b.race_val, b.race_idx, b.counters)
 
     def race_arguments(a: VerifyArgs, key: int, o: Outputs) -> tuple:

@@ -94,7 +94,7 @@ def test_identity_across_launch_geometries():
         {"race_chunks": 3, "race_block": 128, "stats_tile": 512},
         {"race_chunks": 1, "race_block": 256, "stats_tile": 512, "stats_parts": 1},  # one statistics program loops over both tiles
         {"race_chunks": 8, "race_block": 64},
-        {"race_chunks": 2, "race_block": 512, "stats_tile": 512, "candidate_chunk": 256, "threshold_block": 256},
+        {"race_chunks": 2, "race_block": 512, "stats_tile": 512, "candidate_chunk": 512, "threshold_block": 256},
     ]
     for params in ({}, {"top_k": 50, "top_p": 0.95, "return_logprobs": "raw"}, {"temperature": torch.tensor([0.0, 0.7, 1.2]), "return_logprobs": "processed"}):
         args = _args(target, draft, tokens, seeds=seeds, offsets=offsets, return_accept_probs=True, **params)
@@ -237,13 +237,13 @@ def _triton_thresholds(args, **geometry) -> torch.Tensor:
     ],
 )
 def test_thresholds_match_the_reference(name, logits_fn, params):
-    """The candidate search (several 256-value chunks per line here) finds the reference's cut-offs
+    """The candidate search (several 512-value chunks per line here) finds the reference's cut-offs
     exactly, whether it resolves among the candidates or falls back to the whole line."""
     g = torch.Generator().manual_seed(len(name))
     target = logits_fn(g)
     tokens = torch.zeros(target.shape[0], target.shape[1] - 1, dtype=torch.int64)
     kw = {"temperature": 1.0, "top_k": None, "top_p": None, "num_draft_tokens": None} | params
     args = _params.validate_verify(target, None, tokens, generator=None, check=False, **kw)
-    got = _triton_thresholds(args, candidate_chunk=256, threshold_block=1024)
+    got = _triton_thresholds(args, candidate_chunk=512, threshold_block=1024)
     expected = _reference_thresholds(args)
     assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"

@@ -142,6 +142,7 @@ def line_stats_kernel(
     temperature_ptr,  # (B,) float32, 0 = greedy
     num_draft_ptr,  # (B,) int64 drafts to verify per row
     tau_ptr,  # (lines,) float32 cut-offs, keep s >= tau (read only when FILTERED)
+    resolved_ptr,  # (lines,) int32: 1 where threshold_kernel already wrote the line's partials (read only when FILTERED)
     part_m_ptr,  # (lines, PARTS) float32 out: max of the processed part (raw for greedy lines; NaN = NaN seen)
     part_z_ptr,  # (lines, PARTS) float32 out: sum of exp(s - max) over the kept part
     part_i_ptr,  # (lines, PARTS) int32 out: greedy lines, lowest index of the raw max
@@ -180,8 +181,10 @@ def line_stats_kernel(
     inv_t = tl.math.div_rn(1.0, tl.where(temperature > 0, temperature, 1.0))
     if FILTERED:
         tau = tl.where(greedy, float("-inf"), tl.load(tau_ptr + line))
+        done = tl.load(resolved_ptr + line) != 0  # cut found among the candidates: statistics written, no second read
     else:
         tau = float("-inf")
+        done = line < 0
     out = line.to(tl.int64) * PARTS + part
     first = part * tiles_per_part
     # The draft token of this position (clamped as the race clamps it), for the gather below.
@@ -198,8 +201,9 @@ def line_stats_kernel(
                 # Issued with the tiles' loads; stored when the token lies in this part.
                 mine = (token >= first * (D_LANES * D_ROWS)) & (token < last * (D_LANES * D_ROWS))
                 at_token = tl.load(d_base + token, mask=mine, other=0.0).to(tl.float32)
-                _part(d_base, first, last, Vd, inv_t, tau, greedy, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
-                      FILTERED, False, False, D_LANES, D_ROWS)
+                if done == 0:
+                    _part(d_base, first, last, Vd, inv_t, tau, greedy, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
+                          FILTERED, False, False, D_LANES, D_ROWS)
                 tl.store(gathered_ptr + line, at_token, mask=mine)
     else:
         last = tl.minimum(first + tiles_per_part, tl.cdiv(V, T_LANES * T_ROWS))
@@ -209,6 +213,7 @@ def line_stats_kernel(
             # gathering it from the line after its other loads.
             mine = (pos < num_draft) & (token >= first * (T_LANES * T_ROWS)) & (token < last * (T_LANES * T_ROWS))
             at_token = tl.load(t_base + token, mask=mine, other=0.0).to(tl.float32)
-            _part(t_base, first, last, V, inv_t, tau, greedy, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
-                  FILTERED, LOGPROBS != 0, LOGPROBS == 2, T_LANES, T_ROWS)
+            if done == 0:
+                _part(t_base, first, last, V, inv_t, tau, greedy, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
+                      FILTERED, LOGPROBS != 0, LOGPROBS == 2, T_LANES, T_ROWS)
             tl.store(gathered_ptr + line, at_token, mask=mine)
