@@ -49,7 +49,7 @@ THRESHOLD_BLOCK = 1024
 # The interpreter runs programs one after another, paying per program and per loop step, not per
 # lane: one race chunk per row and large tiles there.
 _INTERPRETER_RACE_BLOCK = 8192
-_INTERPRETER_CANDIDATE_CHUNK = 8192
+_INTERPRETER_CANDIDATE_CHUNK = 2048
 _INTERPRETER_THRESHOLD_BLOCK = 8192
 
 
@@ -58,18 +58,44 @@ def kernels():
     """The kernel module: the installed ``specdec_ext.kernels``, or triton_kernels/ of a source checkout."""
     try:
         from . import kernels as module  # installed (pip install .) or editable install
-
-        return module
     except ImportError:
-        pass
-    folder = Path(__file__).resolve().parent.parent / "triton_kernels"
-    spec = importlib.util.spec_from_file_location("specdec_ext.kernels", folder / "__init__.py", submodule_search_locations=[str(folder)])
-    if spec is None or spec.loader is None:
-        raise ImportError(f"the Triton kernels were not found (looked for specdec_ext.kernels and {folder})")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["specdec_ext.kernels"] = module
-    spec.loader.exec_module(module)
+        folder = Path(__file__).resolve().parent.parent / "triton_kernels"
+        spec = importlib.util.spec_from_file_location("specdec_ext.kernels", folder / "__init__.py", submodule_search_locations=[str(folder)])
+        if spec is None or spec.loader is None:
+            raise ImportError(f"the Triton kernels were not found (looked for specdec_ext.kernels and {folder})") from None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["specdec_ext.kernels"] = module
+        spec.loader.exec_module(module)
+    _direct_interpreted_helpers(module)
     return module
+
+
+class _DirectCall:
+    """An interpreted ``@triton.jit`` helper called straight through its rewritten Python function."""
+
+    def __init__(self, interpreted):
+        self.interpreted = interpreted
+
+    def __call__(self, *args, **kwargs):
+        return self.interpreted.rewrite()(*args, **kwargs)
+
+
+def _direct_interpreted_helpers(package) -> None:
+    """Under TRITON_INTERPRET, Triton's interpreter re-patches triton.language on every call of a
+    nested ``@triton.jit`` helper (milliseconds each), although the launching kernel has patched
+    it for the whole grid already; the kernels make dozens of such calls per program. Call the
+    helpers' rewritten functions directly instead: the same Python code runs, several times
+    faster. Launched kernels are left alone; nothing changes when compiling for a GPU."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return
+    launched = {getattr(package, name) for name in getattr(package, "__all__", ())}
+    modules = [m for name, m in sys.modules.items() if name.startswith(package.__name__ + ".") and m is not None]
+    for module in modules:
+        for name, value in list(vars(module).items()):
+            if isinstance(value, InterpretedFunction) and value not in launched and callable(getattr(value, "rewrite", None)):
+                setattr(module, name, _DirectCall(value))
 
 
 @cache
@@ -350,13 +376,14 @@ def templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict) -> l
         cc = layout["candidate_chunks"]
         common = {"NUM_CHUNKS": cc, "HAS_DRAFT": has_draft, "CHUNK": geo.candidate_chunk, "CAND": CANDIDATES}
         candidate_buffers = (b.cand, b.cand_mult, b.cand_count, b.cand_floor, b.cand_max, b.cand_sum)
-        vectors = {"T_VEC": 16 // target.dtype.itemsize, "D_VEC": 16 // (draft if has_draft else target).dtype.itemsize, "THREADS": 32 * CANDIDATE_WARPS}
+        warps = CANDIDATE_WARPS
+        vectors = {"T_VEC": 16 // target.dtype.itemsize, "D_VEC": 16 // (draft if has_draft else target).dtype.itemsize, "THREADS": 32 * warps}
         if geo.candidate_chunk < vectors["THREADS"] * max(vectors["T_VEC"], vectors["D_VEC"]):
             raise ValueError(f"candidate_chunk must hold at least one 16-byte vector per thread, got {geo.candidate_chunk}")
         found.append(Template(
             "candidates", k.candidates_kernel, (lines, cc),
             lambda a, key, o: (*logits(a), a.temperature, a.top_k, a.top_p, a.num_draft_tokens, *candidate_buffers, *shape_args),
-            common | vectors, CANDIDATE_WARPS,
+            common | vectors, warps,
         ))
         found.append(Template(
             "threshold", k.threshold_kernel, (lines,),

@@ -79,10 +79,10 @@ def _chunk_candidates(
 ):
     """One chunk's candidates. Each thread holds CHUNK / THREADS values (16-byte vectors) and keeps
     its four largest distinct values with their multiplicities (selection rounds inside the thread,
-    no block reduction); a thread's fourth value bounds everything it dropped. The chunk floor t_c
-    is the largest such bound: every value of the chunk above t_c is among the kept ones, and the
-    (value, multiplicity) pairs above t_c go to at most CAND slots (a higher floor, a thread's
-    third, second or first value, when they would not fit)."""
+    no block reduction); a thread's fourth value bounds everything it dropped (a thread that
+    dropped nothing bounds nothing). The chunk floor t_c is the largest such bound: every value of
+    the chunk above t_c is among the kept ones, and the (value, multiplicity) pairs above t_c go
+    to at most CAND slots (when more would, the floor rises to the smallest key leaving CAND)."""
     ROWS: tl.constexpr = CHUNK // (THREADS * VEC)
     rows = tl.arange(0, ROWS)
     threads = tl.arange(0, THREADS)
@@ -97,22 +97,31 @@ def _chunk_candidates(
     a2, c2, rest = _round(rest, float("-inf"))
     a3, c3, rest = _round(rest, float("-inf"))
     a4, c4, rest = _round(rest, float("-inf"))
-    floor = tl.max(a4, axis=0)
-    kept = (a1 > floor).to(tl.int32) + (a2 > floor).to(tl.int32) + (a3 > floor).to(tl.int32)
+    # A thread whose four pairs hold all its values bounds nothing (short lines keep every value).
+    left = tl.max(tl.max(rest, axis=2), axis=0) > float("-inf")
+    floor = tl.max(tl.where(left, a4, float("-inf")), axis=0)
+    kept = (a1 > floor).to(tl.int32) + (a2 > floor).to(tl.int32) + (a3 > floor).to(tl.int32) + (a4 > floor).to(tl.int32)
     total = tl.sum(kept, axis=0)
     if total > CAND:
-        floor = tl.max(a3, axis=0)
-        kept = (a1 > floor).to(tl.int32) + (a2 > floor).to(tl.int32)
+        # Too many pairs: raise the floor to the smallest key that leaves at most CAND pairs above
+        # it (a bisection over the kept pairs' keys; a value above it is still always kept).
+        k1, k2, k3, k4 = order_key(a1), order_key(a2), order_key(a3), order_key(a4)
+        lo = order_key(floor).to(tl.int64)  # too many pairs above lo
+        hi = tl.max(k1, axis=0).to(tl.int64)  # none above hi
+        steps = tl.arange(1, 9).to(tl.int64)  # eight keys per step (one block reduction)
+        while hi - lo > 1:
+            probes = tl.maximum(lo + ((hi - lo) * steps) // 9, lo + 1)  # in (lo, hi)
+            t = probes.to(tl.int32)[:, None]
+            above = tl.sum((k1[None, :] > t).to(tl.int32) + (k2[None, :] > t).to(tl.int32) + (k3[None, :] > t).to(tl.int32)
+                           + (k4[None, :] > t).to(tl.int32), axis=1)
+            fits = above <= CAND  # true for the higher probes
+            new_hi = tl.min(tl.where(fits, probes, hi), axis=0)
+            lo = tl.max(tl.where(fits, lo, probes), axis=0)
+            hi = new_hi
+        floor = key_to_float(hi)
+        kept = (a1 > floor).to(tl.int32) + (a2 > floor).to(tl.int32) + (a3 > floor).to(tl.int32) + (a4 > floor).to(tl.int32)
         total = tl.sum(kept, axis=0)
-        if total > CAND:
-            floor = tl.max(a2, axis=0)
-            kept = (a1 > floor).to(tl.int32)
-            total = tl.sum(kept, axis=0)
-            if total > CAND:
-                floor = tl.max(a1, axis=0)
-                kept = kept * 0
-                total = 0
-    slot = tl.cumsum(kept, axis=0) - kept  # first slot of each thread's pairs (a1 > a2 > a3)
+    slot = tl.cumsum(kept, axis=0) - kept  # first slot of each thread's pairs (a1 > a2 > a3 > a4)
     first = out * CAND + slot
     tl.store(cand_ptr + first, a1, mask=a1 > floor)
     tl.store(cand_mult_ptr + first, c1, mask=a1 > floor)
@@ -120,6 +129,8 @@ def _chunk_candidates(
     tl.store(cand_mult_ptr + first + 1, c2, mask=a2 > floor)
     tl.store(cand_ptr + first + 2, a3, mask=a3 > floor)
     tl.store(cand_mult_ptr + first + 2, c3, mask=a3 > floor)
+    tl.store(cand_ptr + first + 3, a4, mask=a4 > floor)
+    tl.store(cand_mult_ptr + first + 3, c4, mask=a4 > floor)
     tl.store(cand_count_ptr + out, total)
     tl.store(cand_floor_ptr + out, order_key(floor))
     tl.store(chunk_max_ptr + out, chunk_max)
