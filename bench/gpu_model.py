@@ -62,8 +62,11 @@ ASSUMPTIONS = {
     "shared_bytes_per_sm": 228 * 1024,
     "graph_replay_fixed_us": 2.0,  # cudaGraphLaunch of a small graph until its first kernel runs
     "graph_kernel_gap_us": 0.8,  # between dependent kernel nodes of a graph (drain + launch)
-    "python_call_overhead_us": 9.0,  # specdec_ext.verify's Python up to the launches (validation, key, plan, outputs), fast host
-    "python_launch_us": 3.5,  # Triton 3.x launcher per kernel from Python (argument binding + cuLaunchKernel)
+    # specdec_ext.verify's Python up to the launches (validation, key, launch templates, outputs) on a
+    # fast idle host: 248 us measured on this 2-core machine under load (load average 5), where an
+    # empty torch.empty took 10 us against about 1 us on an idle host; scaled by that ratio.
+    "python_call_overhead_us": 25.0,
+    "python_launch_us": 4.0,  # Triton 3.x JIT launcher per kernel from Python (argument specialisation, cache lookup, cuLaunchKernel)
     "threshold_search_bits": 24,  # order-key bits each top-k / top-p search resolves (candidate floor to line max)
     "rejected_rows": "every row rejects at its last draft position: the race reads a target and a draft line (the heavier loop)",
     "sampled_rows": "every row samples (temperature > 0); greedy rows would skip the race and read no draft line",
@@ -92,7 +95,8 @@ PIPES = {
 class Instruction:
     address: int
     opcode: str  # "LDG.E.128"
-    text: str
+    text: str  # without the predicate
+    predicated: bool = False
 
     @property
     def base(self) -> str:
@@ -106,9 +110,10 @@ def parse_sass(text: str) -> list[Instruction]:
         match = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
         if not match:
             continue
-        body = re.sub(r"^@!?U?P[0-9T]+\s+", "", match.group(2).strip())
+        text = match.group(2).strip()
+        body = re.sub(r"^@!?U?P[0-9T]+\s+", "", text)
         opcode = body.split()[0] if body else ""
-        found.append(Instruction(int(match.group(1), 16), opcode, body))
+        found.append(Instruction(int(match.group(1), 16), opcode, body, predicated=body != text and not re.match(r"^@U?PT\s", text)))
     return found
 
 
@@ -130,7 +135,7 @@ def _cold_addresses(body: list[Instruction]) -> set[int]:
     out-of-range operands), the skipped instructions and the CALL itself."""
     cold: set[int] = set()
     for n, ins in enumerate(body):
-        if ins.base == "BRA" and ins.text.startswith("@"):
+        if ins.base == "BRA" and ins.predicated:
             target = _branch_target(ins)
             if target is None or target <= ins.address:
                 continue
@@ -152,6 +157,80 @@ class Loop:
         return sum(n for name, n in self.by_opcode.items() if name == opcode or name.startswith(opcode + "."))
 
 
+def longest_path(body: list[Instruction], cold: set[int]) -> int:
+    """Instructions on the longest path from entry to exit through the main body, each loop body
+    counted once (the back edges a depth-first search finds are dropped) and slow paths left out:
+    what one program executes at most outside its hot loop's extra trips (an if/else counts its
+    longer branch, not both)."""
+    if not body:
+        return 0
+    index = {ins.address: n for n, ins in enumerate(body)}
+    leaders = {0}
+    for n, ins in enumerate(body):
+        if ins.base in ("BRA", "EXIT"):
+            if n + 1 < len(body):
+                leaders.add(n + 1)
+            target = _branch_target(ins) if ins.base == "BRA" else None
+            if target is not None and target in index:
+                leaders.add(index[target])
+    starts = sorted(leaders)
+    block_of = {start: b for b, start in enumerate(starts)}
+    blocks, edges = [], []
+    for b, start in enumerate(starts):
+        end = starts[b + 1] if b + 1 < len(starts) else len(body)
+        blocks.append(sum(1 for i in body[start:end] if i.address not in cold))
+        last = body[end - 1]
+        predicated = last.predicated
+        successors = []
+        if last.base == "BRA":
+            target = _branch_target(last)
+            if target is not None and target in index:
+                successors.append(block_of[index[target]])
+            if predicated and end < len(body):
+                successors.append(b + 1)
+        elif last.base == "EXIT":
+            if predicated and end < len(body):
+                successors.append(b + 1)
+        elif end < len(body):
+            successors.append(b + 1)
+        edges.append(successors)
+    # Depth-first search from the entry: an edge to a block on the stack closes a loop.
+    state = [0] * len(blocks)  # 0 new, 1 on the stack, 2 done
+    forward = [[] for _ in blocks]
+    stack = [(0, iter(edges[0]))]
+    state[0] = 1
+    while stack:
+        node, successors = stack[-1]
+        nxt = next(successors, None)
+        if nxt is None:
+            state[node] = 2
+            stack.pop()
+            continue
+        if state[nxt] == 1:
+            continue  # back edge
+        forward[node].append(nxt)
+        if state[nxt] == 0:
+            state[nxt] = 1
+            stack.append((nxt, iter(edges[nxt])))
+    # Longest path over the remaining (acyclic) edges, in reverse postorder.
+    order, seen = [], [False] * len(blocks)
+    stack = [(0, iter(forward[0]))]
+    seen[0] = True
+    while stack:
+        node, successors = stack[-1]
+        nxt = next(successors, None)
+        if nxt is None:
+            order.append(node)
+            stack.pop()
+        elif not seen[nxt]:
+            seen[nxt] = True
+            stack.append((nxt, iter(forward[nxt])))
+    best = {}
+    for node in order:  # postorder: successors first
+        best[node] = blocks[node] + max((best[n] for n in forward[node]), default=0)
+    return best[0]
+
+
 @dataclass
 class KernelCode:
     registers: int
@@ -159,6 +238,7 @@ class KernelCode:
     shared_bytes: int
     instructions: int  # in the main body
     loops: list[Loop]
+    path: int  # longest entry-to-exit path, loop bodies once (see longest_path)
     straight: int  # main-body instructions outside every loop
     straight_by_pipe: dict
     barriers_outside_loops: int
@@ -173,25 +253,49 @@ def _mix(instructions: list[Instruction]) -> tuple[dict, dict]:
     return dict(pipes), dict(opcodes)
 
 
+def _rare_race_addresses(body: list[Instruction], ranges: list[tuple[int, int]]) -> set[int]:
+    """The race kernel's zero-residual fallback: race loops (MUFU.LG2) after the arrival atomic run
+    only when every residual of a rejected row rounds to zero; they are not on the expected path."""
+    atomic = next((i.address for i in body if i.base in ("ATOM", "ATOMG", "RED", "REDG")), None)
+    if atomic is None:
+        return set()
+    rare = set()
+    for start, end in ranges:
+        inside = [i for i in body if start <= i.address <= end]
+        if start > atomic and any(i.opcode.startswith("MUFU.LG2") for i in inside):
+            rare.update(i.address for i in inside)
+    return rare
+
+
 def analyse(sass: str, resources: str) -> KernelCode:
     body = [i for i in _main_body(parse_sass(sass)) if i.base != "NOP"]
     cold = _cold_addresses(body)
     hot = [i for i in body if i.address not in cold]
-    loops = []
+    ranges = []
     for ins in body:
         if ins.base == "BRA":
             target = _branch_target(ins)
             if target is not None and target <= ins.address:
-                inside = [i for i in hot if target <= i.address <= ins.address]
-                by_pipe, by_opcode = _mix(inside)
-                loops.append(Loop(target, ins.address, len(inside), by_pipe, by_opcode))
+                ranges.append((target, ins.address))
+    # Innermost loops only: a backward branch whose range holds another one is an outer loop (or
+    # a block the assembler placed before its predecessor), not a hot loop body.
+    innermost = [r for r in ranges if not any(o != r and r[0] <= o[0] and o[1] <= r[1] for o in ranges)]
+    loops = []
+    for start, end in innermost:
+        inside = [i for i in hot if start <= i.address <= end]
+        by_pipe, by_opcode = _mix(inside)
+        loops.append(Loop(start, end, len(inside), by_pipe, by_opcode))
+    rare = _rare_race_addresses(body, innermost)
+    loops = [loop for loop in loops if loop.start not in rare]
+    cold |= rare
+    hot = [i for i in hot if i.address not in rare]
     in_loops = {i.address for i in hot for loop in loops if loop.start <= i.address <= loop.end}
     straight = [i for i in hot if i.address not in in_loops]
     straight_pipes, _ = _mix(straight)
     usage = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", resources)
     registers, shared, local = (int(usage.group(k)) for k in (1, 2, 3)) if usage else (0, 0, 0)
     return KernelCode(
-        registers, local, shared, len(body), loops, len(straight), straight_pipes, sum(1 for i in straight if i.base == "BAR"),
+        registers, local, shared, len(body), loops, longest_path(body, cold), len(straight), straight_pipes, sum(1 for i in straight if i.base == "BAR"),
         dict(Counter(i.opcode for i in hot)),
     )
 
@@ -438,9 +542,17 @@ def estimate_launch(launch, call: Call) -> LaunchEstimate:
     loop, loop_name = _pick_loop(code, launch.name, call)
     loop_instructions = loop.instructions if loop else 0
     per_thread_values = work["values"] / (32 * warps)
-    # Instructions per warp: the straight-line code once, the hot loop per trip.
-    per_warp = code.straight + loop_instructions * work["trips"]
-    pipes = Counter(code.straight_by_pipe)
+    # Instructions per warp: the longest path through the kernel (loop bodies once), plus the hot
+    # loop's further trips.
+    # A masked copy of the hot loop (the ragged last tile) is on the path too: it stands for one trip.
+    twin = loop is not None and any(other is not loop and other.instructions > loop.instructions and other.has("LDG") == loop.has("LDG")
+                                    and other.has("MUFU.EX2") == loop.has("MUFU.EX2") for other in code.loops)
+    trips = max(work["trips"] - 1, 0) if twin else work["trips"]
+    per_warp = max(code.path - loop_instructions, 0) + loop_instructions * trips
+    # The pipes of what runs outside the hot loop: the straight-line mix, scaled to the path.
+    outside = max(0, code.path - loop_instructions)
+    scale = outside / code.straight if code.straight else 0.0
+    pipes = Counter({pipe: n * scale for pipe, n in code.straight_by_pipe.items()})
     if loop:
         for pipe, n in loop.by_pipe.items():
             pipes[pipe] += n * work["trips"]
@@ -558,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for gpu-model-<date>.json (default bench/results)")
     parser.add_argument("--no-sweep", action="store_true", help="only the goal shapes")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--tag", default=None, help="suffix of the file name: gpu-model-<date>-<tag>.json")
     options = parser.parse_args(argv)
     os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU, never interpret
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -592,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not options.no_write:
         options.out.mkdir(parents=True, exist_ok=True)
-        path = options.out / f"gpu-model-{report['date']}.json"
+        path = options.out / f"gpu-model-{report['date']}{'-' + options.tag if options.tag else ''}.json"
         path.write_text(json.dumps(report, indent=1) + "\n")
         print(f"\nwrote {path}")
     return 0
