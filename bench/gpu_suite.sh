@@ -10,7 +10,7 @@
 # Environment: OUT (default: a new folder in /tmp), PYTHON (default python), SUITE_BUDGET_S (470:
 # under the 8-minute limit with a margin), BUILD_CPP=1 (build the C++ CPU op first: ~1-2 min, not
 # needed for the CUDA stages), MICRO_ARGS (extra arguments for `python -m bench`), E2E_ARGS
-# (arguments for `python -m bench.e2e` instead of `--device <dev> --out <dir>`), E2E_LIMIT_S (100).
+# (arguments for `python -m bench.e2e` instead of `--device <dev> --out <dir>`), E2E_LIMIT_S (60).
 #
 # No `set -e` on purpose: each stage runs under `timeout`, a failure is recorded and the next stage
 # still runs, and the summary is printed whatever happened (EXIT trap).
@@ -174,16 +174,18 @@ fi
 # 3. Correctness of the compiled kernels. tests/conftest.py only *defaults* TRITON_INTERPRET to 1,
 # so exporting 0 makes CUDA tests compile. Interpreter tests need 1, hence separate processes.
 export TRITON_INTERPRET=0
-run_stage cuda_identity "$(stage_limit 100)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider bench/test_bench_verify.py -k test_cuda_matches_eager -rs
-run_stage tests_gpu "$(stage_limit 60)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests -rs
+# The first launches JIT-compile every kernel variant they use (a few seconds each).
+run_stage cuda_identity "$(stage_limit 90)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider bench/test_bench_verify.py -k test_cuda_matches_eager -rs
+# Stream v2 on CUDA (seeds, offsets, logprobs, accept_probs), graph replay, allocations, ops.
+run_stage tests_gpu "$(stage_limit 110)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests -rs
 
 # 4. The microbenchmark grid. Its own time budget ends before the stage limit, so it writes its
 # JSON and plot itself; SIGTERM from timeout also makes it write what it has.
-limit=$(stage_limit 210)
+limit=$(stage_limit 200)
 read -r -a micro_extra <<<"${MICRO_ARGS:-}"
 run_stage micro "$limit" "$BENCH_LOG" "$PY" -m bench --device "$DEVICE" $MICRO_SIZE --out "$WORK/micro" --tag suite --time-budget $((limit > 60 ? limit - 45 : limit / 2)) ${micro_extra[@]+"${micro_extra[@]}"}
 
-# 5. End to end at realistic shapes, when bench/e2e.py exists (E2E_LIMIT_S, default 100 s).
+# 5. End to end at realistic shapes, when bench/e2e.py exists (E2E_LIMIT_S, default 60 s).
 if [ -f bench/e2e.py ]; then
   mkdir -p "$WORK/e2e"
   if [ -n "${E2E_ARGS:-}" ]; then
@@ -192,7 +194,7 @@ if [ -f bench/e2e.py ]; then
     e2e_args=(--device "$DEVICE" --out "$WORK/e2e")
     [ "$DRY" = 1 ] && e2e_args+=(--quick)
   fi
-  run_stage e2e "$(stage_limit "${E2E_LIMIT_S:-100}")" "$BENCH_LOG" "$PY" -m bench.e2e "${e2e_args[@]}"
+  run_stage e2e "$(stage_limit "${E2E_LIMIT_S:-60}")" "$BENCH_LOG" "$PY" -m bench.e2e "${e2e_args[@]}"
 else
   skip_stage e2e "skipped (no bench/e2e.py)"
 fi

@@ -128,6 +128,7 @@ def goal_cases(device: str) -> list[Case]:
             Case("verify", 1, 4, 128256, "fp32", False),
             Case("verify", 1, 4, 128256, "bf16", False),
             Case("verify", 1, 4, 128256, "fp32", False, check=True),  # what check=True costs at batch 1
+            Case("verify", 1, 4, 128256, "fp32", True),
             Case("verify", 64, 8, 128256, "bf16", False),
             Case("verify", 64, 8, 128256, "bf16", True),
         ]
@@ -707,34 +708,41 @@ def evaluate_goals(doc: dict) -> list[dict]:
         return None
 
     goals = []
-    for dtype in ("fp32", "bf16"):
-        r = find("triton", batch=1, k=4, vocab=128256, dtype=dtype, filters=False)
-        goal = {"goal": f"fused verify B=1 K=4 V=128256 {dtype}: <= 20 us and >= 10x transformers", "target": "H200"}
+    # Issue 11's targets: B=1 replayed from a CUDA graph <= 8 us and launched from Python <= 15 us;
+    # with filters (T, top-k, top-p) replayed <= 25 us; B=64 K=8 bf16 within 1.3x of the floor.
+    for dtype, filters, replay_limit, launch_limit in (("fp32", False, 8.0, 15.0), ("bf16", False, 8.0, 15.0), ("fp32", True, 25.0, None)):
+        label = "with filters" if filters else "no filters"
+        limits = f"<= {replay_limit:g} us replayed" + (f", <= {launch_limit:g} us launched" if launch_limit else "")
+        goal = {"goal": f"fused verify B=1 K=4 V=128256 {dtype} {label}: {limits}", "target": "H200"}
+        launched = find("triton", batch=1, k=4, vocab=128256, dtype=dtype, filters=filters)
+        replayed = find(GRAPHED, batch=1, k=4, vocab=128256, dtype=dtype, filters=filters)
         if not on_cuda:
             goal.update(status="n/a", measured="needs CUDA")
-        elif r is None:
+        elif launched is None and replayed is None:
             goal.update(status="n/a", measured="not measured")
         else:
-            # Launched from Python, and replayed from a CUDA graph (how a serving loop calls it);
-            # either meeting the goal passes it, and both are shown.
-            measured, ok = [], False
-            for row, how in ((r, "launched"), (find(GRAPHED, batch=1, k=4, vocab=128256, dtype=dtype, filters=False), "graph replay")):
-                if row is None:
-                    continue
-                speedup = row.get("speedup_vs_baseline")
-                ok = ok or (row["median_us"] <= 20 and speedup is not None and speedup >= 10)
-                host = f", host {row['wall_us']:.1f} us" if row.get("wall_us") is not None else ""
-                measured.append(f"{how} {row['median_us']:.1f} us{host}, {speedup or float('nan'):.1f}x transformers")
+            measured, ok = [], True
+            if replayed is not None:
+                ok = ok and replayed["median_us"] <= replay_limit
+                measured.append(f"graph replay {replayed['median_us']:.1f} us")
+            else:
+                ok = False
+            if launched is not None:
+                if launch_limit:
+                    ok = ok and launched["median_us"] <= launch_limit
+                host = f" (host {launched['wall_us']:.1f} us)" if launched.get("wall_us") is not None else ""
+                speedup = launched.get("speedup_vs_baseline")
+                measured.append(f"launched {launched['median_us']:.1f} us{host}, {speedup or float('nan'):.1f}x transformers")
             goal.update(status="pass" if ok else "fail", measured="; ".join(measured))
         goals.append(goal)
     r = find("triton", batch=64, k=8, vocab=128256, dtype="bf16", filters=False)
-    goal = {"goal": "fused verify B=64 K=8 V=128256 bf16: within 1.5x of the memory-traffic floor", "target": "H200"}
+    goal = {"goal": "fused verify B=64 K=8 V=128256 bf16: within 1.3x of the memory-traffic floor", "target": "H200"}
     if not on_cuda or r is None:
         goal.update(status="n/a", measured="needs CUDA" if not on_cuda else "not measured")
     else:
-        goal.update(status="pass" if r["x_floor"] <= 1.5 else "fail", measured=f"{r['median_us']:.1f} us = {r['x_floor']:.2f}x floor ({r['achieved_gbs']:.0f} GB/s)")
+        goal.update(status="pass" if r["x_floor"] <= 1.3 else "fail", measured=f"{r['median_us']:.1f} us = {r['x_floor']:.2f}x floor ({r['achieved_gbs']:.0f} GB/s)")
     goals.append(goal)
-    r = find("cpp", batch=1, k=5, vocab=128256, dtype="fp32", filters=False)
+
     goal = {"goal": "cpp verify B=1 K=5 V=128256 fp32: >= 10x transformers", "target": "this CPU"}
     if on_cuda:
         goal.update(status="n/a", measured="CPU goal")

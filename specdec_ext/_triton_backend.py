@@ -1,4 +1,17 @@
-"""Launchers for the fused Triton verification kernels (triton_kernels/, installed as specdec_ext.kernels)."""
+"""Launchers for the fused Triton verification kernels (triton_kernels/, installed as specdec_ext.kernels).
+
+A call is planned (:func:`plan`) as a short list of :class:`Launch` records, then launched. The
+plan is a pure function of the call's shapes, dtypes, flags and the device's geometry, so
+``tests/triton_compile_check.py`` and ``bench/gpu_model.py`` compile exactly what a launch
+compiles from the same records (with tensors that only carry shapes).
+
+What a call costs on the device: two launches without top-k / top-p (line statistics, then the
+race with its own finalisation), four with them (candidates and cut-offs first); no allocation
+besides the outputs (the partial results live in a workspace cached per device and CUDA stream,
+whose arrival counters reset themselves, so a captured CUDA graph replays the launches as they
+are); no host synchronisation; the row keys come in as a scalar (``base_key``) or a tensor
+(``seeds``), never from a launch.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +19,38 @@ import importlib.util
 import sys
 from functools import cache
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 
-from ._params import VerifyArgs
+from ._params import LOGPROBS_NONE, LOGPROBS_RAW, VerifyArgs
 
-# One tile of the vocabulary per loop step. Interpreted programs pay per step, not per lane.
-_GPU_BLOCK = 1024
-_INTERPRETER_BLOCK = 8192
-# Top-k / top-p candidates (triton_kernels/thresholds.py): a chunk of the line per program, held in
-# registers, keeps its CANDIDATES largest values (1/64 of the line: a small fraction of the logits).
-_GPU_CANDIDATE_CHUNK = 4096
-_INTERPRETER_CANDIDATE_CHUNK = 8192
-_CANDIDATES = 64
+# Line statistics: values per tile (one block reduction each) and warps per program. A thread
+# holds TILE / (32 * warps) values; 16-byte loads give each row of the tile 4 (fp32) or 8 (16-bit)
+# consecutive values per thread.
+STATS_TILE = 8192
+STATS_WARPS = 8
+STATS_PROGRAMS_PER_SM = 16
+# The race: ids per loop step and warps per program on a GPU (one warp: the walk's reductions over
+# positions stay in the warp, no block barriers); programs per multiprocessor wanted at any batch
+# size (chunks per row = that many programs over B, at most one per tile).
+RACE_BLOCK = 256
+RACE_WARPS = 1
+RACE_PROGRAMS_PER_SM = 16
+FINAL_BLOCK = 1024  # chunk results the finalising program reads per step
+# Top-k / top-p: values per candidates program (held in registers), candidate slots per chunk
+# (1/64 of the line) and the tile of the whole-line fallback search.
+CANDIDATE_CHUNK = 4096
+CANDIDATE_WARPS = 4
+CANDIDATES = 64
+THRESHOLD_WARPS = 8
+THRESHOLD_PROBES = 4  # keys tested per search step over the candidates
+THRESHOLD_BLOCK = 1024
+# The interpreter runs programs one after another, paying per program and per loop step, not per
+# lane: one race chunk per row and large tiles there.
+_INTERPRETER_RACE_BLOCK = 8192
+_INTERPRETER_CANDIDATE_CHUNK = 2048
+_INTERPRETER_THRESHOLD_BLOCK = 8192
 
 
 @cache
@@ -26,18 +58,44 @@ def kernels():
     """The kernel module: the installed ``specdec_ext.kernels``, or triton_kernels/ of a source checkout."""
     try:
         from . import kernels as module  # installed (pip install .) or editable install
-
-        return module
     except ImportError:
-        pass
-    folder = Path(__file__).resolve().parent.parent / "triton_kernels"
-    spec = importlib.util.spec_from_file_location("specdec_ext.kernels", folder / "__init__.py", submodule_search_locations=[str(folder)])
-    if spec is None or spec.loader is None:
-        raise ImportError(f"the Triton kernels were not found (looked for specdec_ext.kernels and {folder})")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["specdec_ext.kernels"] = module
-    spec.loader.exec_module(module)
+        folder = Path(__file__).resolve().parent.parent / "triton_kernels"
+        spec = importlib.util.spec_from_file_location("specdec_ext.kernels", folder / "__init__.py", submodule_search_locations=[str(folder)])
+        if spec is None or spec.loader is None:
+            raise ImportError(f"the Triton kernels were not found (looked for specdec_ext.kernels and {folder})") from None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["specdec_ext.kernels"] = module
+        spec.loader.exec_module(module)
+    _direct_interpreted_helpers(module)
     return module
+
+
+class _DirectCall:
+    """An interpreted ``@triton.jit`` helper called straight through its rewritten Python function."""
+
+    def __init__(self, interpreted):
+        self.interpreted = interpreted
+
+    def __call__(self, *args, **kwargs):
+        return self.interpreted.rewrite()(*args, **kwargs)
+
+
+def _direct_interpreted_helpers(package) -> None:
+    """Under TRITON_INTERPRET, Triton's interpreter re-patches triton.language on every call of a
+    nested ``@triton.jit`` helper (milliseconds each), although the launching kernel has patched
+    it for the whole grid already; the kernels make dozens of such calls per program. Call the
+    helpers' rewritten functions directly instead: the same Python code runs, several times
+    faster. Launched kernels are left alone; nothing changes when compiling for a GPU."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return
+    launched = {getattr(package, name) for name in getattr(package, "__all__", ())}
+    modules = [m for name, m in sys.modules.items() if name.startswith(package.__name__ + ".") and m is not None]
+    for module in modules:
+        for name, value in list(vars(module).items()):
+            if isinstance(value, InterpretedFunction) and value not in launched and callable(getattr(value, "rewrite", None)):
+                setattr(module, name, _DirectCall(value))
 
 
 @cache
@@ -55,120 +113,418 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _num_chunks(device: torch.device, batch: int, vocab: int, block: int) -> int:
-    """Vocabulary chunks per row: enough programs to fill the GPU even at batch 1."""
-    tiles = _cdiv(vocab, block)
-    if device.type != "cuda":
-        return 1  # the interpreter runs programs one after another: fewer is faster
-    programs_wanted = 2 * torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(tiles, _cdiv(programs_wanted, max(batch, 1))))
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+@cache
+def multiprocessors(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device, read once per device (never per call)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+class Geometry(NamedTuple):
+    """Launch geometry of one call: what the device and the overrides decide."""
+
+    interpret: bool
+    multiprocessors: int
+    stats_tile: int
+    stats_parts: int | None  # None: from the multiprocessors and the line count
+    race_block: int
+    race_chunks: int | None  # None: from the multiprocessors and B
+    candidate_chunk: int
+    threshold_block: int
+
+
+def geometry(
+    device: torch.device, *, race_chunks: int | None = None, race_block: int | None = None, stats_tile: int | None = None, stats_parts: int | None = None,
+    candidate_chunk: int | None = None, threshold_block: int | None = None, sm_count: int | None = None,
+) -> Geometry:
+    """The geometry a call on ``device`` uses (arguments override it: tests cover several chunks per
+    row, ragged tiles and the candidate search on small vocabularies; the model sets sm_count)."""
+    interpret = device.type != "cuda" and sm_count is None
+    for name, value in (("race_block", race_block), ("stats_tile", stats_tile), ("candidate_chunk", candidate_chunk), ("threshold_block", threshold_block)):
+        if value is not None and (value < 16 or value & (value - 1)):
+            raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+    if sm_count is None:
+        sm_count = multiprocessors(device) if device.type == "cuda" else 1
+    return Geometry(
+        interpret=interpret,
+        multiprocessors=sm_count,
+        stats_tile=stats_tile or STATS_TILE,
+        stats_parts=stats_parts,
+        race_block=race_block or (_INTERPRETER_RACE_BLOCK if interpret else RACE_BLOCK),
+        race_chunks=race_chunks,
+        candidate_chunk=candidate_chunk or (_INTERPRETER_CANDIDATE_CHUNK if interpret else CANDIDATE_CHUNK),
+        threshold_block=threshold_block or (_INTERPRETER_THRESHOLD_BLOCK if interpret else THRESHOLD_BLOCK),
+    )
+
+
+class Launch(NamedTuple):
+    """One kernel launch: ``kernel[grid](*args, **constexprs, num_warps=..., enable_fp_fusion=False)``."""
+
+    name: str
+    kernel: Any
+    grid: tuple[int, ...]
+    args: tuple
+    constexprs: dict
+    num_warps: int
+
+    def run(self) -> None:
+        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=1, enable_fp_fusion=False)
+
+
+_ALIGN = 64  # workspace buffers start on multiples of 64 elements (256 bytes)
+
+
+class Sizes(NamedTuple):
+    """Workspace elements one call needs."""
+
+    floats: int
+    ints: int
+    counters: int
+
+
+def _layout(args: VerifyArgs, geo: Geometry) -> dict:
+    """Sizes and launch constants of a call (everything but the tensors)."""
+    batch, k, vocab = args.batch, args.num_positions, args.vocab
+    has_draft = args.draft_logits is not None and k > 0
+    lines = batch * (k + 1) + (batch * k if has_draft else 0)
+    tiles = _cdiv(vocab, geo.stats_tile)  # statistics tiles per line, and partial slots per line
+    if geo.interpret:
+        tiles_per_part = 1
+    else:  # enough programs to fill the device several times over, then longer ones
+        tiles_per_part = max(1, min(tiles, _cdiv(lines * tiles, STATS_PROGRAMS_PER_SM * geo.multiprocessors)))
+    if geo.stats_parts is not None:
+        tiles_per_part = _cdiv(tiles, geo.stats_parts)
+    race_tiles = _cdiv(vocab, geo.race_block)
+    if geo.race_chunks is not None:
+        wanted = geo.race_chunks
+    elif geo.interpret:
+        wanted = 1
+    else:
+        wanted = _cdiv(RACE_PROGRAMS_PER_SM * geo.multiprocessors, max(batch, 1))
+    tiles_per_chunk = _cdiv(race_tiles, max(1, min(wanted, race_tiles)))
+    chunks = _cdiv(race_tiles, tiles_per_chunk)
+    candidate_chunks = _cdiv(vocab, geo.candidate_chunk) if args.filtered else 0
+    stats = lines * tiles
+
+    def padded(*sizes: int) -> int:
+        return sum(_ALIGN * _cdiv(n, _ALIGN) for n in sizes)
+
+    cand = lines * candidate_chunks
+    stats += _next_power_of_2(tiles)  # the race reads whole power-of-two rows of partials
+    floats = padded(stats, stats, stats, stats, lines, lines, batch * chunks, cand * CANDIDATES, cand, cand)
+    ints = padded(stats, batch * chunks, cand * CANDIDATES, cand, cand, lines)
+    return {
+        "has_draft": has_draft, "lines": lines, "tiles": tiles, "tiles_per_part": tiles_per_part, "chunks": chunks, "tiles_per_chunk": tiles_per_chunk,
+        "candidate_chunks": candidate_chunks, "sizes": Sizes(floats, ints, batch),
+    }
+
+
+class Workspace:
+    """Device buffers reused by every call on one device and CUDA stream. They only grow (by
+    powers of two); a buffer once handed to a launch is kept alive, since a captured CUDA graph may
+    still point at it. ``counters`` is zeroed once: each call leaves it at zero again."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.floats = torch.empty(0, dtype=torch.float32, device=device)
+        self.ints = torch.empty(0, dtype=torch.int32, device=device)
+        self.counters = torch.empty(0, dtype=torch.int32, device=device)
+        self.retired: list[torch.Tensor] = []
+
+    def reserve(self, sizes: Sizes) -> None:
+        with torch.inference_mode(False):
+            if self.floats.numel() < sizes.floats:
+                self.retired.append(self.floats)
+                self.floats = torch.empty(_next_power_of_2(sizes.floats), dtype=torch.float32, device=self.device)
+            if self.ints.numel() < sizes.ints:
+                self.retired.append(self.ints)
+                self.ints = torch.empty(_next_power_of_2(sizes.ints), dtype=torch.int32, device=self.device)
+            if self.counters.numel() < sizes.counters:
+                self.retired.append(self.counters)
+                self.counters = torch.zeros(_next_power_of_2(sizes.counters), dtype=torch.int32, device=self.device)
+
+
+_WORKSPACES: dict[tuple, Workspace] = {}
+
+
+def workspace(device: torch.device) -> Workspace:
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    found = _WORKSPACES.get(key)
+    if found is None:
+        found = _WORKSPACES[key] = Workspace(device)
+    return found
+
+
+class Buffers(NamedTuple):
+    """Views of a workspace for one call."""
+
+    part_m: torch.Tensor
+    part_z: torch.Tensor
+    part_rm: torch.Tensor
+    part_rz: torch.Tensor
+    part_i: torch.Tensor
+    gathered: torch.Tensor
+    tau: torch.Tensor
+    race_val: torch.Tensor
+    race_idx: torch.Tensor
+    counters: torch.Tensor
+    cand: torch.Tensor
+    cand_max: torch.Tensor
+    cand_sum: torch.Tensor
+    cand_mult: torch.Tensor
+    cand_count: torch.Tensor
+    cand_floor: torch.Tensor
+    resolved: torch.Tensor
+
+
+_BUFFERS: dict[tuple, Buffers] = {}
+
+
+def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tensor, layout: dict, batch: int) -> Buffers:
+    """Carve a call's buffers out of the workspace (views, cached per workspace and layout)."""
+    key = (ws_floats.device, ws_floats.data_ptr(), ws_floats.numel(), ws_ints.data_ptr(), ws_ints.numel(), counters.data_ptr(), layout["lines"],
+           layout["tiles"], layout["chunks"], layout["candidate_chunks"], batch)
+    found = _BUFFERS.get(key) if ws_floats.device.type != "meta" else None
+    if found is not None:
+        return found
+    lines, tiles, chunks, cc = layout["lines"], layout["tiles"], layout["chunks"], layout["candidate_chunks"]
+    position = {"f": 0, "i": 0}
+
+    def take(kind: str, n: int) -> torch.Tensor:
+        # Every buffer starts on a 256-byte boundary: its pointer's divisibility (which the
+        # compiler specialises on) never depends on the sizes carved before it.
+        start = position[kind]
+        position[kind] = start + _ALIGN * _cdiv(n, _ALIGN)
+        return (ws_floats if kind == "f" else ws_ints)[start : start + n]
+
+    stats = lines * tiles + _next_power_of_2(tiles)  # padded: see _layout
+    found = Buffers(
+        part_m=take("f", stats), part_z=take("f", stats), part_rm=take("f", stats), part_rz=take("f", stats), part_i=take("i", stats),
+        gathered=take("f", lines), tau=take("f", lines), race_val=take("f", batch * chunks), race_idx=take("i", batch * chunks), counters=counters,
+        cand=take("f", lines * cc * CANDIDATES), cand_max=take("f", lines * cc), cand_sum=take("f", lines * cc),
+        cand_mult=take("i", lines * cc * CANDIDATES), cand_count=take("i", lines * cc), cand_floor=take("i", lines * cc), resolved=take("i", lines),
+    )
+    if len(_BUFFERS) > 64:
+        _BUFFERS.clear()
+    _BUFFERS[key] = found
+    return found
+
+
+def _lanes(dtype: torch.dtype, tile: int) -> tuple[int, int]:
+    """(lanes, rows) of a statistics tile: 16 bytes per thread and row."""
+    lanes = min(tile, 32 * STATS_WARPS * (16 // dtype.itemsize))
+    return lanes, tile // lanes
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def thresholds(args: VerifyArgs, logits: torch.Tensor, length: int, used_shift: int, width: int, block: int, candidate_chunk: int | None = None) -> torch.Tensor:
-    """(B * length,) float32 top-k / top-p cut-offs of the lines of (B, length, width) logits (keep
-    s >= tau; -inf where nothing is cut, and for greedy or unused lines): candidates, then the search."""
-    import triton
+class Outputs(NamedTuple):
+    tokens: torch.Tensor  # (B, K+1) int64
+    num_accepted: torch.Tensor  # (B,) int64
+    logprobs: torch.Tensor | None  # (B, K+1) float32
+    accept_probs: torch.Tensor | None  # (B, K) float32
 
-    k = kernels()
-    device = logits.device
-    lines = args.batch * length
-    tau = torch.full((max(lines, 1),), float("-inf"), dtype=torch.float32, device=device)
-    if not lines:
-        return tau
-    chunk = candidate_chunk or (_GPU_CANDIDATE_CHUNK if device.type == "cuda" else _INTERPRETER_CANDIDATE_CHUNK)
-    chunks = _cdiv(width, chunk)
-    candidates = torch.empty((lines, chunks, _CANDIDATES), dtype=torch.float32, device=device)
-    count, floor = (torch.empty((lines, chunks), dtype=torch.int32, device=device) for _ in range(2))
-    chunk_max, chunk_sum = (torch.empty((lines, chunks), dtype=torch.float32, device=device) for _ in range(2))
-    per_row = (args.temperature, args.top_k, args.top_p, args.num_draft_tokens)
-    k.candidates_kernel[(lines, chunks)](
-        logits, *per_row, candidates, count, floor, chunk_max, chunk_sum,
-        length, width, logits.stride(0), logits.stride(1), chunks, USED_SHIFT=used_shift, CHUNK=chunk, CAND=_CANDIDATES,
+
+def allocate_outputs(args: VerifyArgs, device: torch.device) -> Outputs:
+    batch, k = args.batch, args.num_positions
+    return Outputs(
+        torch.empty((batch, k + 1), dtype=torch.int64, device=device),
+        torch.empty((batch,), dtype=torch.int64, device=device),
+        torch.empty((batch, k + 1), dtype=torch.float32, device=device) if args.logprobs != LOGPROBS_NONE else None,
+        torch.empty((batch, k), dtype=torch.float32, device=device) if args.accept_probs else None,
     )
-    k.threshold_kernel[(lines,)](
-        logits, tau, *per_row, candidates, count, floor, chunk_max, chunk_sum,
-        length, width, logits.stride(0), logits.stride(1), chunks,
-        USED_SHIFT=used_shift, CHUNKS_POW2=triton.next_power_of_2(chunks), CAND=_CANDIDATES,
-        CANDS_POW2=triton.next_power_of_2(chunks * _CANDIDATES), BLOCK=block,
-    )
-    return tau
 
 
-def verify(
-    args: VerifyArgs, seed: torch.Tensor, num_chunks: int | None = None, block: int | None = None, candidate_chunk: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the fused kernels; returns (tokens (B, K+1) int64, num_accepted (B,) int64). No host sync.
+class Template(NamedTuple):
+    """A launch without its per-call tensors: ``arguments(args, base_key, out)`` fills them in."""
 
-    ``num_chunks``, ``block`` and ``candidate_chunk`` (a power of two) override the launch
-    heuristics (tests use them to cover several chunks per row, ragged last tiles and the
-    top-k / top-p candidate search on small vocabularies).
-    """
-    import triton
+    name: str
+    kernel: Any
+    grid: tuple[int, ...]
+    arguments: Any
+    constexprs: dict
+    num_warps: int
 
+
+def templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict) -> list[Template]:
+    """The launches of a call as templates (see the module docstring): everything that depends on
+    shapes, strides, flags and the workspace, computed once per call signature."""
     k = kernels()
-    target = _last_dim_contiguous(args.target_logits)
-    draft = _last_dim_contiguous(args.draft_logits) if args.draft_logits is not None else None
-    tokens = _last_dim_contiguous(args.draft_tokens)
-    device = target.device
-    batch, num_positions, vocab = args.batch, args.num_positions, args.vocab
-    has_draft = draft is not None and num_positions > 0
-    draft_vocab = args.draft_vocab
-    if block is None:
-        block = _GPU_BLOCK if device.type == "cuda" else _INTERPRETER_BLOCK
-    if block & (block - 1):
-        raise ValueError(f"block must be a power of two, got {block}")
-    if num_chunks is None:
-        num_chunks = _num_chunks(device, batch, vocab, block)
-    chunk_size = block * _cdiv(_cdiv(vocab, num_chunks), block)  # whole tiles per chunk
-    num_chunks = _cdiv(vocab, chunk_size)
-    chunks_pow2 = triton.next_power_of_2(num_chunks)
-
-    def stats(logits: torch.Tensor, length: int, used_shift: int, width: int):
-        lines = batch * length
-        # Without filters the kernels never read tau (FILTERED=False): no buffer to fill.
-        tau = thresholds(args, logits, length, used_shift, width, block, candidate_chunk) if args.filtered else args.temperature
-        part = [torch.empty((max(lines, 1), num_chunks), dtype=dt, device=device) for dt in (torch.float32, torch.float32, torch.float32, torch.int32, torch.int32)]
-        if lines:
-            k.line_stats_kernel[(lines, num_chunks)](
-                logits, tau, args.temperature, args.num_draft_tokens, *part,
-                length, width, logits.stride(0), logits.stride(1), chunk_size, num_chunks,
-                USED_SHIFT=used_shift, FILTERED=args.filtered, BLOCK=block,
-            )
-        return tau, part
-
-    tau_t, (t_max, t_sum, t_argval, t_arg, t_bad) = stats(target, num_positions + 1, 0, vocab)
-    if has_draft:
-        tau_d, (d_max, d_sum, _, _, d_bad) = stats(draft, num_positions, 1, draft_vocab)
-        d_strides = (draft.stride(0), draft.stride(1))
-    else:  # placeholders, never read
-        draft, tau_d, d_max, d_sum, d_bad = target, tau_t, t_max, t_sum, t_bad
-        d_strides = (0, 0)
-
-    race_val = torch.empty((batch, num_chunks), dtype=torch.float32, device=device)
-    race_idx = torch.empty((batch, num_chunks), dtype=torch.int32, device=device)
-    bonus_val = torch.empty_like(race_val)
-    bonus_idx = torch.empty_like(race_idx)
-    num_accepted = torch.empty((batch,), dtype=torch.int64, device=device)
-    invalid = torch.empty((batch,), dtype=torch.int32, device=device)
-    out = torch.empty((batch, num_positions + 1), dtype=torch.int64, device=device)
-    if batch == 0:
-        return out, num_accepted
+    target, draft, tokens = args.target_logits, args.draft_logits, args.draft_tokens
+    batch, num_positions, vocab, draft_vocab = args.batch, args.num_positions, args.vocab, args.draft_vocab
+    has_draft = layout["has_draft"]
+    t_strides = (target.stride(0), target.stride(1))
+    d_strides = (draft.stride(0), draft.stride(1)) if has_draft else (0, 0)
     tok_stride = tokens.stride(0) if num_positions else 0
-    k.race_kernel[(batch, num_chunks)](
-        target, draft, tokens, seed, args.temperature, args.num_draft_tokens, tau_t, tau_d,
-        t_max, t_sum, t_argval, t_arg, t_bad, d_max, d_sum, d_bad,
-        race_val, race_idx, bonus_val, bonus_idx, num_accepted, invalid,
-        num_positions, vocab, draft_vocab, target.stride(0), target.stride(1), *d_strides, tok_stride,
-        chunk_size, num_chunks, HAS_DRAFT=has_draft, CHECK_ALL_LINES=args.check, FILTERED=args.filtered, CHUNKS_POW2=chunks_pow2, BLOCK=block,
+    lines, tiles, tiles_per_part = layout["lines"], layout["tiles"], layout["tiles_per_part"]
+    shape_args = (batch, num_positions, vocab, draft_vocab, *t_strides, *d_strides)
+    b = bufs
+    found = []
+
+    def logits(a: VerifyArgs) -> tuple:
+        return (a.target_logits, a.draft_logits if has_draft else a.target_logits)  # the target is a placeholder, never read
+
+    t_parts = _cdiv(tiles, tiles_per_part)
+    d_parts = _cdiv(_cdiv(draft_vocab, geo.stats_tile), tiles_per_part)
+    if args.filtered:
+        cc = layout["candidate_chunks"]
+        common = {"NUM_CHUNKS": cc, "HAS_DRAFT": has_draft, "CHUNK": geo.candidate_chunk, "CAND": CANDIDATES}
+        candidate_buffers = (b.cand, b.cand_mult, b.cand_count, b.cand_floor, b.cand_max, b.cand_sum)
+        warps = CANDIDATE_WARPS
+        vectors = {"T_VEC": 16 // target.dtype.itemsize, "D_VEC": 16 // (draft if has_draft else target).dtype.itemsize, "THREADS": 32 * warps}
+        if geo.candidate_chunk < vectors["THREADS"] * max(vectors["T_VEC"], vectors["D_VEC"]):
+            raise ValueError(f"candidate_chunk must hold at least one 16-byte vector per thread, got {geo.candidate_chunk}")
+        found.append(Template(
+            "candidates", k.candidates_kernel, (lines, cc),
+            lambda a, key, o: (*logits(a), a.temperature, a.top_k, a.top_p, a.num_draft_tokens, *candidate_buffers, *shape_args),
+            common | vectors, warps,
+        ))
+        found.append(Template(
+            "threshold", k.threshold_kernel, (lines,),
+            lambda a, key, o: (*logits(a), b.tau, b.resolved, b.part_m, b.part_z, a.temperature, a.top_k, a.top_p, a.num_draft_tokens,
+                               *candidate_buffers, *shape_args, t_parts, d_parts),
+            common | {"CHUNKS_POW2": _next_power_of_2(cc), "CANDS_POW2": _next_power_of_2(cc * CANDIDATES), "BLOCK": geo.threshold_block,
+                      "PARTS": tiles, "PP": _next_power_of_2(tiles), "RESOLVE": args.logprobs != LOGPROBS_RAW, "PROBES": THRESHOLD_PROBES},
+            THRESHOLD_WARPS,
+        ))
+    t_lanes, t_rows = _lanes(target.dtype, geo.stats_tile)
+    d_lanes, d_rows = _lanes((draft if has_draft else target).dtype, geo.stats_tile)
+    found.append(Template(
+        "line_stats", k.line_stats_kernel, (lines, _cdiv(tiles, tiles_per_part)),
+        lambda a, key, o: (*logits(a), a.temperature, a.num_draft_tokens, b.tau, b.resolved, b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz,
+                           a.draft_tokens, b.gathered, *shape_args, tok_stride, tiles_per_part),
+        {"PARTS": tiles, "HAS_DRAFT": has_draft, "CHECK": args.check, "FILTERED": args.filtered, "LOGPROBS": args.logprobs,
+         "T_LANES": t_lanes, "T_ROWS": t_rows, "D_LANES": d_lanes, "D_ROWS": d_rows},
+        STATS_WARPS,
+    ))
+    race_tail = (batch, num_positions, vocab, draft_vocab, *t_strides, *d_strides, tok_stride, t_parts, d_parts, layout["tiles_per_chunk"], layout["chunks"])
+    stats_buffers = (b.tau, b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz, b.gathered, b.race_val, b.race_idx, b.counters)
+
+    def race_arguments(a: VerifyArgs, key: int, o: Outputs) -> tuple:
+        placeholder = a.num_draft_tokens  # for the optional tensors: never read when absent
+        return (
+            *logits(a), a.draft_tokens, a.temperature, a.top_k, a.top_p, a.num_draft_tokens,
+            a.seeds if a.seeds is not None else placeholder, a.offsets if a.offsets is not None else placeholder, *stats_buffers,
+            o.tokens, o.num_accepted, o.logprobs if o.logprobs is not None else b.tau, o.accept_probs if o.accept_probs is not None else b.tau,
+            key, *race_tail,
+        )
+
+    found.append(Template(
+        "race", k.race_kernel, (batch, layout["chunks"]), race_arguments,
+        {"PARTS": tiles, "PP": _next_power_of_2(tiles), "KP": _next_power_of_2(num_positions + 1),
+         "STREAM": args.stream, "HAS_DRAFT": has_draft, "HAS_SEEDS": args.seeds is not None, "HAS_OFFSETS": args.offsets is not None,
+         "CHECK": args.check, "FILTERED": args.filtered, "LOGPROBS": args.logprobs, "ACCEPT_PROBS": args.accept_probs,
+         "INTERPRET": geo.interpret, "BLOCK": geo.race_block, "FINAL_BLOCK": FINAL_BLOCK},
+        RACE_WARPS if not geo.interpret else 4,
+    ))
+    return found
+
+
+def plan(args: VerifyArgs, base_key: int, geo: Geometry, bufs: Buffers, layout: dict, out: Outputs) -> list[Launch]:
+    """The launches of one call."""
+    return [Launch(t.name, t.kernel, t.grid, t.arguments(args, base_key, out), t.constexprs, t.num_warps) for t in templates(args, geo, bufs, layout)]
+
+
+def prepare(args: VerifyArgs) -> VerifyArgs:
+    """Inputs as the kernels read them: last dimensions contiguous."""
+    draft = args.draft_logits
+    if args.target_logits.stride(-1) == 1 and (draft is None or draft.stride(-1) == 1) and (args.draft_tokens.stride(-1) == 1 or args.num_positions <= 1):
+        return args
+    return args._replace(
+        target_logits=_last_dim_contiguous(args.target_logits),
+        draft_logits=_last_dim_contiguous(draft) if draft is not None else None,
+        draft_tokens=_last_dim_contiguous(args.draft_tokens),
     )
-    k.finalize_kernel[(batch,)](
-        tokens, args.num_draft_tokens, args.temperature, t_argval, t_arg,
-        race_val, race_idx, bonus_val, bonus_idx, num_accepted, invalid, out,
-        num_positions, vocab, tok_stride, num_chunks,
-        CHUNKS_POW2=chunks_pow2, K1_POW2=triton.next_power_of_2(num_positions + 1),
+
+
+_SETUPS: dict[tuple, tuple] = {}
+
+
+def _setup(args: VerifyArgs, device: torch.device, overrides: dict) -> list[Template]:
+    """The launch templates of a call, cached per shapes, strides, dtypes, flags, device and CUDA
+    stream: a repeated call (a decoding loop) pays one dictionary lookup here."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    target, draft, tokens = args.target_logits, args.draft_logits, args.draft_tokens
+    key = (
+        device, stream, target.shape, target.stride(), target.dtype, None if draft is None else (draft.shape, draft.stride(), draft.dtype),
+        tokens.shape, tokens.stride(), args.filtered, args.check, args.logprobs, args.accept_probs, args.stream, args.seeds is None,
+        args.offsets is None, tuple(sorted(overrides.items())) if overrides else (),
     )
-    return out, num_accepted
+    found = _SETUPS.get(key)
+    ws = workspace(device)
+    if found is not None and found[0] is ws.counters:
+        return found[1]
+    geo = geometry(device, **overrides)
+    layout = _layout(args, geo)
+    ws.reserve(layout["sizes"])
+    found = templates(args, geo, buffers(ws.floats, ws.ints, ws.counters, layout, args.batch), layout)
+    if len(_SETUPS) > 256:
+        _SETUPS.clear()
+    _SETUPS[key] = (ws.counters, found)
+    return found
+
+
+def verify(args: VerifyArgs, base_key: int, **overrides) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Run the fused kernels; returns (tokens (B, K+1) int64, num_accepted (B,) int64, logprobs
+    (B, K+1) float32 or None, accept_probs (B, K) float32 or None). No host sync.
+
+    ``overrides`` (race_chunks, race_block, stats_tile, stats_parts, candidate_chunk,
+    threshold_block) change the launch geometry, never the result: tests use them to cover several
+    chunks per row, ragged last tiles and the candidate search on small vocabularies.
+    """
+    args = prepare(args)
+    device = args.target_logits.device
+    out = allocate_outputs(args, device)
+    if args.batch == 0:
+        return tuple(out)
+    for t in _setup(args, device, overrides):
+        # No FMA contraction: p(x) is the same float expression on every backend (an explicit
+        # tl.fma where a kernel wants one).
+        t.kernel[t.grid](*t.arguments(args, base_key, out), **t.constexprs, num_warps=t.num_warps, num_stages=1, enable_fp_fusion=False)
+    return tuple(out)
+
+
+def launches_for(args: VerifyArgs, base_key: int = 0, **geometry_overrides) -> list[Launch]:
+    """The launches a call would make, without running them (any device, ``meta`` included: the
+    workspace is then made of meta tensors). The compile check and the GPU model start here."""
+    args = prepare(args)
+    device = args.target_logits.device
+    geo = geometry(device, **geometry_overrides)
+    layout = _layout(args, geo)
+    if device.type == "meta":
+        floats = torch.empty(layout["sizes"].floats, dtype=torch.float32, device=device)
+        ints = torch.empty(layout["sizes"].ints, dtype=torch.int32, device=device)
+        counters = torch.empty(max(args.batch, 1), dtype=torch.int32, device=device)
+    else:
+        ws = workspace(device)
+        ws.reserve(layout["sizes"])
+        floats, ints, counters = ws.floats, ws.ints, ws.counters
+    bufs = buffers(floats, ints, counters, layout, args.batch)
+    return plan(args, base_key, geo, bufs, layout, allocate_outputs(args, device))
+
+
+def compile_launch(launch: Launch, arch: int = 90):
+    """Compile ``launch`` for an NVIDIA GPU of compute capability ``arch`` (no GPU needed: Triton
+    ships ptxas) with exactly the specialisation a launch with these arguments gets: the JIT's own
+    argument binder decides which integers are 16-divisible or 1 and which pointers are aligned."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    kernel = launch.kernel
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*launch.args, **launch.constexprs, num_warps=launch.num_warps, num_stages=1, enable_fp_fusion=False)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, specialization, options)
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+__all__ = ["Geometry", "Launch", "allocate_outputs", "compile_launch", "geometry", "is_available", "kernels", "launches_for", "plan", "verify"]

@@ -1,4 +1,9 @@
-"""Same seed, same tokens: the fused Triton kernels (interpreted on CPU) against the eager reference."""
+"""Same keys, same tokens: the fused Triton kernels (interpreted on CPU) against the eager reference.
+
+Tokens and num_accepted must be identical; logprobs agree to float rounding (atol 1e-5, NaN where
+nothing is emitted), accept_probs likewise. The launch geometry (race chunks, tiles) never changes
+a result, and a seeded row never depends on its neighbours.
+"""
 
 from __future__ import annotations
 
@@ -22,55 +27,105 @@ def _case(batch, k, vocab, dtype, seed, draft_vocab=None, noise=1.0):
     return target, draft, tokens
 
 
+def _keys(batch, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 2**62, (batch,), generator=g), torch.randint(0, 2**40, (batch,), generator=g)
+
+
+def assert_same(a, b):
+    assert torch.equal(a[0], b[0]), f"tokens differ:\n{a[0]}\n{b[0]}"
+    assert torch.equal(a[1], b[1]), f"num_accepted differ: {a[1]} {b[1]}"
+    for got, want in zip(a[2:], b[2:], strict=True):
+        assert (got is None) == (want is None)
+        if got is not None:
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5, equal_nan=True)
+
+
 def _both(target, draft, tokens, seed=123, **kw):
-    outs = []
-    for backend in ("triton", "eager"):
-        out = specdec_ext.verify(target, draft, tokens, generator=torch.Generator().manual_seed(seed), backend=backend, **kw)
-        outs.append(out)
-    (a, b) = outs
-    assert torch.equal(a.tokens, b.tokens), f"tokens differ:\n{a.tokens}\n{b.tokens}"
-    assert torch.equal(a.num_accepted, b.num_accepted)
-    return a
+    outs = [specdec_ext.verify(target, draft, tokens, generator=torch.Generator().manual_seed(seed), backend=backend, **kw) for backend in ("triton", "eager")]
+    assert_same(*outs)
+    return outs[0]
 
 
-@pytest.mark.parametrize("vocab", [2, 1000, 32000, 50257, 128256])
+@pytest.mark.parametrize("vocab", [2, 1000, 50257, 128256])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_identity_over_vocabularies_and_dtypes(vocab, dtype):
-    batch, k = (3, 3) if vocab <= 32000 else (2, 2)
+    batch, k = (3, 3) if vocab <= 1000 else (2, 2)
     target, draft, tokens = _case(batch, k, vocab, dtype, seed=vocab % 97, noise=0.3)
-    _both(target, draft, tokens)
+    seeds, offsets = _keys(batch)
+    _both(target, draft, tokens, seeds=seeds, offsets=offsets, return_logprobs="processed", return_accept_probs=True)
 
 
 def test_identity_greedy_and_mixed_rows():
     target, draft, tokens = _case(4, 4, 3000, torch.float32, seed=1, noise=0.05)
     tokens[0] = target[0, :4].argmax(-1)  # a fully accepted greedy row
-    _both(target, draft, tokens, temperature=0.0)
-    _both(target, draft, tokens, temperature=torch.tensor([0.0, 1.0, 0.0, 0.6]))
+    _both(target, draft, tokens, temperature=0.0, return_logprobs="processed")
+    _both(target, draft, tokens, temperature=torch.tensor([0.0, 1.0, 0.0, 0.6]), return_logprobs="raw", return_accept_probs=True)
 
 
-@pytest.mark.parametrize("params", [{"top_k": 7}, {"top_p": 0.9}, {"top_k": 40, "top_p": 0.8, "temperature": 0.7}, {"top_k": torch.tensor([0, 3, 2999])}])
+@pytest.mark.parametrize("params", [{"top_k": 7}, {"top_p": 0.9}, {"top_k": 40, "top_p": 0.8, "temperature": 0.7}, {"top_k": torch.tensor([0, 3, 1499])}])
 def test_identity_with_filters(params):
     target, draft, tokens = _case(3, 3, 1500, torch.float32, seed=2, noise=0.2)
-    _both(target, draft, tokens, **params)
+    _both(target, draft, tokens, return_logprobs="processed", return_accept_probs=True, **params)
 
 
-def test_identity_ragged_one_hot_and_small_draft_vocab():
+def test_identity_ragged_one_hot_small_draft_vocab_and_sample():
     target, draft, tokens = _case(4, 4, 2000, torch.float32, seed=3, draft_vocab=1500, noise=0.1)
-    _both(target, draft, tokens, num_draft_tokens=torch.tensor([0, 1, 4, 2]))
-    _both(target, None, tokens, num_draft_tokens=torch.tensor([4, 3, 0, 2]))
-    _both(target[:, :1], None, tokens[:, :0])  # K = 0: a plain draw
+    _both(target, draft, tokens, num_draft_tokens=torch.tensor([0, 1, 4, 2]), return_accept_probs=True)
+    _both(target, None, tokens, num_draft_tokens=torch.tensor([4, 3, 0, 2]), return_logprobs="raw", return_accept_probs=True)
+    _both(target[:, :1], None, tokens[:, :0], return_logprobs="processed")  # K = 0: a plain draw
+    seeds, offsets = _keys(4)
+    for kw in ({}, {"top_k": 20, "temperature": 0.8}):
+        got = specdec_ext.sample(target[:, 0], seeds=seeds, offsets=offsets, backend="triton", **kw)
+        assert torch.equal(got, specdec_ext.sample(target[:, 0], seeds=seeds, offsets=offsets, backend="eager", **kw))
 
 
-def test_identity_across_chunks_and_ragged_tiles():
-    """Several vocabulary chunks per row and a last tile that is mostly padding."""
-    target, draft, tokens = _case(3, 3, 1000, torch.float32, seed=4, noise=0.5)
-    seed = torch.tensor([987654321123], dtype=torch.int64)
-    for params, layouts in [({"top_k": None, "top_p": None}, [(3, 128), (8, 64), (2, 512)]), ({"top_k": 50, "top_p": 0.95}, [(3, 256)])]:
-        args = _params.validate_verify(target, draft, tokens, temperature=0.9, num_draft_tokens=None, generator=None, check=True, **params)
-        expected = verify_eager(args, seed)
-        for num_chunks, block in layouts:
-            got = _triton_backend.verify(args, seed, num_chunks=num_chunks, block=block)
-            assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (params, num_chunks, block)
+def _args(target, draft, tokens, **kw):
+    kw = {"temperature": 0.9, "top_k": None, "top_p": None, "num_draft_tokens": None, "generator": None, "check": True} | kw
+    return _params.validate_verify(target, draft, tokens, **kw)
+
+
+def test_identity_across_launch_geometries():
+    """Several race chunks per row, ragged last tiles (race, statistics, candidates) and a Vd < V
+    draft with fewer statistics tiles give the reference's results."""
+    target, draft, tokens = _case(3, 3, 1000, torch.float32, seed=4, draft_vocab=700, noise=0.5)
+    seeds, offsets = _keys(3)
+    layouts = [
+        {"race_chunks": 3, "race_block": 128, "stats_tile": 512},
+        {"race_chunks": 1, "race_block": 256, "stats_tile": 512, "stats_parts": 1},  # one statistics program loops over both tiles
+        {"race_chunks": 8, "race_block": 64},
+        {"race_chunks": 2, "race_block": 512, "stats_tile": 512, "candidate_chunk": 512, "threshold_block": 256},
+    ]
+    for params in ({}, {"top_k": 50, "top_p": 0.95, "return_logprobs": "raw"}, {"temperature": torch.tensor([0.0, 0.7, 1.2]), "return_logprobs": "processed"}):
+        args = _args(target, draft, tokens, seeds=seeds, offsets=offsets, return_accept_probs=True, **params)
+        expected = verify_eager(args, 0)
+        for layout in layouts:
+            assert_same(_triton_backend.verify(args, 0, **layout), expected)
+
+
+def test_identity_bf16_statistics_tiles_and_ragged_rows():
+    """16-bit lines are read 8 values per thread and row: several tiles, a ragged last one."""
+    target, draft, tokens = _case(2, 3, 2500, torch.bfloat16, seed=14, noise=0.4)
+    args = _args(target, draft, tokens, num_draft_tokens=torch.tensor([3, 1]), return_logprobs="raw", return_accept_probs=True)
+    expected = verify_eager(args, 77)
+    assert_same(_triton_backend.verify(args, 77, stats_tile=1024, race_chunks=3, race_block=256), expected)
+    assert_same(_triton_backend.verify(args, 77, stats_tile=1024, stats_parts=2), expected)  # parts of 2 and 1 tiles
+
+
+def test_seeded_rows_do_not_depend_on_batch_or_chunking():
+    """A seeded row's tokens, logprobs and accept_probs are bit-identical whatever its neighbours,
+    its row and the number of race chunks (which follows the batch size on a GPU)."""
+    target, draft, tokens = _case(4, 3, 900, torch.float32, seed=9, noise=0.6)
+    seeds, offsets = _keys(4, seed=2)
+    temperature = torch.tensor([0.8, 0.0, 1.1, 0.8])
+    common = {"return_logprobs": "processed", "return_accept_probs": True, "check": False}
+    whole = _triton_backend.verify(_args(target, draft, tokens, seeds=seeds, offsets=offsets, temperature=temperature, **common), 0, race_chunks=2, race_block=128)
+    for rows, chunks in (([3, 1, 0, 2], 5), ([2], 1), ([0, 3], 3), ([1, 1], 4)):
+        r = torch.tensor(rows)
+        args = _args(target[r], draft[r], tokens[r], seeds=seeds[r], offsets=offsets[r], temperature=temperature[r], **common)
+        part = _triton_backend.verify(args, 0, race_chunks=chunks, race_block=128)
+        for got, want in zip(part, whole, strict=True):
+            torch.testing.assert_close(got, want[r], rtol=0, atol=0, equal_nan=True)
 
 
 def test_invalid_rows_without_check_give_minus_one():
@@ -78,9 +133,30 @@ def test_invalid_rows_without_check_give_minus_one():
     target[1, 0, 7] = float("nan")
     draft[2, 1, 0] = float("inf")
     tokens[3, 0] = 300  # out of range
-    out = _both(target, draft, tokens, check=False)
+    out = _both(target, draft, tokens, check=False, return_logprobs="processed", return_accept_probs=True)
     assert (out.tokens[1:] == -1).all() and (out.num_accepted[1:] == 0).all()
+    assert torch.isnan(out.logprobs[1:]).all() and torch.isnan(out.accept_probs[1:]).all()
     assert (out.tokens[0] >= 0).sum() == out.num_accepted[0] + 1
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"temperature": torch.tensor([-1.0, 1.0, float("inf"), 0.5])},
+        {"temperature": torch.tensor([1.0, float("nan"), 0.7, 0.0])},
+        {"top_k": torch.tensor([5, -1, 0, 3])},
+        {"top_p": torch.tensor([0.0, 0.9, 1.5, 1.0])},
+        {"num_draft_tokens": torch.tensor([2, -1, 3, 1])},
+    ],
+)
+def test_bad_parameters_blank_their_rows_without_check(params):
+    """check=False: a row whose own parameter is out of range is blanked (tokens -1, num_accepted 0)
+    like the reference does, never drawn with a nonsense temperature or cut-off."""
+    target, draft, tokens = _case(4, 2, 300, torch.float32, seed=6, noise=0.3)
+    out = _both(target, draft, tokens, check=False, **params)
+    bad = _params.invalid_rows(_args(target, draft, tokens, check=False, **params))
+    assert bad.any() and (out.tokens[bad] == -1).all() and (out.num_accepted[bad] == 0).all()
+    assert (out.tokens[~bad, 0] >= 0).all()
 
 
 def test_unused_positions_may_hold_garbage():
@@ -93,18 +169,53 @@ def test_unused_positions_may_hold_garbage():
     assert (out.tokens >= -1).all() and out.tokens[0, 0] >= 0
 
 
+def test_an_all_zero_residual_races_on_p():
+    """A rejected draft whose residual max(p - q, 0) is zero everywhere: p = (1, e) and q = (1, 2e)
+    with e < 2**-24 (both normalisers round to 1), the draft proposing id 1. The finalising program
+    races p over the whole line, as the reference does."""
+    vocab = 600
+    target = torch.full((1, 2, vocab), float("-inf"))
+    target[0, :, 0] = 0.0
+    target[0, :, 1] = -30 * 0.6931472  # e = 2**-30
+    draft = target[:, :1].clone()
+    draft[0, 0, 1] = -29 * 0.6931472  # 2e
+    tokens = torch.tensor([[1]])
+    rejected = 0
+    for seed in range(6):  # about half the keys reject id 1 (u >= p / q = 1/2)
+        args = _args(target, draft, tokens, temperature=1.0, seeds=torch.tensor([seed]), return_logprobs="processed", return_accept_probs=True)
+        expected = verify_eager(args, 0)
+        rejected += int(expected[1][0]) == 0
+        assert_same(_triton_backend.verify(args, 0, race_chunks=3, race_block=128), expected)
+    assert rejected > 0
+
+
 def _reference_thresholds(args) -> torch.Tensor:
     """Eager tau of every target line (-inf for greedy rows and unused positions)."""
+    from specdec_ext._params import inverse_temperature
     from specdec_ext.reference import filter_thresholds
 
     batch, length, vocab = args.target_logits.shape
     greedy = args.temperature == 0
-    scale = torch.where(greedy, torch.ones_like(args.temperature), args.temperature)
-    scaled = args.target_logits.float() / scale[:, None, None]
+    scaled = args.target_logits.float() * inverse_temperature(args.temperature)[:, None, None]
     per_line = lambda x: x.repeat_interleave(length)  # noqa: E731
     tau = filter_thresholds(scaled.reshape(-1, vocab), per_line(torch.where(greedy, 0, args.top_k)), per_line(torch.where(greedy, 1.0, args.top_p)))
     used = (torch.arange(length)[None, :] <= args.num_draft_tokens[:, None]).reshape(-1)
     return torch.where(used, tau, float("-inf"))
+
+
+def _triton_thresholds(args, **geometry) -> torch.Tensor:
+    """tau of every target line from the candidates and threshold launches of a call's plan."""
+    args = _triton_backend.prepare(args)
+    geo = _triton_backend.geometry(args.target_logits.device, **geometry)
+    layout = _triton_backend._layout(args, geo)
+    ws = _triton_backend.workspace(args.target_logits.device)
+    ws.reserve(layout["sizes"])
+    bufs = _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch)
+    launches = _triton_backend.plan(args, 0, geo, bufs, layout, _triton_backend.allocate_outputs(args, args.target_logits.device))
+    assert [launch.name for launch in launches[:2]] == ["candidates", "threshold"]
+    for launch in launches[:2]:
+        launch.run()
+    return bufs.tau[: args.batch * args.target_logits.shape[1]].clone()
 
 
 @pytest.mark.parametrize(
@@ -126,13 +237,13 @@ def _reference_thresholds(args) -> torch.Tensor:
     ],
 )
 def test_thresholds_match_the_reference(name, logits_fn, params):
-    """The candidate search (several 256-value chunks per line here) finds the reference's cut-offs
+    """The candidate search (several 512-value chunks per line here) finds the reference's cut-offs
     exactly, whether it resolves among the candidates or falls back to the whole line."""
     g = torch.Generator().manual_seed(len(name))
     target = logits_fn(g)
     tokens = torch.zeros(target.shape[0], target.shape[1] - 1, dtype=torch.int64)
     kw = {"temperature": 1.0, "top_k": None, "top_p": None, "num_draft_tokens": None} | params
     args = _params.validate_verify(target, None, tokens, generator=None, check=False, **kw)
-    got = _triton_backend.thresholds(args, target, target.shape[1], 0, target.shape[2], block=1024, candidate_chunk=256)
+    got = _triton_thresholds(args, candidate_chunk=512, threshold_block=1024)
     expected = _reference_thresholds(args)
     assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"

@@ -1,107 +1,104 @@
-"""Compile every Triton kernel, in every constexpr variant the launchers use, for a Hopper GPU
-(sm_90) down to a cubin, without a GPU: ptxas ships with Triton's NVIDIA backend.
+"""Compile every Triton launch the backend makes, exactly as it makes it, for a Hopper GPU (sm_90)
+down to a cubin, without a GPU: ptxas ships with Triton's NVIDIA backend.
+
+"Exactly": each call below is planned by the launcher itself (``_triton_backend.launches_for`` on
+meta tensors of the call's shapes) and compiled with the JIT's own argument specialisation
+(``_triton_backend.compile_launch``: 16-divisible pointers and integers, the real constexprs), so
+the binaries are the ones a launch would run. The calls together take every constexpr branch.
+Also checked: a call's specialisation is the same at every batch size (no recompilation, no new
+CUDA-graph capture when B changes).
 
 Run as a script with TRITON_INTERPRET unset or 0 (the interpreter replaces the compiler):
-``python tests/triton_compile_check.py`` prints one line per variant and ``ok N`` last. Exit status
-0: all compiled; 1: a kernel failed to compile; 3: this Triton cannot compile for sm_90 here.
-tests/test_triton_compile.py runs it in a subprocess.
+``python tests/triton_compile_check.py`` prints one line per compiled variant (registers, spills)
+and ``ok N`` last. Exit status 0: all compiled; 1: a kernel failed to compile or a batch size
+changed a specialisation; 3: this Triton cannot compile for sm_90 here. Works with Triton 3.6 and
+later. tests/test_triton_compile.py runs it in a subprocess.
 """
 
 from __future__ import annotations
 
-import inspect
-import itertools
+import dataclasses
 import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-LOGIT_TYPES = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def _pointer_type(name: str, logits: str, tokens: str) -> str:
-    if name in ("logits_ptr", "target_ptr", "draft_ptr"):
-        return logits
-    if name == "tokens_ptr":
-        return tokens
-    if name in ("top_k_ptr", "num_draft_ptr", "seed_ptr", "num_accepted_ptr", "out_ptr"):
-        return "*i64"
-    if name.endswith(("_arg_ptr", "_idx_ptr", "_bad_ptr")) or name in ("invalid_ptr", "cand_count_ptr", "cand_floor_ptr"):
-        return "*i32"
-    return "*fp32"
+def calls():
+    from bench.gpu_model import Call
+
+    v = 128256
+    return [
+        Call("fp32 draft logits, unfiltered", 1, 4, v, "fp32"),
+        Call("bf16 logprobs raw, accept_probs, seeds, offsets", 64, 8, v, "bf16", logprobs=2, accept_probs=True, seeds=True, offsets=True),
+        Call("fp16 one-hot drafts, filtered, check, logprobs processed", 4, 3, 50257, "fp16", draft="one-hot", top_k=50, top_p=0.9, check=True, logprobs=1),
+        Call("fp32 sample stream, seeds", 8, 0, 32000, "fp32", draft="one-hot", stream=2, seeds=True),
+        Call("fp32 target, bf16 draft of a smaller vocabulary, filtered", 2, 5, 152064, "fp32", draft_dtype="bf16", draft_vocab=151936, top_p=0.95),
+        Call("bf16 filtered, check", 16, 4, 32000, "bf16", top_k=20, check=True),
+    ]
 
 
-def variants(k):
-    """(label, kernel, constexprs, logits type, tokens type) for every launch the backend makes."""
-    for dtype, shift in itertools.product(LOGIT_TYPES, (0, 1)):
-        yield f"candidates {dtype} shift={shift}", k.candidates_kernel, {"USED_SHIFT": shift, "CHUNK": 4096, "CAND": 64}, LOGIT_TYPES[dtype], "*i64"
-        yield f"threshold {dtype} shift={shift}", k.threshold_kernel, {"USED_SHIFT": shift, "CHUNKS_POW2": 64, "CAND": 64, "CANDS_POW2": 4096, "BLOCK": 1024}, LOGIT_TYPES[dtype], "*i64"
-        for filtered in (False, True):
-            yield f"line_stats {dtype} shift={shift} filtered={filtered}", k.line_stats_kernel, {"USED_SHIFT": shift, "FILTERED": filtered, "BLOCK": 1024}, LOGIT_TYPES[dtype], "*i64"
-    for dtype, has_draft, check_all, filtered, tokens in itertools.product(("fp32", "bf16"), (False, True), (False, True), (False, True), ("*i64", "*i32")):
-        if tokens == "*i32" and not (has_draft and filtered):
-            continue  # one variant with int32 drafts is enough
-        constexprs = {"HAS_DRAFT": has_draft, "CHECK_ALL_LINES": check_all, "FILTERED": filtered, "CHUNKS_POW2": 128, "BLOCK": 1024}
-        yield f"race {dtype} draft={has_draft} check_all={check_all} filtered={filtered} tokens={tokens}", k.race_kernel, constexprs, LOGIT_TYPES[dtype], tokens
-    yield "finalize", k.finalize_kernel, {"CHUNKS_POW2": 128, "K1_POW2": 16}, "*fp32", "*i64"
+def specialisation(launch) -> tuple:
+    """What the JIT keys a compile on for this launch (types, divisibility, constexprs)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
 
-
-def resource_usage(cubin: bytes, cuobjdump: str) -> str:
-    """'REG:n ... LOCAL:n' of a cubin (registers per thread; LOCAL > 0 means spills), or ''."""
-    if not os.path.exists(cuobjdump):
-        return ""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
-    found = re.search(r"REG:(\d+).*LOCAL:(\d+)", out)
-    return f"{found.group(1)} registers, {found.group(2)} bytes spilled" if found else ""
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    binder = create_function_from_signature(launch.kernel.signature, launch.kernel.params, backend)
+    _, spec, _ = binder(*launch.args, **launch.constexprs)
+    return tuple(spec)
 
 
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("unset TRITON_INTERPRET: the interpreter replaces the compiler", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(ROOT))
     import triton
 
     try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.compiler import ASTSource  # noqa: F401
     except ImportError as error:
         print(f"no ahead-of-time compiler in this Triton: {error}")
         return 3
-    from specdec_ext._triton_backend import kernels
+    from bench.gpu_model import analyse, disassemble, launches
+    from specdec_ext import _triton_backend
 
-    target = GPUTarget("cuda", 90, 32)
-    cuobjdump = str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+    print(f"triton {triton.__version__}")
+    seen = {}
     count = 0
-    for label, kernel, constexprs, logits, tokens in variants(kernels()):
-        signature = {}
-        for name in inspect.signature(kernel.fn).parameters:
-            if name in constexprs:
-                signature[name] = "constexpr"
-            elif name.endswith("_ptr"):
-                signature[name] = _pointer_type(name, logits, tokens)
-            else:
-                signature[name] = "i32"
-        try:
-            compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs), target=target)
-        except Exception as error:
-            text = str(error)
-            if count == 0 and ("ptxas" in text or "backend" in text.lower()):
-                print(f"cannot compile for sm_90 here: {type(error).__name__}: {text[:300]}")
-                return 3
-            print(f"FAILED {label}: {type(error).__name__}: {text[:2000]}")
+    for call in calls():
+        # The same call at several batch sizes must specialise identically.
+        keys = {batch: [(launch.name, specialisation(launch)) for launch in launches(dataclasses.replace(call, batch=batch), 132)] for batch in (1, 7, 64, 513)}
+        if len({tuple(k) for k in keys.values()}) != 1:
+            print(f"FAILED {call.name}: the specialisation depends on the batch size: {keys}")
             return 1
-        if not compiled.asm.get("cubin"):
-            print(f"FAILED {label}: no cubin")
-            return 1
-        count += 1
-        usage = resource_usage(compiled.asm["cubin"], cuobjdump)
-        print(f"compiled {label}" + (f": {usage}" if usage else ""))
+        for launch in launches(call, 132):
+            key = (launch.name, specialisation(launch))
+            if key in seen:
+                continue
+            try:
+                compiled = _triton_backend.compile_launch(launch, arch=90)
+            except Exception as error:
+                text = str(error)
+                if count == 0 and ("ptxas" in text or "backend" in text.lower()):
+                    print(f"cannot compile for sm_90 here: {type(error).__name__}: {text[:300]}")
+                    return 3
+                print(f"FAILED {launch.name} of {call.name}: {type(error).__name__}: {text[:2000]}")
+                return 1
+            if not compiled.asm.get("cubin"):
+                print(f"FAILED {launch.name} of {call.name}: no cubin")
+                return 1
+            code = analyse(*disassemble(compiled.asm["cubin"]))
+            seen[key] = code
+            count += 1
+            print(f"compiled {launch.name:<10} ({call.name}): {code.registers} registers, {code.spill_bytes} bytes spilled")
+            if code.spill_bytes:
+                print(f"FAILED {launch.name} of {call.name}: registers spill to local memory")
+                return 1
     print(f"ok {count}")
     return 0
 
