@@ -93,6 +93,7 @@ def verify(
     generator: torch.Generator | None = None,
     backend: str = "auto",
     check: bool = True,
+    method: str = "token",
 ) -> VerifyResult:
     """Verify a block of K draft tokens per row by modified rejection sampling, from raw logits.
 
@@ -125,6 +126,9 @@ def verify(
             lines up to its first rejection; greedy rows read no draft line), an out-of-range draft
             id or a bad parameter gets num_accepted 0 and tokens all -1, never an out-of-range id.
             Lines after the first rejection cannot change the tokens and are not read at all.
+        method: "token" (token-wise verification, above) or "block": block verification (Sun et al.,
+            ICLR 2025) judges the drafts jointly, accepts at least as many in expectation and is just
+            as exact (see :mod:`specdec_ext.reference_tree`; greedy rows verify token by token).
 
     Returns:
         VerifyResult(tokens (B, K+1) int64 padded with -1, num_accepted (B,) int64).
@@ -143,6 +147,11 @@ def verify(
         target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
         num_draft_tokens=num_draft_tokens, generator=generator, check=check,
     )
+    if method != "token":
+        from .tree import verify_block
+
+        tokens, num_accepted = verify_block(args, method, backend)
+        return VerifyResult(tokens, num_accepted)
     chosen = _resolve_backend(backend, target_logits.device)
     seed = draw_seed(generator, target_logits.device)
     if torch.compiler.is_compiling():
