@@ -211,7 +211,7 @@ def block_law(lang: Language, length: int, variant: str = "exact") -> dict:
     """Law of block verification of a chain of ``length`` drafts (Sun et al.), by enumeration.
 
     variant "token_residual": after stopping at tau < length, draw from max(P - Q, 0) instead of
-    max(p_tau P - Q, 0).
+    max(p_tau P - Q, 0); "target_redraw": draw from P itself there.
     """
     law: dict = {}
     p_table, q_table = _tables(lang)
@@ -242,7 +242,7 @@ def block_law(lang: Language, length: int, variant: str = "exact") -> dict:
                 continue
             prefix = drafts[:tau]
             big_p = p_table[lang.index(prefix)]
-            if tau == length:
+            if tau == length or variant == "target_redraw":
                 residual = big_p
             else:
                 factor = 1.0 if variant == "token_residual" else carried[tau]
@@ -252,6 +252,12 @@ def block_law(lang: Language, length: int, variant: str = "exact") -> dict:
                     key = prefix + (t,)
                     law[key] = law.get(key, 0.0) + weight * chance * residual[t]
     return law
+
+
+def one_hot_language(lang: Language) -> Language:
+    """The same target, and a deterministic draft: q(. | prefix) is the point mass at the draft's mode."""
+    one_hot = torch.nn.functional.one_hot(lang.q.argmax(1), lang.vocab).double()
+    return Language(lang.vocab, lang.depth, lang.prefixes, lang.target_logits, lang.draft_logits, lang.p, one_hot, lang.draft_vocab)
 
 
 def max_violation(lang: Language, law: dict) -> float:
@@ -325,15 +331,27 @@ def sample_law(law: dict, rows: int, generator: torch.Generator, width: int) -> 
 
 
 def _pooled_statistic(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int, int]:
-    """(chi-square statistic, degrees of freedom, draws of impossible tokens) of one group, small bins pooled."""
+    """(chi-square statistic, degrees of freedom, draws of impossible tokens) of one group.
+
+    Bins expecting fewer than 5 draws are pooled; a pool still under 5 joins the smallest other bin,
+    so every bin expects at least 5 (rare prefixes reached a few times contribute no degree of freedom
+    rather than a heavy tail).
+    """
     counts, probs = counts.double(), probs.double()
     total = counts.sum()
     impossible = int(counts[probs <= 0].sum())
     expected = probs * total
     small = expected < 5
-    obs = torch.cat([counts[~small], counts[small].sum().reshape(1)])
-    exp = torch.cat([expected[~small], expected[small].sum().reshape(1)])
-    keep = exp > 0
+    obs, exp = counts[~small], expected[~small]
+    pooled_obs, pooled_exp = counts[small].sum(), expected[small].sum()
+    if pooled_exp >= 5 or obs.numel() == 0:
+        obs, exp = torch.cat([obs, pooled_obs.reshape(1)]), torch.cat([exp, pooled_exp.reshape(1)])
+    elif pooled_exp > 0:
+        smallest = int(exp.argmin())
+        obs, exp = obs.clone(), exp.clone()
+        obs[smallest] += pooled_obs
+        exp[smallest] += pooled_exp
+    keep = exp >= 5
     obs, exp = obs[keep], exp[keep]
     if obs.numel() < 2:
         return 0.0, 0, impossible
