@@ -110,7 +110,7 @@ def race_exponentials(keys: torch.Tensor, position: torch.Tensor, vocab: int, st
     """(R, vocab) float32 exponentials E_y = -log(u) of rows with keys (R,) at positions (R,)."""
     groups = torch.arange((vocab + 3) // 4, device=keys.device)
     words = philox_words(keys[:, None], groups[None, :], (position & _MASK32)[:, None], (position >> 32)[:, None], stream)
-    interleaved = torch.stack(words, dim=2).reshape(keys.shape[0], -1)[:, :vocab]  # id y -> group y >> 2, word y & 3
+    interleaved = torch.stack(words, dim=2).reshape(keys.shape[0], 4 * groups.shape[0])[:, :vocab]  # id y -> group y >> 2, word y & 3
     return -torch.log(_open_uniform(interleaved))
 
 
@@ -146,13 +146,13 @@ def tree_layout(args: TreeArgs) -> TreeLayout:
     earlier = node[None, :] < node[:, None]  # (child i, sibling j): j < i
     same_parent = (parent[:, :, None] == parent[:, None, :]) & used[:, :, None] & used[:, None, :] & earlier[None]
     rank = same_parent.sum(2)
-    width = int(rank.max()) + 1 if nodes else 1
+    width = int(rank.max()) + 1 if rank.numel() else 1
     children = torch.full((batch, nodes + 1, width), -1, dtype=torch.int64, device=device)
     rows = torch.arange(batch, device=device)[:, None].expand(batch, nodes)
     flat = (rows * (nodes + 1) + parent + 1) * width + rank
     children.view(-1).scatter_(0, flat[used], node[None, :].expand(batch, nodes)[used])
     has_children = children[:, :, 0] >= 0
-    max_depth = int(depth.max()) if nodes else 0
+    max_depth = int(depth.max()) if depth.numel() else 0
     return TreeLayout(bad, used, depth, rank, children, has_children, max_depth)
 
 

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tree_laws import block_law, depth_laws_fail, draft_tree_batch, expected_accepted, language, one_hot_language, sample_law, sequence_law_fails
+from tree_laws import (
+    block_law,
+    depth_laws_fail,
+    draft_tree_batch,
+    expected_accepted,
+    language,
+    one_hot_language,
+    sample_law,
+    sequence_law_fails,
+)
 
 import specdec_ext
 from specdec_ext.tree import available_tree_backends
