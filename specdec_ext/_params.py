@@ -10,9 +10,13 @@ from typing import NamedTuple
 
 import torch
 
+from ._philox import VERIFY_STREAM
+
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TOKEN_DTYPES = (torch.int32, torch.int64)
 BACKENDS = ("auto", "triton", "cpp", "eager")
+LOGPROBS_NONE, LOGPROBS_PROCESSED, LOGPROBS_RAW = 0, 1, 2
+_LOGPROBS_MODES = {False: LOGPROBS_NONE, None: LOGPROBS_NONE, "processed": LOGPROBS_PROCESSED, "raw": LOGPROBS_RAW}
 
 
 class VerifyArgs(NamedTuple):
@@ -28,6 +32,11 @@ class VerifyArgs(NamedTuple):
     generator: torch.Generator | None
     check: bool
     filtered: bool = True  # False when top-k and top-p are off for every row (lets backends skip the threshold search)
+    seeds: torch.Tensor | None = None  # (B,) int64 per-request Philox keys; None = base_key + row
+    offsets: torch.Tensor | None = None  # (B,) int64 per-request positions of draft position 0; None = 0
+    stream: int = VERIFY_STREAM  # race stream: VERIFY_STREAM for verify, SAMPLE_STREAM for sample
+    logprobs: int = LOGPROBS_NONE  # LOGPROBS_NONE / LOGPROBS_PROCESSED / LOGPROBS_RAW
+    accept_probs: bool = False  # also return min(1, p/q) of every examined draft
 
     @property
     def batch(self) -> int:
@@ -110,7 +119,35 @@ def _first_bad_row(bad: torch.Tensor) -> int | None:
     return int(rows[0, 0]) if rows.numel() else None
 
 
-def validate_verify(target_logits, draft_logits, draft_tokens, *, temperature, top_k, top_p, num_draft_tokens, generator, check) -> VerifyArgs:
+def _row_vector(value, name: str, batch: int, device: torch.device) -> torch.Tensor | None:
+    """``seeds`` / ``offsets``: None or a (B,) int64 tensor on the logits' device (values are
+    checked with the logits, after the kernel: a negative entry blanks or raises for its row)."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{name} must be None or a ({batch},) int64 tensor, got {type(value).__name__}")
+    if value.dtype != torch.int64:
+        raise ValueError(f"{name} must be an int64 tensor, got {value.dtype}")
+    if value.dim() != 1 or value.shape[0] != batch:
+        raise ValueError(f"{name} must have shape ({batch},) to match the batch, got {tuple(value.shape)}")
+    if value.device != device:
+        raise ValueError(f"{name} is on {value.device} but the logits are on {device}")
+    return value
+
+
+def logprobs_mode(return_logprobs) -> int:
+    """LOGPROBS_* code of ``return_logprobs`` (False / None, "processed" or "raw")."""
+    if isinstance(return_logprobs, str) or return_logprobs in (False, None):
+        mode = _LOGPROBS_MODES.get(return_logprobs)
+        if mode is not None:
+            return mode
+    raise ValueError(f"return_logprobs must be False, 'processed' or 'raw', got {return_logprobs!r}")
+
+
+def validate_verify(
+    target_logits, draft_logits, draft_tokens, *, temperature, top_k, top_p, num_draft_tokens, generator, check,
+    seeds=None, offsets=None, stream: int = VERIFY_STREAM, return_logprobs=False, return_accept_probs: bool = False,
+) -> VerifyArgs:
     """Check shapes, dtypes and devices (always) and values (when ``check``); normalise the parameters."""
     if not isinstance(target_logits, torch.Tensor):
         raise ValueError(f"target_logits must be a tensor, got {type(target_logits).__name__}")
@@ -149,6 +186,12 @@ def validate_verify(target_logits, draft_logits, draft_tokens, *, temperature, t
 
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if not isinstance(return_accept_probs, bool):
+        raise ValueError(f"return_accept_probs must be a bool, got {type(return_accept_probs).__name__}")
+    outputs = dict(
+        seeds=_row_vector(seeds, "seeds", batch, device), offsets=_row_vector(offsets, "offsets", batch, device), stream=stream,
+        logprobs=logprobs_mode(return_logprobs), accept_probs=return_accept_probs,
+    )
 
     if num_draft_tokens is None and device.type == "cpu" and type(temperature) in _NUMBER_TYPES and type(top_k) in _INT_TYPES and type(top_p) in _NUMBER_TYPES:
         # The common call (scalar parameters) in one lookup: validation costs more than the kernel
@@ -166,7 +209,7 @@ def validate_verify(target_logits, draft_logits, draft_tokens, *, temperature, t
                 _SCALAR_ROWS.clear()
             if not torch.compiler.is_compiling():
                 _SCALAR_ROWS[key] = rows
-        return VerifyArgs(target_logits, draft_logits, draft_tokens, *rows[:4], generator, check, rows[4])
+        return VerifyArgs(target_logits, draft_logits, draft_tokens, *rows[:4], generator, check, rows[4], **outputs)
 
     _check_scalar_params(temperature, top_k, top_p)
     temperature_t, temperature_is_tensor = _per_row(temperature, "temperature", batch, device, torch.float32, 1.0)
@@ -183,7 +226,7 @@ def validate_verify(target_logits, draft_logits, draft_tokens, *, temperature, t
         num_draft_t, num_draft_is_tensor = _per_row(num_draft_tokens, "num_draft_tokens", batch, device, torch.int64, num_positions)
 
     filtered = top_k_is_tensor or top_p_is_tensor or bool(top_k) or (top_p is not None and top_p < 1)
-    args = VerifyArgs(target_logits, draft_logits, draft_tokens, temperature_t, top_k_t, top_p_t, num_draft_t, generator, check, filtered)
+    args = VerifyArgs(target_logits, draft_logits, draft_tokens, temperature_t, top_k_t, top_p_t, num_draft_t, generator, check, filtered, **outputs)
     if check:
         _check_values(args, temperature_is_tensor, top_k_is_tensor, top_p_is_tensor, num_draft_is_tensor)
     return args
@@ -215,7 +258,7 @@ def raise_for_bad_rows(args: VerifyArgs, blanked: torch.Tensor) -> None:
     Called only when a backend blanked a row (``blanked``: (B,) bool), so valid calls never pay for
     this extra pass over the logits: the kernels find bad rows while they read the logits anyway.
     """
-    for name, bad, what in row_problems(args):
+    for name, bad, what in parameter_problems(args) + row_problems(args):
         row = _first_bad_row(bad)
         if row is not None:
             raise ValueError(f"{name}: row {row} {what}")
@@ -223,12 +266,36 @@ def raise_for_bad_rows(args: VerifyArgs, blanked: torch.Tensor) -> None:
     raise ValueError(f"target_logits: row {row} could not be verified (non-finite values after temperature and filtering)")
 
 
+def inverse_temperature(temperature: torch.Tensor) -> torch.Tensor:
+    """(B,) float32 1 / T by IEEE float32 division (1 for greedy rows): every backend scales logits
+    by this one rounded product, so their processed logits agree bit for bit."""
+    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    return 1.0 / scale
+
+
+def parameter_problems(args: VerifyArgs) -> list[tuple[str, torch.Tensor, str]]:
+    """(argument, (B,) bad-row mask, description) of every per-row parameter out of range."""
+    t = args.temperature
+    problems = [
+        ("temperature", ~(t >= 0) | torch.isinf(t), "must be finite and >= 0 (0 = greedy)"),
+        ("top_k", args.top_k < 0, "must be >= 0 (0 = off)"),
+        ("top_p", ~((args.top_p > 0) & (args.top_p <= 1)), "must lie in (0, 1]"),
+        ("num_draft_tokens", (args.num_draft_tokens < 0) | (args.num_draft_tokens > args.num_positions), f"must lie in [0, K={args.num_positions}]"),
+    ]
+    if args.seeds is not None:
+        problems.append(("seeds", args.seeds < 0, "is negative (seeds must be >= 0)"))
+    if args.offsets is not None:
+        problems.append(("offsets", args.offsets < 0, "is negative (offsets must be >= 0)"))
+    return problems
+
+
 def row_problems(args: VerifyArgs, reached: torch.Tensor | None = None) -> list[tuple[str, torch.Tensor, str]]:
     """(argument, (B,) bad-row mask, description) for every value problem, at the positions a row uses.
 
     Used by the check (to raise) and by the eager backend with ``check=False`` (to blank the row).
     One max per logits line finds all of NaN (max is NaN), +inf (max is +inf) and an empty line
-    (max is -inf); dividing that max by the temperature finds overflow of the scaled logits.
+    (max is -inf); scaling that max by 1 / T finds a temperature so small that the processed
+    logits are no longer finite (the line's maximum overflows).
 
     ``reached``: (B,) position j where each row's acceptance walk stopped (its first rejection, or
     n_b). Given, only the lines the verification reads count: target and draft lines at positions
@@ -242,13 +309,14 @@ def row_problems(args: VerifyArgs, reached: torch.Tensor | None = None) -> list[
     if reached is not None:
         target_used = target_used & (positions[None, :] <= reached[:, None])
         draft_used = target_used[:, :-1] & token_used & (args.temperature > 0)[:, None]
+    inv_t = inverse_temperature(args.temperature)[:, None]
+    sampled = (args.temperature > 0)[:, None]
 
     def line_problems(logits: torch.Tensor, used: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         line_max = logits.amax(dim=2).float()  # (B, L)
-        scale = torch.where(args.temperature > 0, args.temperature, torch.ones_like(args.temperature))[:, None]
         nan_or_inf = (torch.isnan(line_max) | torch.isposinf(line_max)) & used
         empty = torch.isneginf(line_max) & used
-        overflow = torch.isposinf(line_max / scale) & ~torch.isposinf(line_max) & used
+        overflow = torch.isfinite(line_max) & ~torch.isfinite(line_max * inv_t) & sampled & used
         return nan_or_inf.any(1), empty.any(1), overflow.any(1)
 
     problems = []
@@ -256,14 +324,14 @@ def row_problems(args: VerifyArgs, reached: torch.Tensor | None = None) -> list[
     problems += [
         ("target_logits", nan_t, "contains NaN or +inf"),
         ("target_logits", empty_t, "has a position whose processed distribution is empty (every logit is -inf)"),
-        ("temperature", overflow_t, "is so small that target_logits / temperature overflows to +inf"),
+        ("temperature", overflow_t, "is so small that target_logits / temperature is not finite (use temperature 0 for greedy decoding)"),
     ]
     if args.draft_logits is not None and num_positions:
         nan_d, empty_d, overflow_d = line_problems(args.draft_logits, draft_used)
         problems += [
             ("draft_logits", nan_d, "contains NaN or +inf"),
             ("draft_logits", empty_d, "has a position whose processed distribution is empty (every logit is -inf)"),
-            ("temperature", overflow_d, "is so small that draft_logits / temperature overflows to +inf"),
+            ("temperature", overflow_d, "is so small that draft_logits / temperature is not finite (use temperature 0 for greedy decoding)"),
         ]
     if num_positions:
         tokens = args.draft_tokens
@@ -275,9 +343,7 @@ def row_problems(args: VerifyArgs, reached: torch.Tensor | None = None) -> list[
 def invalid_rows(args: VerifyArgs, reached: torch.Tensor | None = None) -> torch.Tensor:
     """(B,) bool: rows that ``check=True`` would reject (or bad parameter values); with ``reached``,
     only bad values in the lines the verification reads count (see :func:`row_problems`)."""
-    bad = ~(args.temperature >= 0) | torch.isinf(args.temperature) | (args.top_k < 0)
-    bad |= ~((args.top_p > 0) & (args.top_p <= 1))
-    bad |= (args.num_draft_tokens < 0) | (args.num_draft_tokens > args.num_positions)
-    for _, mask, _ in row_problems(args, reached):
+    bad = torch.zeros(args.batch, dtype=torch.bool, device=args.target_logits.device)
+    for _, mask, _ in parameter_problems(args) + row_problems(args, reached):
         bad |= mask
     return bad

@@ -11,12 +11,11 @@ from typing import NamedTuple
 
 import torch
 
-from ._params import BACKENDS, LOGIT_DTYPES, TOKEN_DTYPES, _check_scalar_params, _first_bad_row, _per_row
+from ._params import BACKENDS, LOGIT_DTYPES, TOKEN_DTYPES, _check_scalar_params, _first_bad_row, _per_row, _row_vector
+from ._philox import draw_base_key, draw_row_keys
 
 #: How the children of one context were drawn from the draft's distribution there.
 SIBLING_MODES = ("iid", "without_replacement")
-#: Keys are drawn in [0, KEY_BOUND): a non-negative int64 on every backend, with room for base_key + row.
-KEY_BOUND = 2**62
 
 
 class TreeArgs(NamedTuple):
@@ -52,29 +51,17 @@ class TreeArgs(NamedTuple):
         return self.draft_logits.shape[2] if self.draft_logits is not None else self.vocab
 
 
-def draw_base_key(generator: torch.Generator | None) -> int:
-    """One key per call, drawn on the host from the caller's CPU generator (None: torch's default)."""
-    return int(torch.randint(0, KEY_BOUND, (1,), generator=generator, dtype=torch.int64).item())
-
-
 def row_keys(seeds: torch.Tensor | None, generator: torch.Generator | None, batch: int, device: torch.device) -> torch.Tensor:
-    """(B,) int64 Philox keys: ``seeds`` when given, else ``base_key + b`` with one base key per call."""
+    """(B,) int64 Philox keys: ``seeds`` when given, else ``base_key + b`` with one base key per call,
+    drawn exactly as :func:`specdec_ext.verify` draws it (on the device where a host integer would be
+    frozen into a graph or would sync)."""
     if seeds is not None:
         return seeds
+    on_device = torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()) or (
+        generator is not None and generator.device.type != "cpu")
+    if on_device:
+        return draw_row_keys(generator, batch, device)
     return draw_base_key(generator) + torch.arange(batch, dtype=torch.int64, device=device)
-
-
-def check_per_row_ints(value, name: str, batch: int, device: torch.device) -> torch.Tensor | None:
-    """``seeds`` / ``offsets``: None or a (B,) int64 tensor on the logits' device (always checked)."""
-    if value is None:
-        return None
-    if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or value.shape != (batch,):
-        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        dtype = f" {value.dtype}" if isinstance(value, torch.Tensor) else ""
-        raise ValueError(f"{name} must be None or a ({batch},) int64 tensor, got{dtype} {shape}")
-    if value.device != device:
-        raise ValueError(f"{name} is on {value.device} but target_logits is on {device}")
-    return value
 
 
 def validate_tree(target_logits, draft_logits, draft_tokens, parents, *, temperature, top_k, top_p, num_nodes, siblings,
@@ -117,8 +104,8 @@ def validate_tree(target_logits, draft_logits, draft_tokens, parents, *, tempera
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    seeds = check_per_row_ints(seeds, "seeds", batch, device)
-    offsets = check_per_row_ints(offsets, "offsets", batch, device)
+    seeds = _row_vector(seeds, "seeds", batch, device)
+    offsets = _row_vector(offsets, "offsets", batch, device)
 
     _check_scalar_params(temperature, top_k, top_p)
     temperature_t, temperature_is_tensor = _per_row(temperature, "temperature", batch, device, torch.float32, 1.0)

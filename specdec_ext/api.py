@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from . import _cpp_backend, _params
-from ._philox import draw_seed
+from ._philox import SAMPLE_STREAM, draw_base_key, draw_row_keys
 from .reference import verify_eager
 
 
@@ -19,10 +19,17 @@ class VerifyResult(NamedTuple):
     tokens: (B, K+1) int64. Row b holds its ``num_accepted[b]`` accepted drafts, then the corrected
         (after a rejection) or bonus token, then -1 padding.
     num_accepted: (B,) int64, the number of accepted drafts; every row emits ``num_accepted + 1`` tokens.
+    logprobs: (B, K+1) float32 log-probability of each emitted token (NaN where tokens is -1), with
+        ``return_logprobs``; else None.
+    accept_probs: (B, K) float32 ``min(1, p(x_k) / q(x_k))`` of each draft the verification examined
+        (positions up to the first rejection, below num_draft_tokens; NaN elsewhere), with
+        ``return_accept_probs``; else None.
     """
 
     tokens: torch.Tensor
     num_accepted: torch.Tensor
+    logprobs: torch.Tensor | None = None
+    accept_probs: torch.Tensor | None = None
 
 
 def _triton_usable(device: torch.device) -> bool:
@@ -91,6 +98,10 @@ def verify(
     top_p: float | torch.Tensor | None = None,
     num_draft_tokens: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    return_logprobs: bool | str = False,
+    return_accept_probs: bool = False,
     backend: str = "auto",
     check: bool = True,
     method: str = "token",
@@ -114,9 +125,21 @@ def verify(
             whose mass reaches top_p (ties at the cut kept together; at least one token).
         num_draft_tokens: optional (B,) ints in [0, K]: row b verifies its first n_b drafts only and
             draws its bonus token at position n_b (ragged batches).
-        generator: torch.Generator, or None for the default one. One 62-bit Philox key is drawn from
-            it per call; all randomness comes from Philox4x32-10 counters (vocabulary index,
-            position, row, stream), identical on every backend.
+        generator: torch.Generator, or None for torch's default CPU generator. Unless ``seeds`` is
+            given, one 62-bit key base is drawn from it per call and row b is keyed by base + b.
+            All randomness comes from Philox4x32-10 (see ``seeds``), identical on every backend.
+        seeds: optional (B,) int64 tensor (>= 0) on the logits' device: per-request Philox keys.
+            A seeded row's tokens depend only on its own logits, seed and offset, never on the
+            other rows of the batch, its position in it or the batch size.
+        offsets: optional (B,) int64 tensor (>= 0) on the logits' device: the absolute position of
+            each row's draft position 0, e.g. the number of tokens the request has generated so
+            far. Counters use ``offset + k``; advancing the offset by the tokens a row emitted
+            never reuses a random number that decided a token. Default 0.
+        return_logprobs: False, "processed" (log p of each emitted token under the processed
+            target distribution, what it was drawn from) or "raw" (under the log-softmax of the raw
+            target logits). Greedy rows report the raw log-softmax either way.
+        return_accept_probs: also return ``min(1, p/q)`` of every examined draft (the expected
+            acceptance: a lower-variance estimate than counts, e.g. for adaptive draft lengths).
         backend: "auto" | "triton" | "cpp" | "eager". auto: triton for CUDA tensors, cpp for CPU
             tensors where the extension is built, else eager.
         check: validate values (NaN / +inf logits, empty rows, out-of-range ids, parameter ranges)
@@ -131,7 +154,8 @@ def verify(
             as exact (see :mod:`specdec_ext.reference_tree`; greedy rows verify token by token).
 
     Returns:
-        VerifyResult(tokens (B, K+1) int64 padded with -1, num_accepted (B,) int64).
+        VerifyResult(tokens (B, K+1) int64 padded with -1, num_accepted (B,) int64, logprobs
+        (B, K+1) float32 or None, accept_probs (B, K) float32 or None).
 
     Example:
         >>> import torch, specdec_ext
@@ -142,33 +166,64 @@ def verify(
         >>> out = specdec_ext.verify(target, draft, drafts, generator=g, backend="eager")
         >>> out.tokens.shape, out.num_accepted.shape
         (torch.Size([2, 4]), torch.Size([2]))
+
+        Per-request keys and offsets (a serving loop):
+
+        >>> seeds = torch.tensor([11, 12])             # one seed per request
+        >>> offsets = torch.tensor([0, 40])            # tokens each request has generated so far
+        >>> out = specdec_ext.verify(target, draft, drafts, seeds=seeds, offsets=offsets,
+        ...                          return_logprobs="processed", return_accept_probs=True, backend="eager")
+        >>> out.logprobs.shape, out.accept_probs.shape
+        (torch.Size([2, 4]), torch.Size([2, 3]))
     """
     args = _params.validate_verify(
         target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-        num_draft_tokens=num_draft_tokens, generator=generator, check=check,
+        num_draft_tokens=num_draft_tokens, generator=generator, check=check, seeds=seeds, offsets=offsets,
+        return_logprobs=return_logprobs, return_accept_probs=return_accept_probs,
     )
     if method != "token":
         from .tree import verify_block
 
-        tokens, num_accepted = verify_block(args, method, backend)
-        return VerifyResult(tokens, num_accepted)
-    chosen = _resolve_backend(backend, target_logits.device)
-    seed = draw_seed(generator, target_logits.device)
+        return verify_block(args, method, backend)
+    return _run(args, backend)
+
+
+def _draw_keys(args: _params.VerifyArgs) -> tuple[_params.VerifyArgs, int]:
+    """The per-call randomness: (args with per-row ``seeds`` set where they must live on the device, base_key)."""
+    if args.seeds is not None:
+        return args, 0
+    device = args.target_logits.device
+    generator = args.generator
+    on_device = (
+        torch.compiler.is_compiling()
+        or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+        or (generator is not None and generator.device.type != "cpu")
+    )
+    if on_device:
+        # A host integer would be frozen into a compiled graph or a CUDA graph (and reading a CUDA
+        # generator's draw would sync): draw one key per row on the device instead.
+        return args._replace(seeds=draw_row_keys(generator, args.batch, device)), 0
+    return args, draw_base_key(generator)
+
+
+def _run(args: _params.VerifyArgs, backend: str) -> VerifyResult:
+    chosen = _resolve_backend(backend, args.target_logits.device)
+    args, base_key = _draw_keys(args)
     if torch.compiler.is_compiling():
         # Under torch.compile one registered op (fake kernel for tracing; C++ / eager on CPU, Triton
         # on CUDA) keeps the graph whole; eager calls skip the dispatcher (see specdec_ext/ops.py).
         from . import ops
 
-        tokens, num_accepted = ops.verify(args, seed)
+        tokens, num_accepted, logprobs, accept_probs = ops.verify(args, base_key)
     elif chosen == "triton":
         from . import _triton_backend
 
-        tokens, num_accepted = _triton_backend.verify(args, seed)
+        tokens, num_accepted, logprobs, accept_probs = _triton_backend.verify(args, base_key)
     elif chosen == "cpp":
-        tokens, num_accepted = _cpp_backend.verify(args, seed)
+        tokens, num_accepted, logprobs, accept_probs = _cpp_backend.verify(args, base_key)
     else:
-        tokens, num_accepted = verify_eager(args, seed)
-    if check and tokens.shape[0]:
+        tokens, num_accepted, logprobs, accept_probs = verify_eager(args, base_key)
+    if args.check and tokens.shape[0]:
         # Every valid row emits at least one token: a blanked row means bad values (one host sync;
         # on CPU, through NumPy, which reads the column for a fraction of torch's dispatch cost).
         if tokens.device.type == "cpu" and not torch.compiler.is_compiling():
@@ -177,7 +232,7 @@ def verify(
             any_blanked = bool((tokens[:, 0] < 0).any())
         if any_blanked:
             _params.raise_for_bad_rows(args, tokens[:, 0] < 0)
-    return VerifyResult(tokens, num_accepted)
+    return VerifyResult(tokens, num_accepted, logprobs, accept_probs)
 
 
 def sample(
@@ -187,14 +242,18 @@ def sample(
     top_k: int | torch.Tensor | None = None,
     top_p: float | torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
     backend: str = "auto",
     check: bool = True,
 ) -> torch.Tensor:
     """Draw one token per row from (B, V) raw logits with the same processing as :func:`verify`.
 
-    Temperature 0 gives the argmax. It is exactly ``verify`` with K = 0 (the bonus draw), so the
-    same seed gives the same tokens on every backend. Returns (B,) int64 (-1 for an invalid row
-    when ``check=False``).
+    Temperature 0 gives the argmax. It is the bonus draw of ``verify`` with K = 0, raced on its own
+    Philox stream: drafts drawn with ``sample`` and verified with ``verify`` under the same
+    ``seeds`` and ``offsets`` never share a random number. ``seeds`` / ``offsets`` are as in
+    :func:`verify` (row b draws at position ``offsets[b]``). The same keys give the same tokens on
+    every backend. Returns (B,) int64 (-1 for an invalid row when ``check=False``).
 
     Example:
         >>> import torch, specdec_ext
@@ -207,10 +266,11 @@ def sample(
         raise ValueError(f"logits must be a 2-D (batch, vocab) tensor, got {shape}")
     no_drafts = torch.empty((logits.shape[0], 0), dtype=torch.int64, device=logits.device)
     try:
-        result = verify(
-            logits[:, None, :], None, no_drafts, temperature=temperature, top_k=top_k, top_p=top_p,
-            generator=generator, backend=backend, check=check,
+        args = _params.validate_verify(
+            logits[:, None, :], None, no_drafts, temperature=temperature, top_k=top_k, top_p=top_p, num_draft_tokens=None,
+            generator=generator, check=check, seeds=seeds, offsets=offsets, stream=SAMPLE_STREAM,
         )
+        result = _run(args, backend)
     except ValueError as error:  # name the caller's argument, not verify's
         raise ValueError(str(error).replace("target_logits", "logits")) from None
     return result.tokens[:, 0]

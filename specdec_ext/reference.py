@@ -6,7 +6,8 @@ and to run where no faster backend exists.
 
 Processing of one logits line (a row at one position), identical on every backend:
 
-1. ``s = logits.float() / temperature`` (greedy rows, temperature 0, use the raw argmax instead);
+1. ``s = logits.float() * inv_t`` with ``inv_t = 1 / temperature`` rounded once to float32 (greedy
+   rows, temperature 0, use the raw argmax instead);
 2. top-k keeps every ``s >= t_k``, ``t_k`` = the k-th largest value of ``s`` (ties all kept);
 3. top-p keeps every token whose *strictly more probable* mass, inside the top-k set, is below
    ``top_p`` (transformers' TopPLogitsWarper, with tied logits kept or dropped together);
@@ -15,16 +16,25 @@ Processing of one logits line (a row at one position), identical on every backen
 
 Verification (modified rejection sampling) then, for each row, with draft token x_k at position k:
 
-* accept x_k iff ``u_k * q(x_k) < p(x_k)`` where ``u_k`` is the row's acceptance uniform in (0, 1)
-  (so q(x) = 0 accepts iff p(x) > 0); greedy rows accept iff x_k equals the target's argmax;
+* accept x_k iff ``u_k * q(x_k) < p(x_k)`` where ``u_k`` is the row's acceptance coin in (0, 1)
+  at its absolute position ``offset + k`` (so q(x) = 0 accepts iff p(x) > 0); greedy rows accept
+  iff x_k equals the target's argmax;
 * at the first rejected position j (or j = n_b when every draft is accepted) emit
   ``argmax_y r(y) / E_y`` with ``E_y = -log(u_y)`` one exponential per vocabulary entry (an
   exponential race: a draw from r normalised) where ``r = max(p - q, 0)`` after a rejection and
   ``r = p`` for the bonus token. If the residual is zero everywhere (p equals q up to rounding)
   the race runs on p instead. Greedy rows emit the target's argmax (lowest index on ties).
 
-Invalid rows (NaN / +inf logits, an empty line, overflow of logits / temperature, out-of-range
-draft ids, bad parameters) get num_accepted 0 and tokens -1. With ``check=True`` every line up to
+Random numbers come from :mod:`specdec_ext._philox` (per-row keys, per-row offsets, stream v2).
+
+Optional outputs: ``logprobs`` (B, K+1), the log-probability of each emitted token under the
+processed target line, ``(s_x - m) - log(z)``, or the raw one, ``(raw_x - raw_max) - log(z_raw)``
+(greedy rows report the raw one in both modes); ``accept_probs`` (B, K), ``min(1, p(x_k) / q(x_k))``
+at every position the walk examined. Both are NaN where no token is emitted or examined.
+
+Invalid rows (NaN / +inf logits, an empty line, a temperature so small that the scaled logits are
+not finite, out-of-range draft ids, bad parameters, negative seeds or offsets) get num_accepted 0
+and tokens -1. With ``check=True`` every line up to
 n_b is validated (and :func:`specdec_ext.verify` raises); with ``check=False`` only the lines the
 verification reads count: target and draft lines at positions up to the first rejection (a greedy
 row reads no draft line), so the fused backends never read the lines after it.
@@ -36,15 +46,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ._params import VerifyArgs, invalid_rows
-from ._philox import ACCEPT_STREAM, SAMPLE_STREAM, uniforms
+from ._params import LOGPROBS_NONE, LOGPROBS_RAW, VerifyArgs, invalid_rows, inverse_temperature
+from ._philox import coin_uniforms, race_uniforms, row_keys
 
 
 @dataclass
 class ProcessedLines:
     """Per-line statistics of processed logits: everything needed to evaluate p(x) anywhere."""
 
-    scaled: torch.Tensor  # (N, V) float32, logits / temperature
+    scaled: torch.Tensor  # (N, V) float32, logits * (1 / temperature)
     row_max: torch.Tensor  # (N,) float32, m
     threshold: torch.Tensor  # (N,) float32, tau (-inf when nothing is filtered)
     normaliser: torch.Tensor  # (N,) float32, z
@@ -89,8 +99,7 @@ def process_lines(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     """Apply temperature, top-k and top-p to (N, V) logits with per-line parameters."""
     raw = logits.float()
     greedy = temperature == 0
-    scale = torch.where(greedy, torch.ones_like(temperature), temperature)
-    scaled = raw / scale[:, None]
+    scaled = raw * inverse_temperature(temperature)[:, None]
     threshold = filter_thresholds(scaled, torch.where(greedy, 0, top_k), torch.where(greedy, 1.0, top_p))
     row_max = scaled.amax(dim=1)
     weights = torch.exp(scaled - row_max[:, None])
@@ -108,29 +117,49 @@ def _lines(args: VerifyArgs, logits: torch.Tensor) -> ProcessedLines:
     return process_lines(logits.reshape(batch * length, vocab), per_line(args.temperature), per_line(args.top_k), per_line(args.top_p))
 
 
-def verify_eager(args: VerifyArgs, seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager verification; returns (tokens (B, K+1) int64, num_accepted (B,) int64)."""
+def raw_log_softmax_at(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """(N,) ``(raw_x - raw_max) - log(sum exp(raw - raw_max))`` of one token per (N, V) line."""
+    raw = logits.float()
+    raw_max = raw.amax(dim=1)
+    log_z = torch.log(torch.exp(raw - raw_max[:, None]).sum(dim=1))
+    return (raw.gather(1, index[:, None])[:, 0] - raw_max) - log_z
+
+
+def verify_eager(args: VerifyArgs, base_key: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Eager verification; returns (tokens (B, K+1) int64, num_accepted (B,) int64, logprobs
+    (B, K+1) float32 or None, accept_probs (B, K) float32 or None)."""
     batch, num_positions, vocab = args.batch, args.num_positions, args.vocab
     device = args.target_logits.device
     rows = torch.arange(batch, device=device)
     positions = torch.arange(num_positions, device=device)
     greedy = args.temperature == 0
+    keys = row_keys(args.seeds, base_key, batch, device)
+    offsets = args.offsets if args.offsets is not None else torch.zeros(batch, dtype=torch.int64, device=device)
     target = _lines(args, args.target_logits)  # line b * (K+1) + k
     draft = _lines(args, args.draft_logits) if args.draft_logits is not None and num_positions else None  # line b * K + k
     tokens = args.draft_tokens.long().clamp(0, args.draft_vocab - 1)  # out-of-range ids blank the row below
 
     # Acceptance: the longest prefix of accepted drafts among each row's first n_b.
     num_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
+    accept_probs = None
     if num_positions:
         target_line = rows[:, None] * (num_positions + 1) + positions[None, :]  # (B, K)
         s_x = target.scaled[target_line, tokens]
         p_x = torch.exp(s_x - target.row_max[target_line]) / target.normaliser[target_line]
         p_x = torch.where(s_x >= target.threshold[target_line], p_x, torch.zeros_like(p_x))
         q_x = draft.probs_at(tokens.reshape(-1)).reshape(batch, num_positions) if draft is not None else torch.ones_like(p_x)
-        coin = uniforms(seed, 0, positions[None, :], rows[:, None], ACCEPT_STREAM)
-        accept = torch.where(greedy[:, None], tokens == target.argmax[target_line], coin * q_x < p_x)
+        coin = coin_uniforms(keys, offsets[:, None] + positions[None, :])
+        matches_argmax = tokens == target.argmax[target_line]
+        accept = torch.where(greedy[:, None], matches_argmax, coin * q_x < p_x)
         accept &= positions[None, :] < args.num_draft_tokens[:, None]
         num_accepted = accept.long().cumprod(dim=1).sum(dim=1)
+        if args.accept_probs:
+            ratio = torch.where(q_x > 0, torch.clamp(p_x / q_x, max=1.0), (p_x > 0).float())
+            ratio = torch.where(greedy[:, None], matches_argmax.float(), ratio)
+            examined = (positions[None, :] < args.num_draft_tokens[:, None]) & (positions[None, :] <= num_accepted[:, None])
+            accept_probs = torch.where(examined, ratio, float("nan"))
+    elif args.accept_probs:
+        accept_probs = torch.empty((batch, 0), dtype=torch.float32, device=device)
 
     # The corrected token (after a rejection at j) or the bonus token (j = n_b), by an exponential race.
     j = num_accepted
@@ -146,8 +175,7 @@ def verify_eager(args: VerifyArgs, seed: torch.Tensor) -> tuple[torch.Tensor, to
             q.scatter_(1, tokens.gather(1, j_draft[:, None]), 1.0)
         rejected = j < args.num_draft_tokens
         residual = torch.where(rejected[:, None], (p - q).clamp(min=0), p)
-    vocab_index = torch.arange(vocab, device=device)
-    exponentials = -torch.log(uniforms(seed, vocab_index[None, :], j[:, None], rows[:, None], SAMPLE_STREAM))
+    exponentials = -torch.log(race_uniforms(keys, offsets + j, vocab, args.stream))
     race = residual / exponentials
     winner = torch.where(race.amax(dim=1) > 0, race.argmax(dim=1), (p / exponentials).argmax(dim=1))
     winner = torch.where(greedy, target.argmax[line], winner)
@@ -160,7 +188,26 @@ def verify_eager(args: VerifyArgs, seed: torch.Tensor) -> tuple[torch.Tensor, to
     bad = invalid_rows(args, reached=None if args.check else j)
     out = torch.where(bad[:, None], -1, out)
     num_accepted = torch.where(bad, 0, num_accepted)
-    return out, num_accepted
+    logprobs = _emitted_logprobs(args, target, out) if args.logprobs != LOGPROBS_NONE else None
+    if accept_probs is not None:
+        accept_probs = torch.where(bad[:, None], float("nan"), accept_probs)
+    return out, num_accepted, logprobs, accept_probs
+
+
+def _emitted_logprobs(args: VerifyArgs, target: ProcessedLines, out: torch.Tensor) -> torch.Tensor:
+    """(B, K+1) float32 log-probability of every emitted token (NaN where out is -1)."""
+    batch, length = out.shape
+    emitted = out >= 0
+    index = out.clamp(min=0).reshape(-1)
+    raw = raw_log_softmax_at(args.target_logits.reshape(batch * length, -1), index)
+    if args.logprobs == LOGPROBS_RAW:
+        values = raw
+    else:
+        s_x = target.scaled.gather(1, index[:, None])[:, 0]
+        processed = torch.where(s_x >= target.threshold, (s_x - target.row_max) - torch.log(target.normaliser), float("-inf"))
+        greedy = (args.temperature == 0).repeat_interleave(length)
+        values = torch.where(greedy, raw, processed)
+    return torch.where(emitted, values.reshape(batch, length), float("nan"))
 
 
 def _subset(lines: ProcessedLines, index: torch.Tensor) -> ProcessedLines:

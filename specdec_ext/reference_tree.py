@@ -53,65 +53,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ._params import VerifyArgs, invalid_rows
+from ._params import LOGPROBS_NONE, VerifyArgs, invalid_rows, inverse_temperature
+from ._philox import VERIFY_STREAM, coin_uniforms, race_uniforms, row_keys
 from ._tree_params import TreeArgs, bad_parents
-from .reference import ProcessedLines, _lines, _subset, process_lines
-
-COIN_STREAM = 0
-RACE_STREAM = 1
-
-_MASK32 = 0xFFFFFFFF
-_PHILOX_KEY_A = 0x9E3779B9
-_PHILOX_KEY_B = 0xBB67AE85
-_PHILOX_ROUND_A = 0xD2511F53
-_PHILOX_ROUND_B = 0xCD9E8D57
+from .reference import ProcessedLines, _emitted_logprobs, _lines, _subset, process_lines
 
 
-def _mul_hi_lo(a: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """High and low 32-bit words of a * b for uint32 values held in int64, without overflow."""
-    a_hi = a >> 16
-    a_lo = a & 0xFFFF
-    hi_part = a_hi * b
-    lo_part = a_lo * b
-    hi = (hi_part + (lo_part >> 16)) >> 16
-    lo = (((hi_part & 0xFFFF) << 16) + lo_part) & _MASK32
-    return hi, lo
-
-
-def philox_words(keys: torch.Tensor, c0, c1, c2, c3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The four output words of Philox4x32-10 (as ``triton.language.philox``), uint32 in int64.
-
-    ``keys``: int64 keys broadcastable against the counters (k0 = low word, k1 = high word).
-    """
-    k0 = keys & _MASK32
-    k1 = (keys >> 32) & _MASK32
-    c0, c1, c2, c3, k0, k1 = torch.broadcast_tensors(*(torch.as_tensor(x, dtype=torch.int64, device=keys.device) for x in (c0, c1, c2, c3, k0, k1)))
-    for _ in range(10):
-        hi_b, lo_b = _mul_hi_lo(c2, _PHILOX_ROUND_B)
-        hi_a, lo_a = _mul_hi_lo(c0, _PHILOX_ROUND_A)
-        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
-        k0 = (k0 + _PHILOX_KEY_A) & _MASK32
-        k1 = (k1 + _PHILOX_KEY_B) & _MASK32
-    return c0, c1, c2, c3
-
-
-def _open_uniform(word: torch.Tensor) -> torch.Tensor:
-    return ((word >> 9).to(torch.float32) + 0.5) * (2.0**-23)
-
-
-def coin_uniforms(keys: torch.Tensor, rank, position) -> torch.Tensor:
-    """Acceptance coins in (0, 1): word 0 of counter (rank, P_lo, P_hi, 0), P = absolute position."""
-    position = torch.as_tensor(position, dtype=torch.int64, device=keys.device)
-    word, _, _, _ = philox_words(keys, rank, position & _MASK32, position >> 32, COIN_STREAM)
-    return _open_uniform(word)
-
-
-def race_exponentials(keys: torch.Tensor, position: torch.Tensor, vocab: int, stream: int = RACE_STREAM) -> torch.Tensor:
-    """(R, vocab) float32 exponentials E_y = -log(u) of rows with keys (R,) at positions (R,)."""
-    groups = torch.arange((vocab + 3) // 4, device=keys.device)
-    words = philox_words(keys[:, None], groups[None, :], (position & _MASK32)[:, None], (position >> 32)[:, None], stream)
-    interleaved = torch.stack(words, dim=2).reshape(keys.shape[0], 4 * groups.shape[0])[:, :vocab]  # id y -> group y >> 2, word y & 3
-    return -torch.log(_open_uniform(interleaved))
+def race_exponentials(keys: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(R, vocab) float32 exponentials E_y = -log(u_y) of the verify stream, rows keyed (R,) at positions (R,)."""
+    return -torch.log(race_uniforms(keys, position, vocab, VERIFY_STREAM))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -241,7 +191,7 @@ def verify_tree_eager(args: TreeArgs) -> tuple[torch.Tensor, torch.Tensor, torch
             proposal_x = torch.where(x_removed, 0.0, q_x)
         else:
             proposal_x = q_x
-        u = coin_uniforms(args.keys, rank, args.offsets + depth)
+        u = coin_uniforms(args.keys, args.offsets + depth, rank)
         accept = torch.where(greedy, x == target.argmax[line], u * proposal_x * mass < w_x * draft_mass)
         enter = walking & accept
         reject = walking & ~accept
@@ -300,18 +250,19 @@ def verify_tree_eager(args: TreeArgs) -> tuple[torch.Tensor, torch.Tensor, torch
 def line_problems(args, logits: torch.Tensor, used: torch.Tensor, name: str) -> list[tuple[str, torch.Tensor, str]]:
     """(argument, (B,) bad-row mask, description) for the (B, L) lines ``used`` of (B, L, V) logits.
 
-    One max per line finds NaN (max is NaN), +inf and an empty line (max is -inf); dividing that max
-    by the temperature finds overflow of the scaled logits.
+    One max per line finds NaN (max is NaN), +inf and an empty line (max is -inf); scaling that max
+    by 1 / T finds a temperature so small that the processed logits are not finite.
     """
     line_max = logits.amax(dim=2).float()
-    scale = torch.where(args.temperature > 0, args.temperature, torch.ones_like(args.temperature))[:, None]
+    inv_t = inverse_temperature(args.temperature)[:, None]
+    sampled = (args.temperature > 0)[:, None]
     nan_or_inf = (torch.isnan(line_max) | torch.isposinf(line_max)) & used
     empty = torch.isneginf(line_max) & used
-    overflow = torch.isposinf(line_max / scale) & ~torch.isposinf(line_max) & used
+    overflow = torch.isfinite(line_max) & ~torch.isfinite(line_max * inv_t) & sampled & used
     return [
         (name, nan_or_inf.any(1), "contains NaN or +inf"),
         (name, empty.any(1), "has a context whose processed distribution is empty (every logit is -inf)"),
-        ("temperature", overflow.any(1), f"is so small that {name} / temperature overflows to +inf"),
+        ("temperature", overflow.any(1), f"is so small that {name} / temperature is not finite (use temperature 0 for greedy decoding)"),
     ]
 
 
@@ -362,10 +313,13 @@ def block_weights(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
     return weights
 
 
-def verify_block_eager(args: VerifyArgs, keys: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager block verification of chains; returns (tokens (B, K+1) int64, num_accepted (B,) int64)."""
+def verify_block_eager(args: VerifyArgs, base_key: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Eager block verification of chains; returns (tokens (B, K+1) int64, num_accepted (B,) int64,
+    logprobs (B, K+1) float32 or None), keys and offsets as for :func:`specdec_ext.verify`."""
     batch, num_positions, vocab = args.batch, args.num_positions, args.vocab
     device = args.target_logits.device
+    keys = row_keys(args.seeds, base_key, batch, device)
+    offsets = args.offsets if args.offsets is not None else torch.zeros(batch, dtype=torch.int64, device=device)
     rows = torch.arange(batch, device=device)
     positions = torch.arange(num_positions + 1, device=device)
     greedy = args.temperature == 0
@@ -387,7 +341,7 @@ def verify_block_eager(args: VerifyArgs, keys: torch.Tensor, offsets: torch.Tens
             big_p = target.probs().reshape(batch, num_positions + 1, vocab)[:, 1:num_positions]
             big_q = _draft_probs(args, draft, tokens, batch, num_positions, vocab)[:, 1:]
             inner[:, 1:num_positions] = (weights[:, 1:num_positions, None] * big_p - big_q).clamp(min=0).sum(2)
-        eta = coin_uniforms(keys[:, None], 0, offsets[:, None] + positions[None, :num_positions])  # eta_i at column i - 1
+        eta = coin_uniforms(keys, offsets[:, None] + positions[None, :num_positions])  # eta_i at column i - 1
         index = positions[None, 1:]  # i = 1..K
         stop_inside = eta * (inner[:, 1:] + (1.0 - weights[:, 1:])) < inner[:, 1:]
         stop_last = eta < weights[:, 1:]
@@ -419,9 +373,10 @@ def verify_block_eager(args: VerifyArgs, keys: torch.Tensor, offsets: torch.Tens
     out.scatter_(1, tau[:, None], winner[:, None])
     # Sampled rows read every line up to n_b; greedy rows stop at their first mismatch.
     reached = None if args.check else torch.where(greedy, tau, n)
-    bad = invalid_rows(args, reached=reached) | (keys < 0) | (offsets < 0)
+    bad = invalid_rows(args, reached=reached)
     out = torch.where(bad[:, None], -1, out)
-    return out, torch.where(bad, 0, tau)
+    logprobs = _emitted_logprobs(args, target, out) if args.logprobs != LOGPROBS_NONE else None
+    return out, torch.where(bad, 0, tau), logprobs
 
 
 def _probs_at(lines: ProcessedLines, line: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

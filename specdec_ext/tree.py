@@ -106,21 +106,24 @@ def verify_tree(
     return TreeResult(tokens, num_accepted, accepted_nodes)
 
 
-def verify_block(args: VerifyArgs, method: str, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``verify(..., method="block")`` of a validated call: (tokens (B, K+1), num_accepted (B,))."""
+def verify_block(args: VerifyArgs, method: str, backend: str):
+    """``verify(..., method="block")`` of a validated call: a :class:`~specdec_ext.api.VerifyResult`."""
+    from .api import VerifyResult, _draw_keys
+
     if method not in VERIFY_METHODS:
         raise ValueError(f"method must be one of {VERIFY_METHODS}, got {method!r}")
-    device = args.target_logits.device
-    chosen = resolve_tree_backend(backend, device)
-    keys = _tree_params.row_keys(None, args.generator, args.batch, device)
-    offsets = torch.zeros(args.batch, dtype=torch.int64, device=device)
+    if args.accept_probs:
+        raise ValueError("return_accept_probs is defined for token-wise verification only (method='token'): block verification "
+                         "decides on the whole block, not on per-draft ratios")
+    chosen = resolve_tree_backend(backend, args.target_logits.device)
+    args, base_key = _draw_keys(args)
     if chosen == "eager":
-        tokens, num_accepted = verify_block_eager(args, keys, offsets)
+        tokens, num_accepted, logprobs = verify_block_eager(args, base_key)
     else:
-        tokens, num_accepted = _fused_block(chosen, args, keys, offsets)
+        tokens, num_accepted, logprobs = _fused_block(chosen, args, base_key)
     if args.check and tokens.shape[0] and bool((tokens[:, 0] < 0).any()):
         raise_for_bad_rows(args, tokens[:, 0] < 0)
-    return tokens, num_accepted
+    return VerifyResult(tokens, num_accepted, logprobs, None)
 
 
 def resolve_tree_backend(backend: str, device: torch.device) -> str:
@@ -155,7 +158,7 @@ def _fused_tree(backend: str, args):
     raise ValueError(f"backend {backend!r} has no tree verification kernel")
 
 
-def _fused_block(backend: str, args, keys, offsets):
+def _fused_block(backend: str, args, base_key: int):
     raise ValueError(f"backend {backend!r} has no block verification kernel")
 
 

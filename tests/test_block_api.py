@@ -85,3 +85,15 @@ def test_check_false_reads_every_line_up_to_n_b(backend):
                     assert torch.equal(out.tokens[row], clean.tokens[row]), (line, position, row)
             with pytest.raises(ValueError, match=f"^{line}_logits: row 0 "):
                 run(t, d, check=True)
+
+
+def test_logprobs_of_the_emitted_tokens_and_no_accept_probs():
+    target, draft, tokens = _inputs()
+    for mode, scale in (("processed", 1 / 0.8), ("raw", 1.0)):
+        out = specdec_ext.verify(target, draft, tokens, temperature=0.8, method="block", return_logprobs=mode, seeds=torch.arange(B), backend="eager")
+        expected = torch.log_softmax(target * scale, -1).gather(2, out.tokens.clamp(min=0)[..., None])[..., 0]
+        emitted = out.tokens >= 0
+        torch.testing.assert_close(out.logprobs[emitted], expected[emitted], atol=1e-5, rtol=0)
+        assert torch.isnan(out.logprobs[~emitted]).all()
+    with pytest.raises(ValueError, match="return_accept_probs is defined for token-wise verification only"):
+        specdec_ext.verify(target, draft, tokens, method="block", return_accept_probs=True)

@@ -191,7 +191,7 @@ def test_every_step_scores_fresh_logits(pair, monkeypatch):
     if pair == "llama-gpt2":
         assert stats.mean_acceptance < 0.7  # many rejections: holes in both caches
     else:
-        assert stats.acceptance_per_position[-1] > 0.5  # many blocks fully accepted: the draft catches up
+        assert stats.acceptance_per_position[-1] > 0.25  # blocks fully accepted: the draft catches up
 
 
 def test_fresh_score_check_catches_stale_entries(monkeypatch):

@@ -27,48 +27,76 @@ def _inputs(batch=3, k=4, vocab=300, seed=0, draft=True, device="cpu"):
         "top_p": torch.tensor([1.0, 1.0, 0.9])[:batch],
         "num_draft_tokens": torch.tensor([k, 2, 0])[:batch],
     }
-    seed_tensor = torch.tensor([1234567], dtype=torch.int64)
+    seeds = torch.tensor([1234567, 5, 2**61], dtype=torch.int64)[:batch]
+    offsets = torch.tensor([0, 17, 2**33], dtype=torch.int64)[:batch]
     move = lambda t: t.to(device) if t is not None else None  # noqa: E731
-    return move(target), move(draft_logits), move(tokens), {n: move(v) for n, v in params.items()}, move(seed_tensor)
+    return move(target), move(draft_logits), move(tokens), {n: move(v) for n, v in params.items()}, (move(seeds), move(offsets))
 
 
-def _op_args(target, draft, tokens, params, seed):
-    return (target, draft, tokens, params["temperature"], params["top_k"], params["top_p"], params["num_draft_tokens"], seed)
+BASE_KEY = 987654321
+
+
+def _op_args(target, draft, tokens, params, keys, base_key=BASE_KEY):
+    seeds, offsets = keys
+    return (target, draft, tokens, params["temperature"], params["top_k"], params["top_p"], params["num_draft_tokens"], seeds, offsets, base_key)
 
 
 @pytest.mark.parametrize("draft", [True, False])
-def test_opcheck_verify(draft):
-    args = _op_args(*_inputs(draft=draft))
+@pytest.mark.parametrize("seeded", [True, False])
+def test_opcheck_verify(draft, seeded):
+    target, draft_logits, tokens, params, keys = _inputs(draft=draft)
+    args = _op_args(target, draft_logits, tokens, params, keys if seeded else (None, None))
     torch.library.opcheck(torch.ops.specdec.verify.default, args)
+    # The optional outputs hold NaN where nothing is emitted, which opcheck's output comparison
+    # cannot take: their values are compared with the reference in test_op_matches_eager_reference.
+    schema_checks = ("test_schema", "test_autograd_registration", "test_faketensor")
+    torch.library.opcheck(torch.ops.specdec.verify.default, args, {"stream": 2, "check": False, "logprobs": 1, "accept_probs": True}, test_utils=schema_checks)
 
 
 def test_opcheck_sample():
-    target, _, _, params, seed = _inputs()
-    torch.library.opcheck(torch.ops.specdec.sample.default, (target[:, 0], params["temperature"], params["top_k"], params["top_p"], seed))
+    target, _, _, params, (seeds, offsets) = _inputs()
+    torch.library.opcheck(torch.ops.specdec.sample.default, (target[:, 0], params["temperature"], params["top_k"], params["top_p"], seeds, offsets, BASE_KEY))
 
 
 def test_op_matches_eager_reference():
-    target, draft, tokens, params, seed = _inputs(seed=3)
-    args = _params.validate_verify(target, draft, tokens, generator=None, check=False, **params)
-    expected = verify_eager(args, seed)
-    got = torch.ops.specdec.verify(*_op_args(target, draft, tokens, params, seed))
-    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
-    sample = torch.ops.specdec.sample(target[:, 0], params["temperature"], params["top_k"], params["top_p"], seed)
+    target, draft, tokens, params, (seeds, offsets) = _inputs(seed=3)
+    for mode, accept in ((0, False), (2, True)):
+        args = _params.validate_verify(
+            target, draft, tokens, generator=None, check=False, seeds=seeds, offsets=offsets,
+            return_logprobs=[False, "processed", "raw"][mode], return_accept_probs=accept, **params,
+        )
+        expected = verify_eager(args, BASE_KEY)
+        got = torch.ops.specdec.verify(*_op_args(target, draft, tokens, params, (seeds, offsets)), logprobs=mode, accept_probs=accept, check=False)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+        if mode:
+            torch.testing.assert_close(got[2], expected[2], equal_nan=True, rtol=0, atol=1e-5)
+            torch.testing.assert_close(got[3], expected[3], equal_nan=True, rtol=0, atol=1e-6)
+        else:
+            assert got[2].shape == (0,) and got[3].shape == (0,)
+    sample = torch.ops.specdec.sample(target[:, 0], params["temperature"], params["top_k"], params["top_p"], None, offsets, BASE_KEY)
     no_drafts = torch.empty((3, 0), dtype=torch.int64)
-    expected_sample = verify_eager(_params.validate_verify(target[:, :1], None, no_drafts, generator=None, check=False, temperature=params["temperature"], top_k=params["top_k"], top_p=params["top_p"], num_draft_tokens=None), seed)[0][:, 0]
-    assert torch.equal(sample, expected_sample)
+    sample_args = _params.validate_verify(
+        target[:, :1], None, no_drafts, generator=None, check=False, temperature=params["temperature"], top_k=params["top_k"], top_p=params["top_p"],
+        num_draft_tokens=None, offsets=offsets, stream=2,
+    )
+    assert torch.equal(sample, verify_eager(sample_args, BASE_KEY)[0][:, 0])
 
 
 def test_fake_kernels_give_shapes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode() as mode:
-        target, draft, tokens, params, seed = (mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in _inputs(batch=3, k=2))
+        target, draft, tokens, params, (seeds, offsets) = _inputs(batch=3, k=2)
+        target, draft, tokens, seeds, offsets = (mode.from_tensor(t) for t in (target, draft, tokens, seeds, offsets))
         params = {n: mode.from_tensor(v) for n, v in params.items()}
-        tokens_out, accepted = torch.ops.specdec.verify(*_op_args(target, draft, tokens, params, seed))
-        sampled = torch.ops.specdec.sample(target[:, 0], params["temperature"], params["top_k"], params["top_p"], seed)
+        tokens_out, accepted, no_logprobs, no_accept = torch.ops.specdec.verify(*_op_args(target, draft, tokens, params, (seeds, offsets)))
+        _, _, logprobs, accept = torch.ops.specdec.verify(*_op_args(target, draft, tokens, params, (None, None)), logprobs=2, accept_probs=True)
+        sampled = torch.ops.specdec.sample(target[:, 0], params["temperature"], params["top_k"], params["top_p"], seeds, offsets, BASE_KEY)
     assert tokens_out.shape == (3, 3) and tokens_out.dtype == torch.int64
     assert accepted.shape == (3,) and accepted.dtype == torch.int64
+    assert no_logprobs.shape == (0,) and no_accept.shape == (0,)
+    assert logprobs.shape == (3, 3) and logprobs.dtype == torch.float32
+    assert accept.shape == (3, 2) and accept.dtype == torch.float32
     assert sampled.shape == (3,) and sampled.dtype == torch.int64
 
 
@@ -110,12 +138,12 @@ def test_op_registered_with_eager_kernel_without_extension():
         g = torch.Generator().manual_seed(0)
         t, d = torch.randn(2, 3, 50, generator=g), torch.randn(2, 2, 50, generator=g)
         x = torch.randint(0, 50, (2, 2), generator=g)
-        T, k, p, n, s = torch.ones(2), torch.tensor([0, 3]), torch.tensor([1.0, 0.9]), torch.tensor([2, 1]), torch.tensor([77])
-        torch.library.opcheck(torch.ops.specdec.verify.default, (t, d, x, T, k, p, n, s))
-        torch.library.opcheck(torch.ops.specdec.sample.default, (t[:, 0], T, k, p, s))
-        got = torch.ops.specdec.verify(t, d, x, T, k, p, n, s)
-        want = verify_eager(validate_verify(t, d, x, temperature=T, top_k=k, top_p=p, num_draft_tokens=n, generator=None, check=False), s)
-        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        T, k, p, n, s = torch.ones(2), torch.tensor([0, 3]), torch.tensor([1.0, 0.9]), torch.tensor([2, 1]), torch.tensor([77, 78])
+        torch.library.opcheck(torch.ops.specdec.verify.default, (t, d, x, T, k, p, n, s, None, 0))
+        torch.library.opcheck(torch.ops.specdec.sample.default, (t[:, 0], T, k, p, s, None, 0))
+        got = torch.ops.specdec.verify(t, d, x, T, k, p, n, s, None, 0)
+        want = verify_eager(validate_verify(t, d, x, temperature=T, top_k=k, top_p=p, num_draft_tokens=n, generator=None, check=False, seeds=s), 0)
+        assert all(torch.equal(a, b) for a, b in zip(got[:2], want[:2]))
         compiled = torch.compile(lambda t, d, x: specdec_ext.verify(t, d, x, check=False).tokens, fullgraph=True, backend="aot_eager")
         assert compiled(t, d, x).shape == (2, 3)
         print("ok")
@@ -129,10 +157,10 @@ def test_op_registered_with_eager_kernel_without_extension():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_op_runs_the_triton_kernels():
-    target, draft, tokens, params, seed = _inputs(seed=9, device="cuda")
-    got = torch.ops.specdec.verify(*_op_args(target, draft, tokens, params, seed))
-    args = _params.validate_verify(target, draft, tokens, generator=None, check=False, **params)
-    expected = verify_eager(args, seed)
+    target, draft, tokens, params, (seeds, offsets) = _inputs(seed=9, device="cuda")
+    got = torch.ops.specdec.verify(*_op_args(target, draft, tokens, params, (seeds, offsets)))
+    args = _params.validate_verify(target, draft, tokens, generator=None, check=False, seeds=seeds, offsets=offsets, **params)
+    expected = verify_eager(args, BASE_KEY)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     compiled = torch.compile(lambda t, d, x: specdec_ext.verify(t, d, x, check=False).tokens, fullgraph=True)
     assert compiled(target, draft, tokens).shape == target.shape[:2]

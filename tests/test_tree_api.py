@@ -97,8 +97,8 @@ def test_shapes_dtypes_and_devices():
     _expect("parents is on meta", parents=parents.to("meta"))
     _expect("siblings must be one of", siblings="with_replacement")
     _expect("backend must be one of", backend="cuda")
-    _expect(r"seeds must be None or a \(4,\) int64 tensor", seeds=torch.tensor([1, 2, 3]))
-    _expect(r"offsets must be None or a \(4,\) int64 tensor", offsets=torch.zeros(4, dtype=torch.int32))
+    _expect(r"seeds must have shape \(4,\)", seeds=torch.tensor([1, 2, 3]))
+    _expect("offsets must be an int64 tensor", offsets=torch.zeros(4, dtype=torch.int32))
     _expect("generator must be a torch.Generator", generator=3)
 
 
@@ -212,7 +212,34 @@ def test_deterministic_siblings_never_emit_a_rejected_sibling():
     assert not bool((out.tokens[stopped_at_root, :1] == root_children[stopped_at_root]).any())
 
 
-def test_a_tree_with_one_chain_is_the_chain_and_block_method_is_validated():
+@pytest.mark.parametrize("siblings", ["iid", "without_replacement"])
+@pytest.mark.parametrize("params", [{}, {"temperature": 0.7, "top_k": 5}, {"top_p": 0.8}, {"temperature": torch.tensor([0.0, 1.0, 0.5, 0.0] * 50)}],
+                         ids=["plain", "temperature,top_k", "top_p", "mixed_greedy"])
+def test_a_chain_verifies_exactly_as_verify_does(siblings, params):
+    """verify_tree of a chain (node i's parent is i - 1) draws the same coins and races as verify of
+    that chain: the same keys give the same tokens, ragged lengths and one-hot drafts included."""
+    batch, k, vocab = 200, 4, 40
+    g = torch.Generator().manual_seed(7)
+    target = torch.randn(batch, k + 1, vocab, generator=g) * 2
+    draft = target + torch.randn(batch, k + 1, vocab, generator=g)
+    tokens = torch.multinomial(draft[:, :k].softmax(-1).reshape(-1, vocab), 1, generator=g).reshape(batch, k)
+    chain = torch.arange(-1, k - 1).expand(batch, -1)
+    lengths = torch.randint(0, k + 1, (batch,), generator=g)
+    offsets = torch.randint(0, 2**40, (batch,), generator=g)
+    for backend in available_tree_backends("cpu"):
+        for draft_logits in (draft, None):
+            for ragged in (None, lengths):
+                chained = specdec_ext.verify(target, None if draft_logits is None else draft_logits[:, :k], tokens, num_draft_tokens=ragged,
+                                             offsets=offsets, generator=torch.Generator().manual_seed(8), backend="eager", **params)
+                tree = verify_tree(target, draft_logits, tokens, chain, num_nodes=ragged, siblings=siblings, offsets=offsets,
+                                   generator=torch.Generator().manual_seed(8), backend=backend, **params)
+                width = tree.tokens.shape[1]
+                assert torch.equal(chained.tokens[:, :width], tree.tokens), (backend, draft_logits is None, ragged is None)
+                assert (chained.tokens[:, width:] == -1).all()
+                assert torch.equal(chained.num_accepted, tree.num_accepted)
+
+
+def test_block_method_is_validated():
     target, draft, tokens, _ = _inputs()
     with pytest.raises(ValueError, match="method must be one of"):
         specdec_ext.verify(target[:, :3], draft[:, :2], tokens[:, :2], method="tree")
