@@ -428,6 +428,8 @@ def generate(
     generator: torch.Generator | None = None,
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
+    tree=None,
+    method: str = "token",
 ) -> SpeculativeOutput:
     """Speculative generation for a batch of left-padded prompts; exactly the target's sampling law.
 
@@ -446,6 +448,9 @@ def generate(
         generator: torch.Generator for every random draw (None = the default one).
         eos_token_id: an id or ids ending a row; None = the target's ``generation_config``; [] = none.
         pad_token_id: fills rows after their EOS; None = the ``generation_config``'s, else the first EOS.
+        tree: None (a chain of drafts), children per node at each depth (e.g. (2, 2, 1)), or "auto":
+            the draft expands a tree scored by the target in one forward (see :mod:`specdec_ext.tree_generate`).
+        method: "token" or "block" (block verification of the chain, Sun et al.).
 
     Returns:
         SpeculativeOutput(sequences (B, L_in + max_new_tokens) int64, stats).
@@ -454,6 +459,12 @@ def generate(
         >>> out = specdec_ext.generate(target, draft, ids, mask, max_new_tokens=64, temperature=0.7)  # doctest: +SKIP
         >>> out.sequences.shape, out.stats.tokens_per_target_forward  # doctest: +SKIP
     """
+    if tree is not None or method != "token":
+        from .tree_generate import generate_tree
+
+        return generate_tree(target_model, draft_model, input_ids, attention_mask, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                             temperature=temperature, top_k=top_k, top_p=top_p, tree=tree, method=method, num_draft_tokens=num_draft_tokens,
+                             generator=generator, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     _check_models(target_model, draft_model)
     device = target_model.device
     input_ids, attention_mask = _check_inputs(input_ids, attention_mask, device)
