@@ -74,7 +74,14 @@ def _extension_setup() -> dict:
         extra_compile_args=compile_args,
         extra_link_args=link_args,
     )
-    return {"ext_modules": [extension], "cmdclass": {"build_ext": OptionalBuildExtension}}
+    # Tree and block verification: a module of its own, so it builds and loads independently.
+    tree_extension = CppExtension(
+        name="specdec_ext._C_tree",
+        sources=["csrc/tree.cpp"],
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
+    )
+    return {"ext_modules": [extension, tree_extension], "cmdclass": {"build_ext": OptionalBuildExtension}}
 
 
 setup(**_extension_setup())

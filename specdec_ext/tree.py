@@ -127,38 +127,53 @@ def verify_block(args: VerifyArgs, method: str, backend: str):
 
 
 def resolve_tree_backend(backend: str, device: torch.device) -> str:
-    """The backend a tree or block call runs on: the fused kernels where they exist, else eager."""
-    from .api import _resolve_backend
+    """The backend a tree or block call runs on: "auto" takes the fused kernel of the device where one
+    is built (Triton on CUDA, C++ on CPU), else the eager reference."""
+    from ._params import BACKENDS
 
-    chosen = _resolve_backend(backend, device)
-    if chosen == "eager" or _fused_available(chosen):
-        return chosen
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    device = torch.device(device)
     if backend == "auto":
-        return "eager"
-    raise ValueError(f"backend={backend!r} has no tree or block verification kernel in this build; use backend='eager' or 'auto'")
+        preferred = "triton" if device.type == "cuda" else "cpp"
+        return preferred if _fused_available(preferred, device) else "eager"
+    if backend == "eager" or _fused_available(backend, device):
+        return backend
+    raise ValueError(f"backend={backend!r} has no tree / block verification kernel on {device} in this build; "
+                     f"available: {available_tree_backends(device)}")
 
 
-def _fused_available(backend: str) -> bool:
+def _fused_available(backend: str, device: torch.device) -> bool:
+    if backend == "cpp":
+        from . import _cpp_tree
+
+        return device.type == "cpu" and _cpp_tree.is_available()
     return False
 
 
 def available_tree_backends(device: torch.device | str = "cpu", fast_only: bool = False) -> list[str]:
     """Backends with tree and block verification on ``device`` (``fast_only`` leaves out the Triton
     interpreter on CPU, which is for small identity tests)."""
-    from .api import available_backends
-
     device = torch.device(device)
-    found = [b for b in available_backends(device) if b != "eager" and _fused_available(b)]
+    found = [b for b in ("triton", "cpp") if _fused_available(b, device)]
     if fast_only and device.type == "cpu":
         found = [b for b in found if b != "triton"]
     return found + ["eager"]
 
 
 def _fused_tree(backend: str, args):
+    if backend == "cpp":
+        from . import _cpp_tree
+
+        return _cpp_tree.verify_tree(args)
     raise ValueError(f"backend {backend!r} has no tree verification kernel")
 
 
 def _fused_block(backend: str, args, base_key: int):
+    if backend == "cpp":
+        from . import _cpp_tree
+
+        return _cpp_tree.verify_block(args, base_key)
     raise ValueError(f"backend {backend!r} has no block verification kernel")
 
 

@@ -1,0 +1,223 @@
+"""Trees and block verification end to end: tokens per target forward and tokens/s, side by side.
+
+For each temperature and each number N of draft tokens scored per target forward, one process runs
+on the same prompts: target-only decoding, the chain with token-wise verification (``generate``,
+K = N), the chain with block verification (``method="block"``, K = N) and every tree of N nodes
+(children per node at each depth, e.g. (2, 1, 1) = 6 nodes) with siblings drawn without
+replacement; the best tree per N is marked.
+
+    python -m bench.e2e_tree                          # CPU, the embedded pair, temperatures 1 and 2
+    python -m bench.e2e_tree --temperatures 1 1.5 2 --nodes 4 6 8 --batch 16 --max-new-tokens 96
+    python -m bench.e2e_tree --quick                  # a smoke run
+
+Writes bench/results/e2e-tree-<device>-<date>.json and .png and prints a table. Timings taken on a
+shared machine are noisy: the JSON records the load average before and after the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from specdec_ext import tree_generate
+from specdec_ext.generate import generate
+from specdec_ext.measure import count_new_tokens
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def trees_with(nodes: int) -> list[tuple[int, ...]]:
+    """Branchings of exactly ``nodes`` nodes, at least two deep and wider than a chain somewhere."""
+    found = []
+    for tree in tree_generate.candidate_trees(max_nodes=nodes):
+        if tree.num_nodes == nodes and tree.max_depth >= 2 and any(w > 1 for w in tree.branching):
+            found.append(tree.branching)
+    return found
+
+
+def _load(device: torch.device):
+    from specdec_ext.demo.assets import load_pair
+    from specdec_ext.demo.corpus import DEMO_PROMPTS
+
+    target, draft, tokenizer = load_pair(device=device)
+    return target, draft, tokenizer, DEMO_PROMPTS
+
+
+def _timed(fn, device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, time.perf_counter() - start
+
+
+def run(target, draft, ids, mask, eos, pad, *, temperature: float, nodes: list[int], max_new_tokens: int, seed: int, device) -> list[dict]:
+    common = {"max_new_tokens": max_new_tokens, "temperature": temperature, "eos_token_id": eos, "pad_token_id": pad}
+    rows = []
+
+    def record(method: str, n: int, tree, fn):
+        out, seconds = _timed(fn, device)
+        new = count_new_tokens(out.sequences, ids.shape[1], eos)
+        stats = getattr(out, "stats", None)
+        row = {"temperature": temperature, "nodes": n, "method": method, "tree": list(tree) if tree else None, "new_tokens": new,
+               "seconds": seconds, "tokens_per_second": new / seconds}
+        if stats is not None:
+            row.update(tokens_per_target_forward=stats.tokens_per_target_forward, acceptance=stats.mean_acceptance,
+                       acceptance_per_depth=stats.acceptance_per_position, target_forwards=stats.target_forwards,
+                       draft_forwards=stats.draft_forwards, draft_seconds=stats.draft_seconds, target_seconds=stats.target_seconds,
+                       verify_seconds=stats.verify_seconds)
+        rows.append(row)
+        shown = f"{row.get('tokens_per_target_forward', float('nan')):6.3f}"
+        print(f"T={temperature:<4} N={n:<2} {method:<12} {str(tuple(tree) if tree else ''):<14} tok/fwd {shown}  tok/s {row['tokens_per_second']:8.1f}", flush=True)
+
+    def generator():
+        return torch.Generator().manual_seed(seed)
+
+    def target_only():
+        from transformers import GenerationConfig
+
+        config = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                                  eos_token_id=eos, pad_token_id=pad)
+        torch.manual_seed(seed)
+        return target.generate(ids, attention_mask=mask, generation_config=config)
+
+    class _Plain:  # target-only output in the same shape as ours
+        def __init__(self, sequences):
+            self.sequences = sequences
+
+    record("target only", 0, None, lambda: _Plain(target_only()))
+    for n in nodes:
+        record("chain-token", n, (1,) * n, lambda n=n: generate(target, draft, ids, mask, num_draft_tokens=n, generator=generator(), **common))
+        record("chain-block", n, (1,) * n, lambda n=n: generate(target, draft, ids, mask, num_draft_tokens=n, method="block", generator=generator(), **common))
+        for tree in trees_with(n):
+            record("tree", n, tree, lambda tree=tree: generate(target, draft, ids, mask, tree=tree, generator=generator(), **common))
+        best = max((r for r in rows if r["method"] == "tree" and r["nodes"] == n and r["temperature"] == temperature),
+                   key=lambda r: r["tokens_per_target_forward"], default=None)
+        if best is not None:
+            best["best_tree"] = True
+    return rows
+
+
+def _plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["rows"]
+    temperatures = sorted({r["temperature"] for r in rows})
+    fig, axes = plt.subplots(2, len(temperatures), figsize=(4.5 * len(temperatures), 6.5), squeeze=False)
+    methods = [("chain-token", "chain, token-wise"), ("chain-block", "chain, block"), ("tree", "best tree")]
+    for column, temperature in enumerate(temperatures):
+        here = [r for r in rows if r["temperature"] == temperature]
+        nodes = sorted({r["nodes"] for r in here if r["nodes"]})
+        baseline = next((r["tokens_per_second"] for r in here if r["method"] == "target only"), None)
+        for line, (metric, label) in enumerate((("tokens_per_target_forward", "tokens / target forward"), ("tokens_per_second", "new tokens / s"))):
+            ax = axes[line][column]
+            width = 0.8 / len(methods)
+            for i, (method, name) in enumerate(methods):
+                values = []
+                for n in nodes:
+                    pick = [r for r in here if r["nodes"] == n and r["method"] == method and (method != "tree" or r.get("best_tree"))]
+                    values.append(pick[0][metric] if pick else 0)
+                ax.bar([x + i * width for x in range(len(nodes))], values, width, label=name)
+            if metric == "tokens_per_second" and baseline:
+                ax.axhline(baseline, color="gray", linestyle="--", linewidth=1, label="target only")
+            ax.set_xticks([x + 0.4 - width / 2 for x in range(len(nodes))], [f"N={n}" for n in nodes])
+            ax.set_ylabel(label)
+            ax.set_title(f"temperature {temperature}", fontsize=9)
+            if line == 0 and column == 0:
+                ax.legend(fontsize=7)
+            if line == 1 and column == 0:
+                ax.legend(fontsize=7)
+    fig.suptitle(f"Embedded pair, batch {report['batch']}, {report['max_new_tokens']} new tokens ({report['device']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 2.0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[4, 6, 8])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
+    parser.add_argument("--no-cpp", action="store_true", help="verify chains on the eager backend, as on a machine without the C++ kernel")
+    parser.add_argument("--quick", action="store_true", help="batch 2, 12 tokens, N = 4 only")
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batch, args.max_new_tokens, args.nodes = 2, 12, [4]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.no_cpp:
+        from specdec_ext import _cpp_backend
+
+        _cpp_backend._C = None
+    device = torch.device(args.device)
+    target, draft, tokenizer, prompts = _load(device)
+    tokenizer.padding_side = "left"
+    enc = tokenizer([prompts[i % len(prompts)] for i in range(args.batch)], return_tensors="pt", padding=True)
+    ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    with torch.no_grad():
+        generate(target, draft, ids[:1], mask[:1], max_new_tokens=4, tree=(2, 1), eos_token_id=eos)  # warm-up
+        rows = []
+        for temperature in args.temperatures:
+            rows += run(target, draft, ids, mask, eos, tokenizer.pad_token_id, temperature=temperature, nodes=args.nodes,
+                        max_new_tokens=args.max_new_tokens, seed=args.seed, device=device)
+    import transformers
+
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{platform.machine()}-{torch.get_num_threads()}threads"
+    report = {
+        "device": device_name, "date": dt.date.today().isoformat(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "batch": args.batch, "max_new_tokens": args.max_new_tokens, "seed": args.seed, "no_cpp": args.no_cpp,
+        "load_average_before": load_before, "load_average_after": os.getloadavg() if hasattr(os, "getloadavg") else None, "rows": rows,
+        "summary": summarise(rows),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"e2e-tree-{device.type}-{report['date']}"
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    _plot(report, out / f"{stem}.png")
+    for line in report["summary"]:
+        print(line)
+    print(f"wrote {out / stem}.json and .png")
+    return 0
+
+
+def summarise(rows: list[dict]) -> list[str]:
+    """One line per (temperature, N): block / token and best tree / chain in tokens per forward and tokens/s."""
+    lines = []
+    for temperature in sorted({r["temperature"] for r in rows}):
+        for n in sorted({r["nodes"] for r in rows if r["nodes"]}):
+            pick = {r["method"]: r for r in rows if r["temperature"] == temperature and r["nodes"] == n and (r["method"] != "tree" or r.get("best_tree"))}
+            token, block, tree = pick.get("chain-token"), pick.get("chain-block"), pick.get("tree")
+            if not token:
+                continue
+            parts = [f"T={temperature} N={n}: chain {token['tokens_per_target_forward']:.2f} tok/fwd"]
+            if block:
+                parts.append(f"block/token {block['tokens_per_target_forward'] / token['tokens_per_target_forward']:.3f}x tok/fwd, "
+                             f"{block['tokens_per_second'] / token['tokens_per_second']:.2f}x tok/s")
+            if tree:
+                parts.append(f"best tree {tuple(tree['tree'])} / chain {tree['tokens_per_target_forward'] / token['tokens_per_target_forward']:.3f}x tok/fwd, "
+                             f"{tree['tokens_per_second'] / token['tokens_per_second']:.2f}x tok/s")
+            lines.append("; ".join(parts))
+    return lines
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
