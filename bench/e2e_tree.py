@@ -107,6 +107,53 @@ def run(target, draft, ids, mask, eos, pad, *, temperature: float, nodes: list[i
     return rows
 
 
+def sibling_acceptance(target, draft, ids, mask, temperature: float, *, new_tokens: int = 24, seed: int = 0) -> dict:
+    """Exact one-context acceptance figures on contexts the target itself samples at ``temperature``:
+    the chance to enter a child with 1, 2 and 3 i.i.d. sampled children and 2 drawn without
+    replacement (recursive rejection sampling, computed from p and q, no sampling noise), and the
+    target mass on the draft's top 1 / 2 / 4 tokens (deterministic siblings enter with that chance)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = target.generate(ids, attention_mask=mask, do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
+                              pad_token_id=0, eos_token_id=None)
+        full_mask = torch.cat([mask, torch.ones_like(out[:, ids.shape[1]:])], 1)
+        start = ids.shape[1] - 1
+        p = (target(out, attention_mask=full_mask).logits[:, start:-1].float() / temperature).softmax(-1).reshape(-1, target.config.vocab_size).double()
+        q_logits = draft(out, attention_mask=full_mask).logits[:, start:-1].float() / temperature
+        q = torch.zeros_like(p)
+        q[:, : q_logits.shape[-1]] = q_logits.softmax(-1).reshape(p.shape[0], -1).double()
+
+    def next_residual(r, proposal):
+        res = (r - proposal).clamp(min=0)
+        return res / res.sum(-1, keepdim=True).clamp(min=1e-300)
+
+    one = torch.minimum(p, q).sum(-1)
+    r1 = next_residual(p, q)
+    two = one + (1 - one) * torch.minimum(q, r1).sum(-1)
+    three = two + (1 - two) * torch.minimum(q, next_residual(r1, q)).sum(-1)
+    # Two children without replacement: average over the rejected first child x1 (its weight q(x1)(1 - min(1, p/q)) / (1 - one)).
+    rejected = q * (1 - torch.clamp(p / q.clamp(min=1e-300), max=1.0))
+    wor = []
+    for i in range(p.shape[0]):
+        x1 = rejected[i].nonzero()[:, 0]
+        if x1.numel() == 0:
+            wor.append(one[i])
+            continue
+        q_without = q[i].expand(x1.numel(), -1).clone()
+        q_without[torch.arange(x1.numel()), x1] = 0
+        q_without /= q_without.sum(-1, keepdim=True).clamp(min=1e-300)
+        second = torch.minimum(q_without, r1[i]).sum(-1)
+        wor.append(one[i] + (rejected[i, x1] * second).sum())
+    wor = torch.stack(wor)
+    top = q.topk(4, dim=-1).indices
+    return {
+        "temperature": temperature, "contexts": p.shape[0],
+        "enter_one_child": one.mean().item(), "enter_two_iid": two.mean().item(), "enter_three_iid": three.mean().item(),
+        "enter_two_without_replacement": wor.mean().item(),
+        "target_mass_on_draft_top": {str(w): p.gather(1, top[:, :w]).sum(-1).mean().item() for w in (1, 2, 4)},
+    }
+
+
 def _plot(report: dict, path: Path) -> None:
     import matplotlib
 
@@ -163,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.no_cpp:
-        from specdec_ext import _cpp_backend
+        from specdec_ext import _cpp_backend, _cpp_tree
 
         _cpp_backend._C = None
+        _cpp_tree._C_tree = None
     device = torch.device(args.device)
     target, draft, tokenizer, prompts = _load(device)
     tokenizer.padding_side = "left"
@@ -179,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         for temperature in args.temperatures:
             rows += run(target, draft, ids, mask, eos, tokenizer.pad_token_id, temperature=temperature, nodes=args.nodes,
                         max_new_tokens=args.max_new_tokens, seed=args.seed, device=device)
+        siblings = [sibling_acceptance(target, draft, ids[:8], mask[:8], t, seed=args.seed) for t in args.temperatures]
     import transformers
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{platform.machine()}-{torch.get_num_threads()}threads"
@@ -186,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": device_name, "date": dt.date.today().isoformat(), "torch": torch.__version__, "transformers": transformers.__version__,
         "batch": args.batch, "max_new_tokens": args.max_new_tokens, "seed": args.seed, "no_cpp": args.no_cpp,
         "load_average_before": load_before, "load_average_after": os.getloadavg() if hasattr(os, "getloadavg") else None, "rows": rows,
-        "summary": summarise(rows),
+        "summary": summarise(rows), "sibling_acceptance": siblings,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -195,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     _plot(report, out / f"{stem}.png")
     for line in report["summary"]:
         print(line)
+    for row in siblings:
+        print(f"T={row['temperature']}: enter a child with 1 / 2 / 3 i.i.d. children {row['enter_one_child']:.3f} / {row['enter_two_iid']:.3f} / "
+              f"{row['enter_three_iid']:.3f}, 2 without replacement {row['enter_two_without_replacement']:.3f}; target mass on the draft's top "
+              + " / ".join(f"{w}: {m:.3f}" for w, m in row["target_mass_on_draft_top"].items()))
     print(f"wrote {out / stem}.json and .png")
     return 0
 
