@@ -107,6 +107,10 @@ def run(target, draft, ids, mask, eos, pad, *, temperature: float, nodes: list[i
     return rows
 
 
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.long().cumsum(1) - 1).clamp(min=0)
+
+
 def sibling_acceptance(target, draft, ids, mask, temperature: float, *, new_tokens: int = 24, seed: int = 0) -> dict:
     """Exact one-context acceptance figures on contexts the target itself samples at ``temperature``:
     the chance to enter a child with 1, 2 and 3 i.i.d. sampled children and 2 drawn without
@@ -118,8 +122,8 @@ def sibling_acceptance(target, draft, ids, mask, temperature: float, *, new_toke
                               pad_token_id=0, eos_token_id=None)
         full_mask = torch.cat([mask, torch.ones_like(out[:, ids.shape[1]:])], 1)
         start = ids.shape[1] - 1
-        p = (target(out, attention_mask=full_mask).logits[:, start:-1].float() / temperature).softmax(-1).reshape(-1, target.config.vocab_size).double()
-        q_logits = draft(out, attention_mask=full_mask).logits[:, start:-1].float() / temperature
+        p = (target(out, attention_mask=full_mask, position_ids=_positions(full_mask)).logits[:, start:-1].float() / temperature).softmax(-1).reshape(-1, target.config.vocab_size).double()
+        q_logits = draft(out, attention_mask=full_mask, position_ids=_positions(full_mask)).logits[:, start:-1].float() / temperature
         q = torch.zeros_like(p)
         q[:, : q_logits.shape[-1]] = q_logits.softmax(-1).reshape(p.shape[0], -1).double()
 
@@ -152,6 +156,63 @@ def sibling_acceptance(target, draft, ids, mask, temperature: float, *, new_toke
         "enter_two_without_replacement": wor.mean().item(),
         "target_mass_on_draft_top": {str(w): p.gather(1, top[:, :w]).sum(-1).mean().item() for w in (1, 2, 4)},
     }
+
+
+def block_gain(target, draft, ids, mask, temperature: float, lengths: list[int], *, new_tokens: int = 24, seed: int = 0) -> list[dict]:
+    """Expected accepted drafts per block of token-wise and block verification on the SAME drafted
+    blocks, exactly given each block (no coin noise): contexts sampled by the target at
+    ``temperature``, a chain of K drafts sampled by the draft after each, and from the two models'
+    laws along it, E[accepted | drafts] = sum_k prod_{i<=k} min(1, p_i / q_i) (token-wise) and
+    sum_i i h_i prod_{j>i} (1 - h_j) (block; h_i the stop probabilities of Sun et al.)."""
+    torch.manual_seed(seed)
+    longest = max(lengths)
+    with torch.no_grad():
+        out = target.generate(ids, attention_mask=mask, do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
+                              pad_token_id=0, eos_token_id=None)
+        generator = torch.Generator().manual_seed(seed)
+        xs, ps, qs = [], [], []
+        for j in range(new_tokens):  # contexts of one length at a time: the prompt plus j sampled tokens
+            current = out[:, : ids.shape[1] + j]
+            current_mask = torch.cat([mask, torch.ones_like(out[:, ids.shape[1] : ids.shape[1] + j])], 1)
+            drafts, q_rows = [], []
+            for _ in range(longest):
+                q = (draft(current, attention_mask=current_mask, position_ids=_positions(current_mask)).logits[:, -1].float() / temperature).softmax(-1).double()
+                token = torch.multinomial(q, 1, generator=generator)
+                drafts.append(token[:, 0])
+                q_rows.append(q)
+                current = torch.cat([current, token], 1)
+                current_mask = torch.cat([current_mask, torch.ones_like(token)], 1)
+            ps.append((target(current, attention_mask=current_mask, position_ids=_positions(current_mask)).logits[:, -longest - 1 :].float() / temperature).softmax(-1).double())
+            xs.append(torch.stack(drafts, 1))
+            qs.append(torch.stack(q_rows, 1))
+    x, p_all, q_all = torch.cat(xs), torch.cat(ps), torch.cat(qs)  # (R, K), (R, K+1, V), (R, K, Vd)
+    vocab = p_all.shape[-1]
+    if q_all.shape[-1] < vocab:
+        q_all = torch.nn.functional.pad(q_all, (0, vocab - q_all.shape[-1]))
+    p_x = p_all[:, :-1].gather(2, x[..., None])[..., 0]
+    q_x = q_all.gather(2, x[..., None])[..., 0]
+    results = []
+    for k in lengths:
+        ratio = torch.clamp(p_x[:, :k] / q_x[:, :k], max=1.0)
+        token_expected = torch.cumprod(ratio, 1).sum(1)
+        carried = torch.ones(x.shape[0], k + 1, dtype=torch.float64)
+        for i in range(1, k + 1):
+            carried[:, i] = torch.clamp(carried[:, i - 1] * p_x[:, i - 1] / q_x[:, i - 1], max=1.0)
+        stop = torch.zeros(x.shape[0], k + 1, dtype=torch.float64)
+        for i in range(1, k):
+            mass = (carried[:, i, None] * p_all[:, i] - q_all[:, i]).clamp(min=0).sum(-1)
+            stop[:, i] = torch.where(mass > 0, mass / (mass + 1 - carried[:, i]), torch.zeros_like(mass))
+        stop[:, k] = carried[:, k]
+        block_expected = torch.zeros(x.shape[0], dtype=torch.float64)
+        for i in range(1, k + 1):
+            block_expected += i * stop[:, i] * torch.prod(1 - stop[:, i + 1 :], dim=1)
+        difference = block_expected - token_expected
+        results.append({
+            "temperature": temperature, "num_draft_tokens": k, "blocks": x.shape[0],
+            "token_expected_accepted": token_expected.mean().item(), "block_expected_accepted": block_expected.mean().item(),
+            "difference": difference.mean().item(), "difference_standard_error": (difference.std() / difference.numel() ** 0.5).item(),
+        })
+    return results
 
 
 def _plot(report: dict, path: Path) -> None:
@@ -228,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += run(target, draft, ids, mask, eos, tokenizer.pad_token_id, temperature=temperature, nodes=args.nodes,
                         max_new_tokens=args.max_new_tokens, seed=args.seed, device=device)
         siblings = [sibling_acceptance(target, draft, ids[:8], mask[:8], t, seed=args.seed) for t in args.temperatures]
+        gains = [g for t in args.temperatures for g in block_gain(target, draft, ids[:8], mask[:8], t, args.nodes, seed=args.seed)]
     import transformers
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{platform.machine()}-{torch.get_num_threads()}threads"
@@ -235,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": device_name, "date": dt.date.today().isoformat(), "torch": torch.__version__, "transformers": transformers.__version__,
         "batch": args.batch, "max_new_tokens": args.max_new_tokens, "seed": args.seed, "no_cpp": args.no_cpp,
         "load_average_before": load_before, "load_average_after": os.getloadavg() if hasattr(os, "getloadavg") else None, "rows": rows,
-        "summary": summarise(rows), "sibling_acceptance": siblings,
+        "summary": summarise(rows), "sibling_acceptance": siblings, "block_vs_token_same_drafts": gains,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -244,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     _plot(report, out / f"{stem}.png")
     for line in report["summary"]:
         print(line)
+    for g in gains:
+        print(f"T={g['temperature']} K={g['num_draft_tokens']}: expected accepted drafts on the same {g['blocks']} blocks: token-wise "
+              f"{g['token_expected_accepted']:.4f}, block {g['block_expected_accepted']:.4f} (+{g['difference']:.4f} +- {g['difference_standard_error']:.4f})")
     for row in siblings:
         print(f"T={row['temperature']}: enter a child with 1 / 2 / 3 i.i.d. children {row['enter_one_child']:.3f} / {row['enter_two_iid']:.3f} / "
               f"{row['enter_three_iid']:.3f}, 2 without replacement {row['enter_two_without_replacement']:.3f}; target mass on the draft's top "

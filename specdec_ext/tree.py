@@ -148,6 +148,10 @@ def _fused_available(backend: str, device: torch.device) -> bool:
         from . import _cpp_tree
 
         return device.type == "cpu" and _cpp_tree.is_available()
+    if backend == "triton":
+        from . import _triton_tree
+
+        return _triton_tree.usable(device)
     return False
 
 
@@ -166,6 +170,10 @@ def _fused_tree(backend: str, args):
         from . import _cpp_tree
 
         return _cpp_tree.verify_tree(args)
+    if backend == "triton":
+        from . import _triton_tree
+
+        return _triton_tree.verify_tree(args)
     raise ValueError(f"backend {backend!r} has no tree verification kernel")
 
 
@@ -174,6 +182,10 @@ def _fused_block(backend: str, args, base_key: int):
         from . import _cpp_tree
 
         return _cpp_tree.verify_block(args, base_key)
+    if backend == "triton":
+        from . import _triton_tree
+
+        return _triton_tree.verify_block(args, base_key)
     raise ValueError(f"backend {backend!r} has no block verification kernel")
 
 

@@ -21,7 +21,7 @@ def _inputs(seed=0):
 
 def test_layout_matches_token_verification():
     target, draft, tokens = _inputs()
-    for backend in available_tree_backends("cpu"):
+    for backend in available_tree_backends("cpu", fast_only=True):
         out = specdec_ext.verify(target, draft, tokens, method="block", generator=torch.Generator().manual_seed(1), backend=backend)
         assert out.tokens.shape == (B, K + 1) and out.num_accepted.shape == (B,)
         for row in range(B):
@@ -54,7 +54,7 @@ def test_method_is_validated():
         specdec_ext.verify(target, draft, tokens, method="joint")
 
 
-@pytest.mark.parametrize("backend", available_tree_backends("cpu"))
+@pytest.mark.parametrize("backend", available_tree_backends("cpu", fast_only=True))
 def test_check_false_reads_every_line_up_to_n_b(backend):
     """Block verification decides from every line up to n_b (the last stop wins), so with check=False a
     bad line anywhere up to n_b blanks a sampled row; a greedy row verifies token by token and reads

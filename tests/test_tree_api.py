@@ -33,7 +33,7 @@ def _expect(match, **overrides):
 
 def test_result_layout_and_accepted_path():
     target, draft, tokens, parents = _inputs()
-    for backend in available_tree_backends("cpu"):
+    for backend in available_tree_backends("cpu", fast_only=True):
         out = verify_tree(target, draft, tokens, parents, generator=torch.Generator().manual_seed(1), backend=backend)
         assert out.tokens.shape == (B, 4) and out.accepted_nodes.shape == (B, 3) and out.num_accepted.shape == (B,)
         for row in range(B):
@@ -77,7 +77,7 @@ def test_greedy_rows_take_the_argmax_path_and_ties_take_the_lowest_index():
     target, draft, tokens, parents = _inputs()
     target[:, 0, 3] = target[:, 0, 5] = target[:, 0].max() + 1  # a tie at the root: 3 wins
     tokens[:, 0], tokens[:, 1] = 5, 3  # node 1 holds the argmax, node 0 the tied id that loses
-    for backend in available_tree_backends("cpu"):
+    for backend in available_tree_backends("cpu", fast_only=True):
         out = verify_tree(target, draft, tokens, parents, temperature=0.0, backend=backend)
         assert (out.accepted_nodes[:, 0] == 1).all() and (out.tokens[:, 0] == 3).all()
         # Under node 1 (context 2) there is one child (node 5): entered iff it is the argmax there.
@@ -128,7 +128,7 @@ def test_bad_trees_raise_or_blank_the_row(bad_parents, match):
         verify_tree(target, draft, tokens, parents, backend="eager")
     seeds = torch.tensor([1, 2, 3, 4])
     clean = verify_tree(target, draft, tokens, torch.tensor(PARENTS).expand(B, -1), seeds=seeds, backend="eager")
-    for backend in available_tree_backends("cpu"):
+    for backend in available_tree_backends("cpu", fast_only=True):
         out = verify_tree(target, draft, tokens, parents, seeds=seeds, check=False, backend=backend)
         assert (out.tokens[2] == -1).all() and int(out.num_accepted[2]) == 0 and (out.accepted_nodes[2] == -1).all()
         others = [0, 1, 3]
@@ -163,7 +163,7 @@ def test_bad_values():
     verify_tree(target, leaf, tokens, parents, backend="eager")
 
 
-@pytest.mark.parametrize("backend", available_tree_backends("cpu"))
+@pytest.mark.parametrize("backend", available_tree_backends("cpu", fast_only=True))
 def test_check_false_blanks_only_for_lines_the_walk_reads(backend):
     """check=False blanks a row for a bad line at a context its walk visited (target), or where it
     tested a child (draft, sampled rows); other lines leave the row exactly as the clean call had it."""
@@ -226,7 +226,7 @@ def test_a_chain_verifies_exactly_as_verify_does(siblings, params):
     chain = torch.arange(-1, k - 1).expand(batch, -1)
     lengths = torch.randint(0, k + 1, (batch,), generator=g)
     offsets = torch.randint(0, 2**40, (batch,), generator=g)
-    for backend in available_tree_backends("cpu"):
+    for backend in available_tree_backends("cpu", fast_only=True):
         for draft_logits in (draft, None):
             for ragged in (None, lengths):
                 chained = specdec_ext.verify(target, None if draft_logits is None else draft_logits[:, :k], tokens, num_draft_tokens=ragged,
