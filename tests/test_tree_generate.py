@@ -381,3 +381,18 @@ def test_bad_arguments_raise():
         specdec_ext.generate(flash, draft, input_ids, attention_mask, max_new_tokens=4, tree=(2, 1))
     empty = specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=0, tree=(2, 1))
     assert empty.sequences.tolist() == input_ids.tolist()
+
+
+def test_demo_rows_for_block_and_tree(capsys, monkeypatch):
+    from specdec_ext import _cpp_backend
+    from specdec_ext.demo.tree_rows import DEMO_TREE, print_rows, sum_nodes, tree_and_block_rows
+
+    monkeypatch.setattr(_cpp_backend, "_C", None)  # chain verification on the eager reference: this is about the rows
+
+    target, draft = _pair("llama-close")
+    input_ids, attention_mask = left_pad(PROMPTS[:2])
+    rows = tree_and_block_rows(target, draft, input_ids, attention_mask, max_new_tokens=8, temperature=1.0, num_draft_tokens=3, eos_ids=[], pad_id=0)
+    assert [r["method"] for r in rows] == ["chain K=3, token-wise", "chain K=3, block verification", f"tree {DEMO_TREE}, {sum_nodes(DEMO_TREE)} nodes"]
+    assert all(r["new_tokens"] == 16 and r["tokens_per_target_forward"] >= 1 for r in rows)
+    print_rows(rows)
+    assert "block verification" in capsys.readouterr().out and sum_nodes((2, 2, 1)) == 10
