@@ -308,7 +308,8 @@ def _draw_children(logits: torch.Tensor, width: int, sampling: dict, siblings: s
                       torch.full((rows,), int(sampling["top_k"] or 0), device=logits.device),
                       torch.full((rows,), float(1.0 if sampling["top_p"] is None else sampling["top_p"]), device=logits.device)).probs()
     copies = width if siblings == "iid" else 1
-    noise = torch.empty(rows, copies, vocab, device=logits.device).exponential_(generator=generator)
+    noise_device = generator.device if generator is not None else logits.device  # a CPU generator may drive a CUDA model
+    noise = torch.empty(rows, copies, vocab, device=noise_device).exponential_(generator=generator).to(logits.device)
     keys = q[:, None, :] / noise
     if siblings == "iid":
         return keys.argmax(dim=2)
