@@ -49,11 +49,11 @@ test-kernels:
 # The extension built with clang (one OpenMP runtime: torch's), then its tests; the GCC build is
 # put back afterwards.
 test-clang: setup
-	mkdir -p build && cp specdec_ext/_C*.so build/_C.gcc.so
+	mkdir -p build/gcc-so && cp specdec_ext/_C*.so build/gcc-so/
 	CC=clang CXX=clang++ LDSHARED="clang++ -shared" $(BIN)/python setup.py -q build_ext --inplace -b build/clang -t build/clang/tmp
 	$(BIN)/python -c "import torch; from specdec_ext import _cpp_backend as c; assert c.is_available(), c.unavailable_reason(); \
 		assert c._C.compiler().startswith('clang'), c._C.compiler(); assert c._C.openmp_linked(); \
 		cpu = torch.backends.cpu.get_cpu_capability(); assert c.isa() != 'base' or cpu not in ('AVX2', 'AVX512'), (c.isa(), cpu); \
 		print('clang build:', c._C.compiler(), c.isa(), 'on a', cpu, 'CPU')"
 	! readelf -d specdec_ext/_C*.so | grep -E 'NEEDED.*lib(omp|iomp5)\.'
-	$(BIN)/python -m pytest -q $(CPP_TESTS) -k "not triton"; status=$$?; cp build/_C.gcc.so specdec_ext/$$(basename specdec_ext/_C*.so); exit $$status
+	$(BIN)/python -m pytest -q $(CPP_TESTS) -k "not triton"; status=$$?; cp build/gcc-so/_C*.so specdec_ext/; exit $$status

@@ -183,7 +183,14 @@ def _extension_setup() -> dict:
         extra_link_args=link_args,
         depends=[str(p) for p in sorted((HERE / "csrc").glob("*.h"))] + [str(HERE / BASELINE_SOURCE)],
     )
-    return {"ext_modules": [extension], "cmdclass": {"build_ext": OptionalBuildExtension}}
+    # Tree and block verification: a module of its own, so it builds and loads independently.
+    tree_extension = CppExtension(
+        name="specdec_ext._C_tree",
+        sources=["csrc/tree.cpp"],
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
+    )
+    return {"ext_modules": [extension, tree_extension], "cmdclass": {"build_ext": OptionalBuildExtension}}
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ first use) hooks transformers' own assisted generation.
 
 from .api import VerifyResult, available_backends, sample, verify
 from .generate import SpeculativeOutput, generate
+from .tree import TreeResult, verify_tree
 
-__all__ = ["SpeculativeOutput", "VerifyResult", "available_backends", "generate", "sample", "verify"]
+__all__ = ["SpeculativeOutput", "TreeResult", "VerifyResult", "available_backends", "generate", "sample", "verify", "verify_tree"]
 __version__ = "0.1.0"
 
 

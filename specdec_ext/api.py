@@ -104,6 +104,7 @@ def verify(
     return_accept_probs: bool = False,
     backend: str = "auto",
     check: bool = True,
+    method: str = "token",
 ) -> VerifyResult:
     """Verify a block of K draft tokens per row by modified rejection sampling, from raw logits.
 
@@ -148,6 +149,9 @@ def verify(
             lines up to its first rejection; greedy rows read no draft line), an out-of-range draft
             id or a bad parameter gets num_accepted 0 and tokens all -1, never an out-of-range id.
             Lines after the first rejection cannot change the tokens and are not read at all.
+        method: "token" (token-wise verification, above) or "block": block verification (Sun et al.,
+            ICLR 2025) judges the drafts jointly, accepts at least as many in expectation and is just
+            as exact (see :mod:`specdec_ext.reference_tree`; greedy rows verify token by token).
 
     Returns:
         VerifyResult(tokens (B, K+1) int64 padded with -1, num_accepted (B,) int64, logprobs
@@ -177,6 +181,10 @@ def verify(
         num_draft_tokens=num_draft_tokens, generator=generator, check=check, seeds=seeds, offsets=offsets,
         return_logprobs=return_logprobs, return_accept_probs=return_accept_probs,
     )
+    if method != "token":
+        from .tree import verify_block
+
+        return verify_block(args, method, backend)
     return _run(args, backend)
 
 

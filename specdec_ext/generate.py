@@ -654,6 +654,8 @@ def generate(
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
     backend: str = "auto",
+    tree=None,
+    method: str = "token",
 ) -> SpeculativeOutput:
     """Speculative generation for a batch of left-padded prompts; exactly the target's sampling law.
 
@@ -694,6 +696,10 @@ def generate(
         eos_token_id: an id or ids ending a row; None = the target's ``generation_config``; [] = none.
         pad_token_id: fills rows after their end; None = the ``generation_config``'s, else the first EOS.
         backend: the verify() / sample() backend ("auto", "triton", "cpp", "eager").
+        tree: None (a chain of drafts), children per node at each depth (e.g. (2, 2, 1)), or "auto":
+            the draft expands a tree scored by the target in one forward (see :mod:`specdec_ext.tree_generate`).
+            Trees and ``method="block"`` take the sampling arguments, ``generator``, EOS and padding only.
+        method: "token" or "block" (block verification of the chain, Sun et al.).
 
     Returns:
         :class:`SpeculativeOutput` (sequences (B, L_in + max_new_tokens), stats, new_tokens, scores, logits).
@@ -710,6 +716,25 @@ def generate(
         if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 1:
             raise ValueError(f"ngram must be an integer >= 1, got {ngram!r}")
         draft_model = None
+    if tree is not None or method != "token":
+        extras = {"min_p": min_p, "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty,
+                  "frequency_penalty": frequency_penalty, "no_repeat_ngram_size": no_repeat_ngram_size,
+                  "bad_words_ids": bad_words_ids, "sequence_bias": sequence_bias, "suppress_tokens": suppress_tokens,
+                  "min_new_tokens": min_new_tokens, "logits_processor": logits_processor,
+                  "stopping_criteria": stopping_criteria, "stop_strings": stop_strings, "max_time": max_time,
+                  "streamer": streamer, "seeds": seeds}
+        given = [name for name, value in extras.items() if value is not None]
+        given += [name for name, value in (("output_scores", output_scores), ("output_logits", output_logits)) if value]
+        if draft != "model":
+            given.append("draft")
+        if given:
+            raise ValueError(f"tree / method='block' generation does not take {', '.join(given)}: "
+                             "use the chain (tree=None, method='token') for those")
+        from .tree_generate import generate_tree
+
+        return generate_tree(target_model, draft_model, input_ids, attention_mask, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                             temperature=temperature, top_k=top_k, top_p=top_p, tree=tree, method=method, num_draft_tokens=num_draft_tokens,
+                             generator=generator, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     _check_models(target_model, draft_model)
     device = target_model.device
     input_ids, attention_mask = _check_inputs(input_ids, attention_mask, device)

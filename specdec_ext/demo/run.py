@@ -142,8 +142,13 @@ def run_demo(*, quick: bool = False, max_new_tokens: int | None = None, temperat
           f"fused {latency['fused'] * 1e6:.0f} us ({latency['transformers'] / latency['fused']:.1f}x)")
     print(f"draft/target forward cost c = {cost:.3f}; Leviathan et al. predicted speedup (1-a^(K+1))/((1-a)(Kc+1)) = {predicted:.2f}x; "
           f"measured (generate(assistant_model) + hook, B=1 vs target only B=1) = {measured:.2f}x")
+    from .tree_rows import print_rows, tree_and_block_rows
+
+    beyond = tree_and_block_rows(target, draft, b_ids, b_mask, max_new_tokens=max_new_tokens, temperature=temperature,
+                                 num_draft_tokens=num_draft_tokens, eos_ids=eos, pad_id=pad, seed=seed)
+    print_rows(beyond)
     return {
-        "temperature": temperature, "num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens,
+        "temperature": temperature, "num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens, "tree_and_block": beyond,
         "runs": [{"method": r.method, "batch": r.batch, "new_tokens": r.new_tokens, "seconds": r.seconds, "tokens_per_second": r.tokens_per_second} for r in runs],
         "acceptance_per_position": stats.acceptance_per_position, "mean_acceptance": stats.mean_acceptance,
         "tokens_per_target_forward": stats.tokens_per_target_forward,

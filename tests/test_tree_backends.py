@@ -1,0 +1,152 @@
+"""Every tree / block backend draws the same tokens as the eager reference under the same keys.
+
+Random trees (ragged, with rejections and acceptances at every depth), every sibling mode, filters,
+mixed greedy rows, a smaller draft vocabulary, bf16, bad values with check=False, and block
+verification with its logprobs. The backends evaluate the same float32 formulas but sum in different
+orders, so a decision within an ulp of its threshold could in principle differ; the inputs here are
+far from that (and the test would show it).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec_ext
+from specdec_ext.tree import available_tree_backends, verify_tree
+
+FUSED = [b for b in available_tree_backends("cpu") if b != "eager"]
+pytestmark = pytest.mark.skipif(not FUSED, reason="no fused tree / block kernel is built")
+
+
+def _random_tree(nodes: int, generator: torch.Generator) -> list[int]:
+    parents = []
+    for i in range(nodes):
+        parents.append(int(torch.randint(-1, i, (1,), generator=generator)) if i else -1)
+    return parents
+
+
+def _case(seed: int, batch: int = 24, nodes: int = 9, vocab: int = 300, draft_vocab: int | None = None, dtype=torch.float32, spread: float = 2.0,
+          backend: str = "cpp"):
+    if backend == "triton":  # the interpreter runs each program in Python: a smaller batch, tree and vocabulary
+        batch, nodes, vocab = min(batch, 4), min(nodes, 6), min(vocab, 48)
+        draft_vocab = min(draft_vocab, 40) if draft_vocab else None
+    g = torch.Generator().manual_seed(seed)
+    draft_vocab = draft_vocab or vocab
+    target = torch.randn(batch, nodes + 1, vocab, generator=g) * spread
+    draft = target[:, :, :draft_vocab] + 0.8 * torch.randn(batch, nodes + 1, draft_vocab, generator=g)
+    tokens = torch.multinomial(draft.softmax(-1).reshape(-1, draft_vocab), 1, generator=g).reshape(batch, nodes + 1)[:, :nodes]
+    parents = torch.tensor([_random_tree(nodes, g) for _ in range(batch)])
+    num_nodes = torch.randint(0, nodes + 1, (batch,), generator=g)
+    seeds = torch.randint(0, 2**62, (batch,), generator=g)
+    offsets = torch.randint(0, 2**40, (batch,), generator=g)
+    return target.to(dtype), draft.to(dtype), tokens, parents, num_nodes, seeds, offsets
+
+
+def _same(a, b, what):
+    assert torch.equal(a.tokens, b.tokens), what
+    assert torch.equal(a.num_accepted, b.num_accepted), what
+    assert torch.equal(a.accepted_nodes, b.accepted_nodes), what
+
+
+PARAMS = [{}, {"temperature": 0.7}, {"top_k": 20}, {"top_p": 0.8}, {"temperature": 1.3, "top_k": 50, "top_p": 0.9}]
+
+
+@pytest.mark.parametrize("backend", FUSED)
+@pytest.mark.parametrize("siblings", ["iid", "without_replacement", "deterministic"])
+@pytest.mark.parametrize("params", PARAMS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "plain")
+def test_trees_match_the_reference(backend, siblings, params):
+    if backend == "triton" and params and siblings != "iid":
+        pytest.skip("the interpreter is slow: filters with every sibling mode run on the compiled kernels (GPU suite)")
+    target, draft, tokens, parents, num_nodes, seeds, offsets = _case(hash((siblings, str(params))) % 1000, backend=backend)
+    draft_logits = None if siblings == "deterministic" else draft
+    if siblings == "deterministic":  # the draft's top tokens at each parent context, as an EAGLE-style tree has them
+        for b in range(tokens.shape[0]):
+            for i, parent in enumerate(parents[b].tolist()):
+                rank = sum(1 for j in range(i) if int(parents[b, j]) == parent)
+                tokens[b, i] = draft[b, parent + 1].argsort(descending=True)[rank]
+    mode = "iid" if siblings == "deterministic" else siblings
+    kwargs = dict(num_nodes=num_nodes, seeds=seeds, offsets=offsets, siblings=mode, **params)
+    reference = verify_tree(target, draft_logits, tokens, parents, backend="eager", **kwargs)
+    fused = verify_tree(target, draft_logits, tokens, parents, backend=backend, **kwargs)
+    _same(reference, fused, (siblings, params))
+    assert (reference.num_accepted > 0).any() and (reference.num_accepted < num_nodes).any()  # both outcomes happen
+
+
+@pytest.mark.parametrize("backend", FUSED)
+def test_mixed_greedy_rows_small_draft_vocabulary_and_bf16(backend):
+    target, draft, tokens, parents, num_nodes, seeds, offsets = _case(5, draft_vocab=200, dtype=torch.bfloat16, backend=backend)
+    temperature = torch.tensor([0.0, 1.0, 0.5, 2.0] * 6)[: target.shape[0]]
+    # Greedy rows: put the target's argmax among the children of the root sometimes.
+    tokens[::4, 0] = target[::4, 0].float().argmax(-1).clamp(max=draft.shape[2] - 1)
+    for siblings in ("iid", "without_replacement") if backend != "triton" else ("without_replacement",):
+        kwargs = dict(num_nodes=num_nodes, seeds=seeds, offsets=offsets, siblings=siblings, temperature=temperature, top_p=0.95)
+        _same(verify_tree(target, draft, tokens, parents, backend="eager", **kwargs), verify_tree(target, draft, tokens, parents, backend=backend, **kwargs), siblings)
+
+
+@pytest.mark.parametrize("backend", FUSED)
+def test_bad_rows_are_blanked_alike(backend):
+    target, draft, tokens, parents, num_nodes, seeds, offsets = _case(6, batch=12, backend="cpp")
+    target[1, 0, 5] = float("nan")  # the root: every walk reads it
+    target[2, 3] = float("-inf")  # some walks read it
+    draft[3, 0, 7] = float("inf")
+    parents[4, 5] = 7  # a bad tree (if node 5 is used)
+    tokens[5, 0] = -2
+    temperature = torch.ones(12)
+    temperature[6] = -1.0
+    seeds[7] = -3
+    num_nodes[4] = 9
+    for check_values in (target, target * 1e30):
+        kwargs = dict(num_nodes=num_nodes, seeds=seeds, offsets=offsets, temperature=temperature if check_values is target else 1e-37, check=False)
+        reference = verify_tree(check_values, draft, tokens, parents, backend="eager", **kwargs)
+        fused = verify_tree(check_values, draft, tokens, parents, backend=backend, **kwargs)
+        _same(reference, fused, "check=False")
+        assert (reference.tokens[:, 0] < 0).sum() >= 4
+
+
+@pytest.mark.parametrize("backend", FUSED)
+@pytest.mark.parametrize("params", PARAMS + [{"temperature": torch.tensor([0.0, 1.0, 0.8, 1.5] * 2)}],
+                         ids=lambda p: ",".join(f"{k}={v if not isinstance(v, torch.Tensor) else 'mixed'}" for k, v in p.items()) or "plain")
+def test_block_verification_matches_the_reference(backend, params):
+    g = torch.Generator().manual_seed(7)
+    batch, k, vocab = (32, 5, 400) if backend != "triton" else (8, 3, 48)
+    params = {name: value.repeat(batch // value.shape[0]) if isinstance(value, torch.Tensor) else value for name, value in params.items()}
+    target = torch.randn(batch, k + 1, vocab, generator=g) * 2
+    draft = target[:, :k] + 0.6 * torch.randn(batch, k, vocab, generator=g)
+    tokens = torch.multinomial(draft.softmax(-1).reshape(-1, vocab), 1, generator=g).reshape(batch, k)
+    num_draft = torch.randint(0, k + 1, (batch,), generator=g)
+    seeds = torch.randint(0, 2**62, (batch,), generator=g)
+    offsets = torch.randint(0, 2**40, (batch,), generator=g)
+    combos = [(d, mode) for d in (draft, None) for mode in (False, "processed", "raw")]
+    if backend == "triton":  # the interpreter is slow: one draft kind and logprobs mode per case, all of them on the plain case
+        combos = combos if not params else [(draft, "processed")]
+    for draft_logits, mode in combos:
+        kwargs = dict(num_draft_tokens=num_draft, seeds=seeds, offsets=offsets, method="block", return_logprobs=mode, **params)
+        reference = specdec_ext.verify(target, draft_logits, tokens, backend="eager", **kwargs)
+        fused = specdec_ext.verify(target, draft_logits, tokens, backend=backend, **kwargs)
+        assert torch.equal(reference.tokens, fused.tokens) and torch.equal(reference.num_accepted, fused.num_accepted), (draft_logits is None, mode)
+        if mode:
+            torch.testing.assert_close(fused.logprobs, reference.logprobs, atol=1e-5, rtol=0, equal_nan=True)
+        else:
+            assert fused.logprobs is None
+
+
+@pytest.mark.parametrize("backend", FUSED)
+def test_block_bad_rows_and_generator_keys(backend):
+    g = torch.Generator().manual_seed(8)
+    batch, k, vocab = 8, 3, 100
+    target = torch.randn(batch, k + 1, vocab, generator=g)
+    draft = target[:, :k] + torch.randn(batch, k, vocab, generator=g)
+    tokens = torch.randint(0, vocab, (batch, k), generator=g)
+    target[1, 3, 0] = float("nan")  # read by sampled rows (every line up to n)
+    draft[2, 2, 0] = float("nan")
+    tokens[3, 1] = vocab
+    temperature = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0])
+    target[4, 3, 0] = float("nan")  # a greedy row reads it only if it gets there
+    for check in (False,):
+        a = specdec_ext.verify(target, draft, tokens, temperature=temperature, method="block", check=check, generator=torch.Generator().manual_seed(1), backend="eager")
+        b = specdec_ext.verify(target, draft, tokens, temperature=temperature, method="block", check=check, generator=torch.Generator().manual_seed(1), backend=backend)
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.num_accepted, b.num_accepted)
+        assert (a.tokens[1:4, 0] == -1).all()
+    with pytest.raises(ValueError, match="target_logits: row 1 contains NaN"):
+        specdec_ext.verify(target, draft, tokens, temperature=temperature, method="block", backend=backend)
