@@ -85,7 +85,8 @@ def _direct_interpreted_helpers(package) -> None:
     nested ``@triton.jit`` helper (milliseconds each), although the launching kernel has patched
     it for the whole grid already; the kernels make dozens of such calls per program. Call the
     helpers' rewritten functions directly instead: the same Python code runs, several times
-    faster. Launched kernels are left alone; nothing changes when compiling for a GPU."""
+    faster. Launched kernels (the package's ``__all__`` and every ``*_kernel`` of its modules, e.g.
+    the tree kernels) are left alone; nothing changes when compiling for a GPU."""
     try:
         from triton.runtime.interpreter import InterpretedFunction
     except ImportError:
@@ -94,7 +95,9 @@ def _direct_interpreted_helpers(package) -> None:
     modules = [m for name, m in sys.modules.items() if name.startswith(package.__name__ + ".") and m is not None]
     for module in modules:
         for name, value in list(vars(module).items()):
-            if isinstance(value, InterpretedFunction) and value not in launched and callable(getattr(value, "rewrite", None)):
+            if name.endswith("_kernel") or value in launched:
+                continue
+            if isinstance(value, InterpretedFunction) and callable(getattr(value, "rewrite", None)):
                 setattr(module, name, _DirectCall(value))
 
 
