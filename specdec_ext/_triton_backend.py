@@ -95,9 +95,9 @@ def _direct_interpreted_helpers(package) -> None:
     modules = [m for name, m in sys.modules.items() if name.startswith(package.__name__ + ".") and m is not None]
     for module in modules:
         for name, value in list(vars(module).items()):
-            if name.endswith("_kernel") or value in launched:
+            if not isinstance(value, InterpretedFunction) or name.endswith("_kernel") or value in launched:
                 continue
-            if isinstance(value, InterpretedFunction) and callable(getattr(value, "rewrite", None)):
+            if callable(getattr(value, "rewrite", None)):
                 setattr(module, name, _DirectCall(value))
 
 

@@ -9,6 +9,8 @@ far from that (and the test would show it).
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 
@@ -58,19 +60,26 @@ PARAMS = [{}, {"temperature": 0.7}, {"top_k": 20}, {"top_p": 0.8}, {"temperature
 def test_trees_match_the_reference(backend, siblings, params):
     if backend == "triton" and params and siblings != "iid":
         pytest.skip("the interpreter is slow: filters with every sibling mode run on the compiled kernels (GPU suite)")
-    target, draft, tokens, parents, num_nodes, seeds, offsets = _case(hash((siblings, str(params))) % 1000, backend=backend)
-    draft_logits = None if siblings == "deterministic" else draft
-    if siblings == "deterministic":  # the draft's top tokens at each parent context, as an EAGLE-style tree has them
-        for b in range(tokens.shape[0]):
-            for i, parent in enumerate(parents[b].tolist()):
-                rank = sum(1 for j in range(i) if int(parents[b, j]) == parent)
-                tokens[b, i] = draft[b, parent + 1].argsort(descending=True)[rank]
-    mode = "iid" if siblings == "deterministic" else siblings
-    kwargs = dict(num_nodes=num_nodes, seeds=seeds, offsets=offsets, siblings=mode, **params)
-    reference = verify_tree(target, draft_logits, tokens, parents, backend="eager", **kwargs)
+    base = zlib.crc32(f"{siblings} {params}".encode()) % 1000  # str hashes vary per process
+    # The first case (in a fixed order) whose reference run both accepts and rejects somewhere, so the
+    # comparison covers both outcomes (small interpreter batches can reject everywhere).
+    for attempt in range(20):
+        target, draft, tokens, parents, num_nodes, seeds, offsets = _case(base + 1000 * attempt, backend=backend)
+        draft_logits = None if siblings == "deterministic" else draft
+        if siblings == "deterministic":  # the draft's top tokens at each parent context, as an EAGLE-style tree has them
+            for b in range(tokens.shape[0]):
+                for i, parent in enumerate(parents[b].tolist()):
+                    rank = sum(1 for j in range(i) if int(parents[b, j]) == parent)
+                    tokens[b, i] = draft[b, parent + 1].argsort(descending=True)[rank]
+        mode = "iid" if siblings == "deterministic" else siblings
+        kwargs = dict(num_nodes=num_nodes, seeds=seeds, offsets=offsets, siblings=mode, **params)
+        reference = verify_tree(target, draft_logits, tokens, parents, backend="eager", **kwargs)
+        if (reference.num_accepted > 0).any() and (reference.num_accepted < num_nodes).any():
+            break
+    else:
+        pytest.fail("no case with both outcomes")
     fused = verify_tree(target, draft_logits, tokens, parents, backend=backend, **kwargs)
     _same(reference, fused, (siblings, params))
-    assert (reference.num_accepted > 0).any() and (reference.num_accepted < num_nodes).any()  # both outcomes happen
 
 
 @pytest.mark.parametrize("backend", FUSED)
