@@ -9,7 +9,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # The C++ tests of the extension, run again on the clang build (test-clang).
 CPP_TESTS := tests/test_cpp_backend.py tests/test_cpp_runtime.py tests/test_ops.py tests/test_request_keys.py
 
-.PHONY: setup demo test bench lint ci-tools test-kernels test-clang
+.PHONY: setup demo test test-slow bench lint ci-tools test-kernels test-clang
 
 setup: $(VENV)/.installed
 
@@ -25,7 +25,11 @@ demo: setup
 	$(BIN)/specdec demo
 
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# Long statistical runs that repeat the default suite's checks on more shapes and settings (CI runs them).
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow tests
 
 bench: setup
 	$(BIN)/python -m bench

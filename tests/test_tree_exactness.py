@@ -54,12 +54,17 @@ def _depths(parents):
 WIDE = [-1, -1, -1, 0, 1, 3]  # three children at the root, one under each of the first two, a grandchild
 
 
-@pytest.mark.parametrize("parents", [[-1, -1, 0, 0, 1], WIDE], ids=["binary", "wide"])
+# The wide trees and the single-filter settings repeat what the binary trees and the combined
+# filters check on another shape: they run in CI's slow step (make test-slow).
+WIDE_SLOW = pytest.param(WIDE, id="wide", marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("parents", [pytest.param([-1, -1, 0, 0, 1], id="binary"), WIDE_SLOW])
 def test_iid_siblings(parents):
     _assert_exact_and_wrong_fails(language(1, vocab=4, depth=3), parents, "iid", "reuse_r")
 
 
-@pytest.mark.parametrize("parents", [[-1, -1, 0, 0, 1], WIDE], ids=["binary", "wide"])
+@pytest.mark.parametrize("parents", [pytest.param([-1, -1, 0, 0, 1], id="binary"), WIDE_SLOW])
 def test_siblings_without_replacement(parents):
     _assert_exact_and_wrong_fails(language(4, vocab=4, depth=3), parents, "without_replacement", "reuse_r")
 
@@ -75,7 +80,8 @@ def test_adversarial_negated_draft():
 
 @pytest.mark.parametrize(
     "params",
-    [{"temperature": 0.6}, {"temperature": 1.7}, {"top_k": 3}, {"top_p": 0.75}, {"temperature": 0.8, "top_k": 3, "top_p": 0.9}],
+    [*(pytest.param(p, marks=pytest.mark.slow) for p in ({"temperature": 0.6}, {"temperature": 1.7}, {"top_k": 3}, {"top_p": 0.75})),
+     {"temperature": 0.8, "top_k": 3, "top_p": 0.9}],
     ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()),
 )
 def test_temperature_and_filters(params):
