@@ -540,12 +540,14 @@ def _work(launch, call: Call) -> dict:
         }
     if launch.name == "select":
         lines = lines_t + lines_d
+        programs = launch.grid[0]
         if not call.whole_line:
-            # Every line settled among the candidates: each program reads its line's stage and exits.
-            return {"trips": 0, "values": c["TILE"], "programs_used": lines * c["NUM_CHUNKS"], "bytes": lines * 4, "rounds": ["l2"], "idle": True}
+            # Every line settled among the candidates: the list is empty, each program reads its length and exits.
+            return {"trips": 0, "values": c["TILE"], "programs_used": programs, "bytes": 4, "rounds": ["l2"], "idle": True}
         slots = lines * c["NUM_CHUNKS"] * (c["BINS"] + 1)
+        items = lines * c["NUM_CHUNKS"]  # (line, chunk) work items, taken in turn by the programs
         return {
-            "trips": c["CHUNK"] // c["TILE"], "values": c["TILE"], "programs_used": lines * c["NUM_CHUNKS"],
+            "trips": c["CHUNK"] // c["TILE"] * math.ceil(items / programs), "values": c["TILE"], "programs_used": programs,
             "bytes": lines * call.vocab * call.itemsize + slots * 12 * 2,  # the lines; the histograms zeroed, then read
             # the state; the zeroing stores before the barrier; the chunk's logits (loads issued
             # together); the arrival atomic; the last program's read of the chunks' histograms.
@@ -595,7 +597,8 @@ def estimate_launch(launch, call: Call) -> LaunchEstimate:
     # One program's critical path: its dependent memory round trips, its barriers and its
     # instructions at the issue interval of a warp with few neighbours on its scheduler.
     rounds = sum(a["dram_latency_us"] if r == "dram" else a["l2_latency_us"] for r in work["rounds"])
-    program_us = rounds + (per_warp * a["cycles_per_instruction_alone"] + code.barriers_outside_loops * a["barrier_latency_cycles"]) / clock
+    barriers = 0 if work.get("idle") else code.barriers_outside_loops  # an idle program exits before any barrier
+    program_us = rounds + (per_warp * a["cycles_per_instruction_alone"] + barriers * a["barrier_latency_cycles"]) / clock
     if launch.name == "race":  # the last program of a row also finalises
         program_us += a["l2_latency_us"] * work["final_trips"]
     # Waves: a full one keeps `ctas` programs on every multiprocessor, whose schedulers share

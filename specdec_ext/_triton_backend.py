@@ -54,6 +54,7 @@ SELECT_PASSES = 4
 SELECT_CHUNK = 8192
 SELECT_TILE = 1024
 SELECT_WARPS = 8
+SELECT_PROGRAMS_PER_SM = 4  # programs taking the searching lines' chunks in turn (few: most calls list none)
 assert SELECT_BINS**SELECT_PASSES >= 2**32  # a top-k search always ends within the passes
 # The interpreter runs programs one after another, paying per program and per loop step, not per
 # lane: one race chunk per row and large tiles there.
@@ -146,11 +147,13 @@ class Geometry(NamedTuple):
     threshold_block: int
     select_chunk: int
     select_tile: int
+    select_programs: int
 
 
 def geometry(
     device: torch.device, *, race_chunks: int | None = None, race_block: int | None = None, stats_tile: int | None = None, stats_parts: int | None = None,
-    candidate_chunk: int | None = None, threshold_block: int | None = None, select_chunk: int | None = None, sm_count: int | None = None,
+    candidate_chunk: int | None = None, threshold_block: int | None = None, select_chunk: int | None = None, select_programs: int | None = None,
+    sm_count: int | None = None,
 ) -> Geometry:
     """The geometry a call on ``device`` uses (arguments override it: tests cover several chunks per
     row, ragged tiles and the candidate search on small vocabularies; the model sets sm_count)."""
@@ -173,6 +176,8 @@ def geometry(
         threshold_block=threshold_block or (_INTERPRETER_THRESHOLD_BLOCK if interpret else THRESHOLD_BLOCK),
         select_chunk=select_chunk,
         select_tile=select_chunk if interpret else min(SELECT_TILE, select_chunk),  # the interpreter pays per loop step: one per chunk
+        # The interpreter runs programs one after another: a few, each taking several chunks.
+        select_programs=select_programs or (3 if interpret else SELECT_PROGRAMS_PER_SM * sm_count),
     )
 
 
@@ -234,7 +239,7 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
     stats += _next_power_of_2(tiles)  # the race reads whole power-of-two rows of partials
     histograms = searched * select_chunks * (SELECT_BINS + 1)
     floats = padded(stats, stats, stats, stats, lines, lines, batch * chunks, cand * CANDIDATES, cand, cand, searched * 2)
-    ints = padded(stats, batch * chunks, cand * CANDIDATES, cand, cand, lines, searched * 4, histograms, 2 * histograms)
+    ints = padded(stats, batch * chunks, cand * CANDIDATES, cand, cand, lines, searched * 4, histograms, 2 * histograms, searched, 1 if searched else 0)
     return {
         "has_draft": has_draft, "lines": lines, "tiles": tiles, "tiles_per_part": tiles_per_part, "chunks": chunks, "tiles_per_chunk": tiles_per_chunk,
         "candidate_chunks": candidate_chunks, "select_chunks": select_chunks, "sizes": Sizes(floats, ints, padded(batch) + searched),
@@ -303,6 +308,8 @@ class Buffers(NamedTuple):
     search_count: torch.Tensor  # (lines, select chunks, SELECT_BINS + 1) int32 histograms
     search_mass: torch.Tensor  # (lines, select chunks, SELECT_BINS + 1) int64 histograms (fixed-point masses)
     search_counters: torch.Tensor  # (lines,) int32 arrival counters, 0 between launches
+    search_list: torch.Tensor  # (lines,) int32: the lines handed to the whole-line search
+    searching: torch.Tensor  # (1,) int32: how many
 
 
 _BUFFERS: dict[tuple, Buffers] = {}
@@ -333,7 +340,8 @@ def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tens
         cand=take("f", lines * cc * CANDIDATES), cand_max=take("f", lines * cc), cand_sum=take("f", lines * cc),
         cand_mult=take("i", lines * cc * CANDIDATES), cand_count=take("i", lines * cc), cand_floor=take("i", lines * cc), resolved=take("i", lines),
         search_f=take("f", searched * 2), search=take("i", searched * 4), search_count=take("i", searched * sc * (SELECT_BINS + 1)),
-        search_mass=take("i", 2 * searched * sc * (SELECT_BINS + 1)).view(torch.int64),
+        search_mass=take("i", 2 * searched * sc * (SELECT_BINS + 1)).view(torch.int64), search_list=take("i", searched),
+        searching=take("i", 1 if searched else 0),
         # The race's counters come first (one per row), the search's after them.
         search_counters=counters[_ALIGN * _cdiv(batch, _ALIGN) : _ALIGN * _cdiv(batch, _ALIGN) + searched],
     )
@@ -405,30 +413,35 @@ def templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict) -> l
         cc = layout["candidate_chunks"]
         common = {"NUM_CHUNKS": cc, "HAS_DRAFT": has_draft, "CHUNK": geo.candidate_chunk, "CAND": CANDIDATES}
         candidate_buffers = (b.cand, b.cand_mult, b.cand_count, b.cand_floor, b.cand_max, b.cand_sum)
+        candidates_out = (*candidate_buffers, b.searching)
         warps = CANDIDATE_WARPS
         vectors = {"T_VEC": 16 // target.dtype.itemsize, "D_VEC": 16 // (draft if has_draft else target).dtype.itemsize, "THREADS": 32 * warps}
         if geo.candidate_chunk < vectors["THREADS"] * max(vectors["T_VEC"], vectors["D_VEC"]):
             raise ValueError(f"candidate_chunk must hold at least one 16-byte vector per thread, got {geo.candidate_chunk}")
         found.append(Template(
             "candidates", k.candidates_kernel, (lines, cc),
-            lambda a, key, o: (*logits(a), a.temperature, a.top_k, a.top_p, a.num_draft_tokens, *candidate_buffers, *shape_args),
+            lambda a, key, o: (*logits(a), a.temperature, a.top_k, a.top_p, a.num_draft_tokens, *candidates_out, *shape_args),
             common | vectors, warps,
         ))
         found.append(Template(
             "threshold", k.threshold_kernel, (lines,),
-            lambda a, key, o: (b.tau, b.resolved, b.part_m, b.part_z, b.search, b.search_f, a.temperature, a.top_k, a.top_p, a.num_draft_tokens,
+            lambda a, key, o: (b.tau, b.resolved, b.part_m, b.part_z, b.search, b.search_f, b.searching, b.search_list, a.temperature, a.top_k, a.top_p,
+                               a.num_draft_tokens,
                                *candidate_buffers, batch, num_positions, vocab, draft_vocab, t_parts, d_parts),
             common | {"CHUNKS_POW2": _next_power_of_2(cc), "CANDS_POW2": _next_power_of_2(cc * CANDIDATES),
                       "PARTS": tiles, "PP": _next_power_of_2(tiles), "RESOLVE": args.logprobs != LOGPROBS_RAW, "PROBES": THRESHOLD_PROBES},
             THRESHOLD_WARPS,
         ))
         sc = layout["select_chunks"]
+        # A fixed number of programs (not one per chunk of every line): a call whose lines all
+        # settled among the candidates lists none, and each program exits after one load.
+        programs = min(lines * sc, geo.select_programs)
         for last in (False,) * (SELECT_PASSES - 1) + (True,):
             found.append(Template(
-                "select", k.select_kernel, (lines, sc),
+                "select", k.select_kernel, (programs,),
                 lambda a, key, o: (*logits(a), b.tau, a.temperature, a.top_k, a.top_p, b.search, b.search_f, b.search_count, b.search_mass,
-                                   b.search_counters, *shape_args),
-                {"NUM_CHUNKS": sc, "HAS_DRAFT": has_draft, "CHUNK": geo.select_chunk, "CHUNKS_POW2": _next_power_of_2(sc), "TILE": geo.select_tile,
+                                   b.search_counters, b.searching, b.search_list, *shape_args),
+                {"NUM_CHUNKS": sc, "HAS_DRAFT": has_draft, "CHUNK": geo.select_chunk, "TILE": geo.select_tile,
                  "BINS": SELECT_BINS, "LAST_PASS": last, "BLOCK": geo.threshold_block},
                 SELECT_WARPS,
             ))
@@ -514,7 +527,7 @@ def verify(args: VerifyArgs, base_key: int, **overrides) -> tuple[torch.Tensor, 
     (B, K+1) float32 or None, accept_probs (B, K) float32 or None). No host sync.
 
     ``overrides`` (race_chunks, race_block, stats_tile, stats_parts, candidate_chunk,
-    threshold_block, select_chunk) change the launch geometry, never the result: tests use them to cover several
+    threshold_block, select_chunk, select_programs) change the launch geometry, never the result: tests use them to cover several
     chunks per row, ragged last tiles and the candidate search on small vocabularies.
     """
     args = prepare(args)

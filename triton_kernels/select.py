@@ -4,7 +4,8 @@
 top-k, a flat distribution under top-p) it leaves the line a search state instead: a stage (1:
 top-k, 2: top-p), an interval [lo, hi] of order keys holding the cut, the line max, and the mass
 of the keys >= lo (top-k) or the top-p budget. Each ``select_kernel`` launch, grid (lines,
-vocabulary chunks), narrows every such interval BINS-fold:
+the searching lines' chunks, taken in turn by a fixed number of programs), narrows every such
+interval BINS-fold:
 
 1. every program of a searching line bins its chunk's values with key >= lo into BINS bins of
    2**shift keys (and one bin for the keys above hi): counts and fixed-point masses
@@ -14,7 +15,8 @@ vocabulary chunks), narrows every such interval BINS-fold:
    holding the cut and makes it the new interval. A finished top-k search hands the line to
    top-p (budget = top_p times the mass of the top-k set) or writes the cut.
 
-Lines that settled among the candidates exit at once. With 256 bins four launches resolve all 32
+Lines that settled among the candidates are not in the list: a call whose lines all settled
+costs each launch one load per program. With 256 bins four launches resolve all 32
 bits of a key: one search. A line needing both searches on the whole line finishes its top-p search
 in the last launch's arriving program by bisection over the line (the one input shape left slow).
 The cut is the key the search over the candidates defines, so the tokens are the eager reference's.
@@ -76,7 +78,7 @@ def _finish_top_p(base, width, inv_t, row_max, budget, lo, hi, BLOCK: tl.constex
 @triton.jit
 def _select_pass(
     base, line, chunk, width, inv_t, top_k, top_p, use_p, stage, tau_ptr, state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
-    NUM_CHUNKS: tl.constexpr, CHUNK: tl.constexpr, CHUNKS_POW2: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr, LAST_PASS: tl.constexpr,
+    NUM_CHUNKS: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr, LAST_PASS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """Both searches look for the largest key x in [lo, hi] with F(x) >= target, lo qualifying:
@@ -101,11 +103,15 @@ def _select_pass(
     arrivals = tl.cdiv(width, CHUNK)
     if ticket == arrivals - 1:
         # The last program of the line: the chunks' histograms (integer sums: any order is exact).
-        chunks = tl.arange(0, CHUNKS_POW2)
-        every = (line64 * NUM_CHUNKS + chunks[:, None]) * (BINS + 1) + slots[None, :]
-        present = (chunks[:, None] < arrivals) & used[None, :]
-        counts = tl.sum(tl.load(part_count_ptr + every, mask=present, other=0, cache_modifier=".cg"), axis=0)
-        masses = tl.sum(tl.load(part_mass_ptr + every, mask=present, other=0, cache_modifier=".cg"), axis=0)
+        # Four chunks per step keep the registers low (the counts and masses of 2 * BINS slots).
+        counts = tl.zeros((2 * BINS,), tl.int32)
+        masses = tl.zeros((2 * BINS,), tl.int64)
+        for first in range(0, arrivals, 4):
+            chunks = first + tl.arange(0, 4)
+            every = (line64 * NUM_CHUNKS + chunks[:, None]) * (BINS + 1) + slots[None, :]
+            present = (chunks[:, None] < arrivals) & used[None, :]
+            counts += tl.sum(tl.load(part_count_ptr + every, mask=present, other=0, cache_modifier=".cg"), axis=0)
+            masses += tl.sum(tl.load(part_mass_ptr + every, mask=present, other=0, cache_modifier=".cg"), axis=0)
         # F at each bin's first key: everything in that bin and above (the slot past BINS holds
         # the keys above hi).
         count_from = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0) + counts
@@ -148,6 +154,34 @@ def _select_pass(
         tl.store(counter_ptr + line, 0)  # ready for the next launch (and the next graph replay)
 
 
+@triton.jit
+def _select_item(
+    target_ptr, draft_ptr, tau_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
+    line, chunk, stage, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k,
+    NUM_CHUNKS: tl.constexpr, HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr,
+    LAST_PASS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One chunk of one listed line."""
+    if stage != 0:
+        row, pos, is_draft = line_of(line, batch * (K + 1), K)
+        temperature = tl.load(temperature_ptr + row)
+        inv_t = tl.math.div_rn(1.0, tl.where(temperature > 0, temperature, 1.0))
+        top_k = tl.load(top_k_ptr + row)
+        top_p = tl.load(top_p_ptr + row)
+        use_p = top_p < 1.0
+        if is_draft:
+            if HAS_DRAFT:
+                if chunk * CHUNK < Vd:
+                    d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
+                    _select_pass(d_base, line, chunk, Vd, inv_t, top_k, top_p, use_p, stage, tau_ptr, state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr,
+                                 counter_ptr, NUM_CHUNKS, CHUNK, TILE, BINS, LAST_PASS, BLOCK)
+        else:
+            if chunk * CHUNK < V:
+                t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
+                _select_pass(t_base, line, chunk, V, inv_t, top_k, top_p, use_p, stage, tau_ptr, state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr,
+                             counter_ptr, NUM_CHUNKS, CHUNK, TILE, BINS, LAST_PASS, BLOCK)
+
+
 @triton.jit(do_not_specialize=["batch"])
 def select_kernel(
     target_ptr,  # (B, K+1, V) raw target logits, last dim contiguous
@@ -161,6 +195,8 @@ def select_kernel(
     part_count_ptr,  # (lines, NUM_CHUNKS, BINS + 1) int32 workspace: per-chunk histograms of counts
     part_mass_ptr,  # (lines, NUM_CHUNKS, BINS + 1) int64 workspace: per-chunk histograms of fixed-point masses
     counter_ptr,  # (lines,) int32 workspace, 0 between launches: the line's arrived programs
+    searching_ptr,  # (1,) int32: how many lines threshold_kernel listed
+    search_list_ptr,  # (lines,) int32: the listed lines
     batch,
     K,
     V,
@@ -172,30 +208,18 @@ def select_kernel(
     NUM_CHUNKS: tl.constexpr,  # cdiv(V, CHUNK)
     HAS_DRAFT: tl.constexpr,
     CHUNK: tl.constexpr,  # values per program
-    CHUNKS_POW2: tl.constexpr,  # next power of two of NUM_CHUNKS
+     # next power of two of NUM_CHUNKS
     TILE: tl.constexpr,  # values per loop step
     BINS: tl.constexpr,  # histogram bins per launch: the interval narrows BINS-fold
     LAST_PASS: tl.constexpr,  # finish any search still open
     BLOCK: tl.constexpr,  # tile of that finishing bisection
 ):
-    line = tl.program_id(0)
-    chunk = tl.program_id(1)
-    stage = tl.load(state_ptr + line.to(tl.int64) * 4)
-    if stage != 0:
-        row, pos, is_draft = line_of(line, batch * (K + 1), K)
-        temperature = tl.load(temperature_ptr + row)
-        inv_t = tl.math.div_rn(1.0, tl.where(temperature > 0, temperature, 1.0))
-        top_k = tl.load(top_k_ptr + row)
-        top_p = tl.load(top_p_ptr + row)
-        use_p = top_p < 1.0
-        if is_draft:
-            if HAS_DRAFT:
-                if chunk * CHUNK < Vd:
-                    d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
-                    _select_pass(d_base, line, chunk, Vd, inv_t, top_k, top_p, use_p, stage, tau_ptr, state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr,
-                                 counter_ptr, NUM_CHUNKS, CHUNK, CHUNKS_POW2, TILE, BINS, LAST_PASS, BLOCK)
-        else:
-            if chunk * CHUNK < V:
-                t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
-                _select_pass(t_base, line, chunk, V, inv_t, top_k, top_p, use_p, stage, tau_ptr, state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr,
-                             counter_ptr, NUM_CHUNKS, CHUNK, CHUNKS_POW2, TILE, BINS, LAST_PASS, BLOCK)
+    # Work items (listed line, chunk), taken in turn by the programs (grid (programs,)).
+    items = tl.load(searching_ptr) * NUM_CHUNKS
+    for item in range(tl.program_id(0), items, tl.num_programs(0)):
+        line = tl.load(search_list_ptr + item // NUM_CHUNKS)
+        chunk = item % NUM_CHUNKS
+        stage = tl.load(state_ptr + line.to(tl.int64) * 4)  # 0 once the line's search ended in an earlier launch
+        _select_item(target_ptr, draft_ptr, tau_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr,
+                     counter_ptr, line, chunk, stage, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k,
+                     NUM_CHUNKS, HAS_DRAFT, CHUNK, TILE, BINS, LAST_PASS, BLOCK)

@@ -152,6 +152,7 @@ def candidates_kernel(
     cand_floor_ptr,  # (lines, NUM_CHUNKS) int32 out: order key of t_c, the chunk floor
     chunk_max_ptr,  # (lines, NUM_CHUNKS) float32 out: max of the scaled chunk
     chunk_sum_ptr,  # (lines, NUM_CHUNKS) float32 out: sum of exp(s - chunk max)
+    searching_ptr,  # (1,) int32 out: 0, the count of lines threshold_kernel hands to select_kernel
     batch,
     K,
     V,
@@ -170,6 +171,8 @@ def candidates_kernel(
 ):
     line = tl.program_id(0)
     chunk = tl.program_id(1)
+    if (line == 0) & (chunk == 0):
+        tl.store(searching_ptr, 0)  # threshold_kernel, launched next, counts from here
     row, pos, is_draft, width, inv_t, top_k, top_p, use_k, use_p, active = _filter_line(
         line, batch * (K + 1), K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, V, Vd
     )
@@ -317,6 +320,8 @@ def threshold_kernel(
     part_z_ptr,  # (lines, PARTS) float32 out for resolved lines: the kept mass in slot 0, 0 after
     state_ptr,  # (lines, 4) int32 out: select_kernel's search (stage, lo, hi, top-k key); stage 0 = none
     state_f_ptr,  # (lines, 2) float32 out: line max, then the whole line's mass (top-k) or the top-p budget
+    searching_ptr,  # (1,) int32, 0 on entry: lines appended to the list below
+    search_list_ptr,  # (lines,) int32 out: the lines select_kernel searches, slots [0, searching) used (in any order)
     temperature_ptr,  # (B,) float32, 0 = greedy
     top_k_ptr,  # (B,) int64, 0 = off
     top_p_ptr,  # (B,) float32, 1 = off
@@ -364,6 +369,9 @@ def threshold_kernel(
     state = state_ptr + line.to(tl.int64) * 4
     tl.store(state, stage)
     if stage != 0:
+        # The order of the list does not matter: each line's search is the same whichever
+        # programs take its chunks.
+        tl.store(search_list_ptr + tl.atomic_add(searching_ptr, 1, sem="relaxed"), line)
         tl.store(state + 1, -2147483648)  # lo: every key is at or above it
         tl.store(state + 2, max_key.to(tl.int32))  # hi: the line max
         tl.store(state + 3, -2147483648)  # the top-k key (none yet)
