@@ -46,7 +46,7 @@ CANDIDATE_WARPS = 4
 CANDIDATES = 64
 THRESHOLD_WARPS = 8
 THRESHOLD_PROBES = 4  # keys tested per search step over the candidates
-THRESHOLD_BLOCK = 1024  # tile of the one-program bisection that ends a line needing both whole-line searches
+THRESHOLD_BLOCK = 1024  # tile of the one-program radix select that ends a line needing both whole-line searches
 # The whole-line search (select_kernel): histogram bins per launch, launches per call (together
 # they resolve all 32 bits of an order key: one search), values per program, values per loop step.
 SELECT_BINS = 256
@@ -56,6 +56,7 @@ SELECT_TILE = 1024
 SELECT_WARPS = 8
 SELECT_PROGRAMS_PER_SM = 4  # programs taking the searching lines' chunks in turn (few: most calls list none)
 assert SELECT_BINS**SELECT_PASSES >= 2**32  # a top-k search always ends within the passes
+assert SELECT_BINS == 256  # select.py's _shift resolves 8 bits per launch
 # The interpreter runs programs one after another, paying per program and per loop step, not per
 # lane: one race chunk per row and large tiles there.
 _INTERPRETER_RACE_BLOCK = 8192

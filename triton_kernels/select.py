@@ -18,7 +18,8 @@ interval BINS-fold:
 Lines that settled among the candidates are not in the list: a call whose lines all settled
 costs each launch one load per program. With 256 bins four launches resolve all 32
 bits of a key: one search. A line needing both searches on the whole line finishes its top-p search
-in the last launch's arriving program by bisection over the line (the one input shape left slow).
+in the last launch's arriving program, by the same radix select over the whole line in that one
+program (the one input shape left slower).
 The cut is the key the search over the candidates defines, so the tokens are the eager reference's.
 """
 
@@ -58,20 +59,37 @@ def _histogram(base, chunk, width, inv_t, row_max, lo, hi, shift, count_ptr, mas
 
 
 @triton.jit
-def _finish_top_p(base, width, inv_t, row_max, budget, lo, hi, BLOCK: tl.constexpr):
-    """The largest key x in [lo, hi] whose mass at or above reaches budget (lo's does), by
-    bisection over the whole line: one program, a pass over the line per step."""
+def _shift(lo, hi):
+    """BINS = 256 bins of 2**shift keys cover [lo, hi]: shift = max(bit length of hi - lo, 8) - 8."""
+    bits = tl.arange(0, 32).to(tl.int64)
+    return tl.sum((((hi - lo) >> (bits + 8)) > 0).to(tl.int64), axis=0)
+
+
+@triton.jit
+def _finish_top_p(base, width, inv_t, row_max, budget, lo, hi, mass_ptr, BLOCK: tl.constexpr, BINS: tl.constexpr):
+    """The largest key x in [lo, hi] whose mass at or above reaches budget (lo's does), by the same
+    radix select in one program over the whole line (a pass per 8 bits), in the program's own
+    histogram slice."""
     offsets = tl.arange(0, BLOCK)
+    slots = tl.arange(0, 2 * BINS)
+    used = slots <= BINS
     while lo < hi:
-        mid = lo + (hi - lo + 1) // 2
-        mass = tl.zeros((), tl.int64)
+        shift = _shift(lo, hi)
+        tl.debug_barrier()  # the previous step's reads precede the zeros
+        tl.store(mass_ptr + slots, tl.zeros((2 * BINS,), tl.int64), mask=used)
+        tl.debug_barrier()  # the zeros precede every thread's atomics
         for start in range(0, width, BLOCK):
             idx = start + offsets
             s = tl.load(base + idx, mask=idx < width, other=float("-inf")).to(tl.float32) * inv_t
-            mass += tl.sum(tl.where(order_key(s) >= mid, _fixed_mass(s, row_max), 0), axis=0)
-        ok = mass.to(tl.float64) * 9.094947017729282e-13 >= budget
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
+            key = order_key(s).to(tl.int64)
+            bins = tl.where(key > hi, BINS, (key - lo) >> shift)
+            tl.atomic_add(mass_ptr + bins, _fixed_mass(s, row_max), mask=(s > float("-inf")) & (key >= lo), sem="relaxed")
+        tl.debug_barrier()  # every thread's atomics precede the reads
+        masses = tl.load(mass_ptr + slots, mask=used, other=0, cache_modifier=".cg")
+        mass_from = (tl.sum(masses, axis=0) - tl.cumsum(masses, axis=0) + masses).to(tl.float64) * 9.094947017729282e-13
+        ok = (mass_from >= budget) & (slots < ((hi - lo) >> shift) + 1)
+        lo = lo + (tl.max(tl.where(ok, slots, 0), axis=0).to(tl.int64) << shift)
+        hi = tl.minimum(hi, lo + (tl.full((), 1, tl.int64) << shift) - 1)
     return lo
 
 
@@ -88,9 +106,7 @@ def _select_pass(
     lo = tl.load(state_ptr + line64 * 4 + 1).to(tl.int64)
     hi = tl.load(state_ptr + line64 * 4 + 2).to(tl.int64)
     row_max = tl.load(state_f_ptr + line64 * 2)
-    # BINS bins of 2**shift keys cover [lo, hi]: shift = max(bit length of hi - lo, 8) - 8.
-    bits = tl.arange(0, 32).to(tl.int64)
-    shift = tl.sum((((hi - lo) >> (bits + 8)) > 0).to(tl.int64), axis=0)
+    shift = _shift(lo, hi)
     slots = tl.arange(0, 2 * BINS)
     used = slots <= BINS  # BINS bins and one for the keys above hi
     own = (line64 * NUM_CHUNKS + chunk) * (BINS + 1)
@@ -141,7 +157,7 @@ def _select_pass(
             stage = tl.where(done, 0, 2)
         if LAST_PASS:
             if stage == 2:
-                lo = _finish_top_p(base, width, inv_t, row_max, carried.to(tl.float64), lo, hi, BLOCK)
+                lo = _finish_top_p(base, width, inv_t, row_max, carried.to(tl.float64), lo, hi, part_mass_ptr + own, BLOCK, BINS)
                 stage = stage * 0
         tl.store(state_ptr + line64 * 4, stage)
         tl.store(state_ptr + line64 * 4 + 1, lo.to(tl.int32))
