@@ -67,7 +67,10 @@ ASSUMPTIONS = {
     # empty torch.empty took 10 us against about 1 us on an idle host; scaled by that ratio.
     "python_call_overhead_us": 25.0,
     "python_launch_us": 4.0,  # Triton 3.x JIT launcher per kernel from Python (argument specialisation, cache lookup, cuLaunchKernel)
-    "threshold_search_bits": 24,  # order-key bits each top-k / top-p search resolves (candidate floor to line max)
+    "threshold_search_bits": 24,
+    # Global reductions (RED.ADD) to distinct addresses served by the L2, per second: a conservative
+    # figure (no measurement here); values piling into one bin would serialise on its address.
+    "l2_atomics_per_s": 5e11,  # order-key bits each top-k / top-p search resolves (candidate floor to line max)
     "rejected_rows": "every row rejects at its last draft position: the race reads a target and a draft line (the heavier loop)",
     "sampled_rows": "every row samples (temperature > 0); greedy rows would skip the race and read no draft line",
 }
@@ -342,7 +345,7 @@ class Call:
     stream: int = 1
     draft_dtype: str | None = None  # default: the target's
     draft_vocab: int | None = None  # default: the target's
-    candidate_passes: int = 0  # whole-line search passes of the threshold kernel (0: the cut is found among the candidates)
+    whole_line: bool = False  # the cut is not among the candidates: every line runs select_kernel's search over the whole line
 
     @property
     def filtered(self) -> bool:
@@ -468,6 +471,12 @@ def _pick_loop(code: KernelCode, name: str, call: Call) -> tuple[Loop | None, st
     if name == "threshold":
         searches = [loop for loop in code.loops if not loop.has("LDG")]
         return (max(searches, key=lambda loop: loop.instructions) if searches else None), "candidate search step"
+    if name == "select":
+        # The histogram loop (its atomics tell it from the rare finishing bisection's loop).
+        binning = [loop for loop in loads if loop.has("RED") + loop.has("REDG") + loop.has("ATOM") + loop.has("ATOMG")]
+        if not binning or not call.whole_line:
+            return None, ""
+        return max(binning, key=lambda loop: loop.instructions), "whole-line histogram tile"
     return None, ""
 
 
@@ -490,7 +499,7 @@ def _work(launch, call: Call) -> dict:
         tile = c["T_LANES"] * c["T_ROWS"]
         used_lines = lines_t + lines_d
         programs_used = used_lines * launch.grid[1]
-        if call.filtered and call.candidate_passes == 0 and call.logprobs != 2:
+        if call.filtered and not call.whole_line and call.logprobs != 2:
             # The threshold kernel wrote these lines' statistics from the candidates: the programs
             # only gather the draft token's logit.
             return {"trips": 0, "values": tile, "programs_used": programs_used, "bytes": used_lines * 4, "rounds": ["l2", "l2"]}
@@ -520,16 +529,30 @@ def _work(launch, call: Call) -> dict:
             "rounds": ["dram", "l2"],
         }
     if launch.name == "threshold":
-        passes = call.candidate_passes
         # Two searches (top-k, top-p) over the candidates, each PROBES keys per step: the range
         # between the candidates' floor and the line max spans about 2**24 order keys (logits
-        # within a factor 4 of each other), ceil(24 / log2(PROBES + 1)) steps each.
+        # within a factor 4 of each other), ceil(24 / log2(PROBES + 1)) steps each. A line the
+        # candidates cannot settle stops after the first test and leaves the search to select.
         steps = 2 * math.ceil(ASSUMPTIONS["threshold_search_bits"] / math.log2(c["PROBES"] + 1))
         return {
-            "trips": steps, "values": c["CANDS_POW2"], "programs_used": lines_t + lines_d,
-            "bytes": (lines_t + lines_d) * (c["CANDS_POW2"] * 4 + passes * call.vocab * call.itemsize),
-            "rounds": ["l2", "l2"] + ["l2"] * passes,
-            "line_passes": passes, "block": c["BLOCK"],
+            "trips": 0 if call.whole_line else steps, "values": c["CANDS_POW2"], "programs_used": lines_t + lines_d,
+            "bytes": (lines_t + lines_d) * c["CANDS_POW2"] * 4, "rounds": ["l2", "l2"],
+        }
+    if launch.name == "select":
+        lines = lines_t + lines_d
+        programs = launch.grid[0]
+        if not call.whole_line:
+            # Every line settled among the candidates: the list is empty, each program reads its length and exits.
+            return {"trips": 0, "values": c["TILE"], "programs_used": programs, "bytes": 4, "rounds": ["l2"], "idle": True}
+        slots = lines * c["NUM_CHUNKS"] * (c["BINS"] + 1)
+        items = lines * c["NUM_CHUNKS"]  # (line, chunk) work items, taken in turn by the programs
+        return {
+            "trips": c["CHUNK"] // c["TILE"] * math.ceil(items / programs), "values": c["TILE"], "programs_used": programs,
+            "bytes": lines * call.vocab * call.itemsize + slots * 12 * 2,  # the lines; the histograms zeroed, then read
+            # the state; the zeroing stores before the barrier; the chunk's logits (loads issued
+            # together); the arrival atomic; the last program's read of the chunks' histograms.
+            "rounds": ["l2", "l2", "dram", "l2", "l2"],
+            "atomics": 2 * lines * call.vocab,  # a count and a mass per value
         }
     raise ValueError(launch.name)
 
@@ -556,12 +579,10 @@ def estimate_launch(launch, call: Call) -> LaunchEstimate:
     if loop:
         for pipe, n in loop.by_pipe.items():
             pipes[pipe] += n * work["trips"]
-    if launch.name == "threshold" and work["line_passes"]:
-        # Whole-line fallback passes: every pass reads the line in BLOCK-value tiles.
-        fallback = [lp for lp in code.loops if lp.has("LDG")]
-        per_pass = (sum(lp.instructions for lp in fallback) / max(1, len(fallback))) * math.ceil(call.vocab / work["block"])
-        per_warp += per_pass * work["line_passes"]
-        pipes["alu"] += per_pass * work["line_passes"]
+    if work.get("idle"):
+        # Programs that exit after one load: a few instructions, not the longest path.
+        per_warp = 16
+        pipes = Counter({"alu": 16})
     programs = work["programs_used"]
     ctas = _occupancy(code, warps)
     sms = a["multiprocessors"]
@@ -571,10 +592,13 @@ def estimate_launch(launch, call: Call) -> LaunchEstimate:
     issue_us = total_warps * per_warp / (a["schedulers_per_sm"] * sms) / clock
     pipe_us = max(_pipe_cycles({p: n}, total_warps / sms) for p, n in pipes.items()) / clock if pipes else 0.0
     memory_us = work["bytes"] / a["hbm_bytes_per_s"] * 1e6
+    if work.get("atomics"):  # the L2 serves the histograms' atomics (spread over many addresses)
+        memory_us = max(memory_us, work["atomics"] / a["l2_atomics_per_s"] * 1e6)
     # One program's critical path: its dependent memory round trips, its barriers and its
     # instructions at the issue interval of a warp with few neighbours on its scheduler.
     rounds = sum(a["dram_latency_us"] if r == "dram" else a["l2_latency_us"] for r in work["rounds"])
-    program_us = rounds + (per_warp * a["cycles_per_instruction_alone"] + code.barriers_outside_loops * a["barrier_latency_cycles"]) / clock
+    barriers = 0 if work.get("idle") else code.barriers_outside_loops  # an idle program exits before any barrier
+    program_us = rounds + (per_warp * a["cycles_per_instruction_alone"] + barriers * a["barrier_latency_cycles"]) / clock
     if launch.name == "race":  # the last program of a row also finalises
         program_us += a["l2_latency_us"] * work["final_trips"]
     # Waves: a full one keeps `ctas` programs on every multiprocessor, whose schedulers share
@@ -635,10 +659,10 @@ def sweep_calls() -> list[Call]:
     fallback the threshold kernel makes when it is not (a large k, a flat distribution)."""
     calls = []
     base = {"batch": 1, "k": 4, "vocab": 128256, "dtype": "fp32", "temperature": 0.7}
-    for top_k, passes in ((1, 0), (50, 0), (1000, 32), (128256, 0)):
-        calls.append(Call(f"B=1 K=4 top-k {top_k}" + (" (whole-line search)" if passes else ""), top_k=top_k, candidate_passes=passes, **base))
-    for top_p, passes in ((0.5, 0), (0.9, 0), (0.99, 33)):
-        calls.append(Call(f"B=1 K=4 top-p {top_p}" + (" (flat: whole-line search)" if passes else ""), top_p=top_p, candidate_passes=passes, **base))
+    for top_k, whole in ((1, False), (50, False), (1000, True), (128256, False)):
+        calls.append(Call(f"B=1 K=4 top-k {top_k}" + (" (whole-line search)" if whole else ""), top_k=top_k, whole_line=whole, **base))
+    for top_p, whole in ((0.5, False), (0.9, False), (0.99, True)):
+        calls.append(Call(f"B=1 K=4 top-p {top_p}" + (" (flat: whole-line search)" if whole else ""), top_p=top_p, whole_line=whole, **base))
     calls.append(Call("B=64 K=8 bf16 T=0.7 top-k 50 top-p 0.9", 64, 8, 128256, "bf16", temperature=0.7, top_k=50, top_p=0.9))
     calls.append(Call("B=64 K=8 bf16 logprobs raw + accept_probs + seeds/offsets", 64, 8, 128256, "bf16", logprobs=2, accept_probs=True, seeds=True, offsets=True))
     calls.append(Call("B=8 K=4 V=32000 bf16", 8, 4, 32000, "bf16"))

@@ -204,7 +204,7 @@ def _reference_thresholds(args) -> torch.Tensor:
 
 
 def _triton_thresholds(args, **geometry) -> torch.Tensor:
-    """tau of every target line from the candidates and threshold launches of a call's plan."""
+    """tau of every target line from the candidates, threshold and whole-line search launches of a call's plan."""
     args = _triton_backend.prepare(args)
     geo = _triton_backend.geometry(args.target_logits.device, **geometry)
     layout = _triton_backend._layout(args, geo)
@@ -212,8 +212,9 @@ def _triton_thresholds(args, **geometry) -> torch.Tensor:
     ws.reserve(layout["sizes"])
     bufs = _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch)
     launches = _triton_backend.plan(args, 0, geo, bufs, layout, _triton_backend.allocate_outputs(args, args.target_logits.device))
-    assert [launch.name for launch in launches[:2]] == ["candidates", "threshold"]
-    for launch in launches[:2]:
+    searches = 2 + _triton_backend.SELECT_PASSES
+    assert [launch.name for launch in launches[:searches]] == ["candidates", "threshold"] + ["select"] * _triton_backend.SELECT_PASSES
+    for launch in launches[:searches]:
         launch.run()
     return bufs.tau[: args.batch * args.target_logits.shape[1]].clone()
 
@@ -247,3 +248,48 @@ def test_thresholds_match_the_reference(name, logits_fn, params):
     got = _triton_thresholds(args, candidate_chunk=512, threshold_block=1024)
     expected = _reference_thresholds(args)
     assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"
+
+
+def _flat_with_ties(g):
+    """Flat logits rounded to a coarse grid: many values tie at any cut."""
+    return torch.round(0.2 * torch.randn(2, 2, 600, generator=g) * 8) / 8
+
+
+@pytest.mark.parametrize(
+    "name,logits_fn,params",
+    [
+        # top-k far beyond the candidates: the search over the whole line, split across programs.
+        ("large top-k", lambda g: 2 * torch.randn(2, 2, 600, generator=g), {"top_k": torch.tensor([450, 599])}),
+        # top-p alone over a flat line: the cut lies below the candidates' floor.
+        ("flat top-p 0.99", lambda g: 0.2 * torch.randn(2, 2, 600, generator=g), {"top_p": torch.tensor([0.99, 0.9])}),
+        # Both searches on the whole line: the last launch ends the top-p search by bisection.
+        ("large top-k then flat top-p", lambda g: 0.3 * torch.randn(2, 2, 600, generator=g), {"top_k": 500, "top_p": 0.97}),
+        ("ties at the cut", _flat_with_ties, {"top_k": torch.tensor([300, 0]), "top_p": torch.tensor([1.0, 0.95])}),
+        # -inf entries: fewer finite values than k (the cut is -inf), and a line mostly -inf.
+        ("-inf", lambda g: torch.where(torch.rand(2, 2, 600, generator=g) < 0.5, float("-inf"), torch.randn(2, 2, 600, generator=g)), {"top_k": 400}),
+    ],
+)
+def test_whole_line_search_matches_the_reference(name, logits_fn, params):
+    """Cuts the candidates cannot settle are found by select_kernel over 128-value chunks (a ragged
+    last one), exactly the reference's."""
+    g = torch.Generator().manual_seed(len(name))
+    target = logits_fn(g)
+    tokens = torch.zeros(target.shape[0], target.shape[1] - 1, dtype=torch.int64)
+    kw = {"temperature": 0.9, "top_k": None, "top_p": None, "num_draft_tokens": None} | params
+    args = _params.validate_verify(target, None, tokens, generator=None, check=False, **kw)
+    got = _triton_thresholds(args, candidate_chunk=512, select_chunk=128)
+    expected = _reference_thresholds(args)
+    assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_whole_line_search_gives_the_reference_tokens(dtype):
+    """Token for token through the whole call (draft lines too, a ragged row), when the cut of
+    every line needs the search over the whole line."""
+    target, draft, tokens = _case(2, 2, 520, dtype, seed=21, noise=0.2)
+    target, draft = (target.float() * 0.15).to(dtype), (draft.float() * 0.15).to(dtype)
+    seeds, offsets = _keys(2)
+    for params in ({"top_k": torch.tensor([400, 7])}, {"top_p": 0.99, "temperature": 1.3}):
+        args = _args(target, draft, tokens, seeds=seeds, offsets=offsets, num_draft_tokens=torch.tensor([2, 1]), return_logprobs="processed",
+                     return_accept_probs=True, **params)
+        assert_same(_triton_backend.verify(args, 3, candidate_chunk=1024, select_chunk=128), verify_eager(args, 3))

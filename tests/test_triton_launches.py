@@ -1,5 +1,5 @@
 """What one Triton call costs the device, counted on the interpreter: launches per call (two without
-top-k / top-p, four with them), no tensor allocated or computed besides the outputs once the
+top-k / top-p, four more with them plus the whole-line search's), no tensor allocated or computed besides the outputs once the
 workspace is warm, and the same launches the GPU model (bench/gpu_model.py) plans and compiles."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _count_launches(recorder: _Recorder):
     launched: list[str] = []
     kernels = _triton_backend.kernels()
     originals = {}
-    for name in ("candidates_kernel", "threshold_kernel", "line_stats_kernel", "race_kernel"):
+    for name in ("candidates_kernel", "threshold_kernel", "select_kernel", "line_stats_kernel", "race_kernel"):
         kernel = getattr(kernels, name)
         originals[name] = kernel.run
 
@@ -75,7 +75,7 @@ def _inputs(filtered: bool, logprobs: bool):
     return _params.validate_verify(target, draft, tokens, **kw)
 
 
-@pytest.mark.parametrize("filtered,logprobs,expected", [(False, False, 2), (False, True, 2), (True, True, 4)])
+@pytest.mark.parametrize("filtered,logprobs,expected", [(False, False, 2), (False, True, 2), (True, True, 4 + _triton_backend.SELECT_PASSES)])
 def test_launches_and_allocations_per_call(filtered, logprobs, expected):
     args = _inputs(filtered, logprobs)
     _triton_backend.verify(args, 7)  # warm-up: the workspace and the launch plan are made once
@@ -100,6 +100,11 @@ def test_the_workspace_counters_reset_themselves():
         _triton_backend.verify(args, 1, race_chunks=chunks, race_block=64)
         ws = _triton_backend.workspace(args.target_logits.device)
         assert int(ws.counters.abs().sum()) == 0
+    # The whole-line search's counters too (top-k 600 of 700 values: every line searches).
+    args = _params.validate_verify(*_inputs(False, False)[:3], temperature=0.8, top_k=600, top_p=None, num_draft_tokens=None, generator=None, check=False)
+    _triton_backend.verify(args, 1, select_chunk=256)
+    ws = _triton_backend.workspace(args.target_logits.device)
+    assert int(ws.counters.abs().sum()) == 0
 
 
 def test_batch_size_does_not_enter_the_compiled_signature():
@@ -108,7 +113,9 @@ def test_batch_size_does_not_enter_the_compiled_signature():
     tests/triton_compile_check.py, also compares the JIT's whole specialisation across batch sizes.)"""
     race = _triton_backend.kernels().race_kernel
     stats = _triton_backend.kernels().line_stats_kernel
-    for kernel, names in ((race, ("batch", "base_key", "t_parts", "d_parts", "tiles_per_chunk", "num_chunks")), (stats, ("batch", "tiles_per_part"))):
+    select = _triton_backend.kernels().select_kernel
+    for kernel, names in ((race, ("batch", "base_key", "t_parts", "d_parts", "tiles_per_chunk", "num_chunks")), (stats, ("batch", "tiles_per_part")),
+                          (select, ("batch",))):
         declared = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize", ())
         dns = set(declared)
         assert set(names) <= dns, (kernel, dns)

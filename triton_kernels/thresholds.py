@@ -14,9 +14,10 @@ strictly-greater mass inside the top-k set is below ``top_p`` times that set's m
    over the candidates alone. When the cut provably lies above T (top-k: at least k values above
    T; top-p alone: their mass reaches the budget) the bisection runs over the candidates, and the
    line's normaliser is summed over them too: the statistics launch then skips the line (no
-   second read). Otherwise (a large k, a flat distribution under top-p) the bisection runs over
-   the whole line, and the statistics launch reads it with the cut. Either way the result is the
-   same exact key.
+   second read). Otherwise (a large k, a flat distribution under top-p) the kernel leaves the
+   line a search state, and ``select_kernel`` (select.py) searches the whole line, split across
+   programs, in a few launches; the statistics launch then reads the line with the cut. Either
+   way the result is the same exact key.
 """
 
 import triton
@@ -151,6 +152,7 @@ def candidates_kernel(
     cand_floor_ptr,  # (lines, NUM_CHUNKS) int32 out: order key of t_c, the chunk floor
     chunk_max_ptr,  # (lines, NUM_CHUNKS) float32 out: max of the scaled chunk
     chunk_sum_ptr,  # (lines, NUM_CHUNKS) float32 out: sum of exp(s - chunk max)
+    searching_ptr,  # (1,) int32 out: 0, the count of lines threshold_kernel hands to select_kernel
     batch,
     K,
     V,
@@ -169,6 +171,8 @@ def candidates_kernel(
 ):
     line = tl.program_id(0)
     chunk = tl.program_id(1)
+    if (line == 0) & (chunk == 0):
+        tl.store(searching_ptr, 0)  # threshold_kernel, launched next, counts from here
     row, pos, is_draft, width, inv_t, top_k, top_p, use_k, use_p, active = _filter_line(
         line, batch * (K + 1), K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, V, Vd
     )
@@ -185,69 +189,20 @@ def candidates_kernel(
                               CHUNK, CAND, THREADS, T_VEC)
 
 
-@triton.jit
-def _line_values(base, start, Vl, inv_t, offsets):
-    """One tile of the line's scaled values (-inf past the end)."""
-    idx = start + offsets
-    return tl.load(base + idx, mask=idx < Vl, other=float("-inf")).to(tl.float32) * inv_t
-
-
-# The search helpers read either the candidates, held in registers (FROM_CANDIDATES: one reduction
-# per probe), or the whole line (a loop over its tiles per probe: the fallback).
+# The searches over the candidates, held in registers: one block reduction per probe (or per
+# PROBES probes). Unused slots hold key -2**31 with multiplicity and weight 0.
 
 
 @triton.jit
-def _count_at_least(base, Vl, inv_t, cand_key, cand_mult, mid, FROM_CANDIDATES: tl.constexpr, BLOCK: tl.constexpr):
-    """Number of finite values with key >= mid (candidates: multiplicities, 0 in unused slots)."""
-    if FROM_CANDIDATES:
-        return tl.sum(tl.where(cand_key >= mid, cand_mult, 0).to(tl.int64), axis=0)
-    else:
-        offsets = tl.arange(0, BLOCK)
-        count = tl.zeros((), tl.int64)
-        for start in range(0, Vl, BLOCK):
-            s = _line_values(base, start, Vl, inv_t, offsets)
-            count += tl.sum(((order_key(s) >= mid) & (s > float("-inf"))).to(tl.int64), axis=0)
-        return count
+def _count_at_least(cand_key, cand_mult, mid):
+    """Number of candidate values with key >= mid (multiplicities)."""
+    return tl.sum(tl.where(cand_key >= mid, cand_mult, 0).to(tl.int64), axis=0)
 
 
 @triton.jit
-def _mass_above(base, Vl, inv_t, cand_key, cand_weight, above_key, floor_key, row_max, FROM_CANDIDATES: tl.constexpr, BLOCK: tl.constexpr):
-    """Sum of exp(s - row_max) over the values with key > above_key and key >= floor_key."""
-    if FROM_CANDIDATES:
-        return tl.sum(tl.where((cand_key > above_key) & (cand_key >= floor_key), cand_weight, 0.0), axis=0)
-    else:
-        offsets = tl.arange(0, BLOCK)
-        mass = 0.0
-        for start in range(0, Vl, BLOCK):
-            s = _line_values(base, start, Vl, inv_t, offsets)
-            key = order_key(s)
-            mass += tl.sum(tl.where((key > above_key) & (key >= floor_key) & (s > float("-inf")), exp(s - row_max), 0.0), axis=0)
-        return mass
-
-
-@triton.jit
-def _top_k_key(base, Vl, inv_t, cand_key, cand_mult, top_k, lo, hi, FROM_CANDIDATES: tl.constexpr, BLOCK: tl.constexpr):
-    """The largest key t in [lo, hi] with count(key >= t) >= top_k, given that lo qualifies."""
-    for _ in range(32):
-        mid = lo + (hi - lo + 1) // 2
-        ok = _count_at_least(base, Vl, inv_t, cand_key, cand_mult, mid, FROM_CANDIDATES, BLOCK) >= top_k
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
-    return lo
-
-
-@triton.jit
-def _top_p_key(base, Vl, inv_t, cand_key, cand_weight, budget, k_key, row_max, lo, hi, FROM_CANDIDATES: tl.constexpr, BLOCK: tl.constexpr):
-    """The smallest key t in (lo, hi] whose mass above (inside key >= k_key) is below budget, given
-    that lo's is not and hi's is."""
-    for _ in range(33):
-        mid = lo + (hi - lo) // 2
-        above = _mass_above(base, Vl, inv_t, cand_key, cand_weight, mid, k_key, row_max, FROM_CANDIDATES, BLOCK)
-        searching = hi - lo > 1
-        ok = above < budget
-        hi = tl.where(searching & ok, mid, hi)
-        lo = tl.where(searching & (ok == 0), mid, lo)
-    return hi
+def _mass_above(cand_key, cand_weight, above_key, floor_key):
+    """Sum of exp(s - row_max) over the candidates with key > above_key and key >= floor_key."""
+    return tl.sum(tl.where((cand_key > above_key) & (cand_key >= floor_key), cand_weight, 0.0), axis=0)
 
 
 @triton.jit
@@ -285,14 +240,15 @@ def _top_p_key_probes(cand_key, cand_weight, budget, k_key, lo, hi, PROBES: tl.c
 
 @triton.jit
 def _line_threshold(
-    base, line, Vl, inv_t, top_k, top_p, use_k, use_p, cand_ptr, cand_mult_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr, chunk_sum_ptr,
-    NUM_CHUNKS: tl.constexpr, CHUNK: tl.constexpr, CHUNKS_POW2: tl.constexpr, CAND: tl.constexpr, CANDS_POW2: tl.constexpr, BLOCK: tl.constexpr,
-    PROBES: tl.constexpr,
+    line, Vl, top_k, top_p, use_k, use_p, cand_ptr, cand_mult_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr, chunk_sum_ptr,
+    NUM_CHUNKS: tl.constexpr, CHUNK: tl.constexpr, CHUNKS_POW2: tl.constexpr, CAND: tl.constexpr, CANDS_POW2: tl.constexpr, PROBES: tl.constexpr,
 ):
-    """(tau, resolved, m, z) of one active line (see the module docstring). When the cut lies above
-    the candidates' floor (resolved) every kept value is a candidate, so z = sum over the kept set
-    of exp(s - m) comes from the candidates as well; z is NaN for a line with NaN / +inf values or
-    an empty one (the race blanks such a row)."""
+    """(tau, resolved, m, z, stage, max_key, carried) of one active line (see the module
+    docstring). When the cut lies above the candidates' floor (resolved) every kept value is a
+    candidate, so z = sum over the kept set of exp(s - m) comes from the candidates as well; z is
+    NaN for a line with NaN / +inf values or an empty one (the race blanks such a row). Otherwise
+    stage (1: top-k, 2: top-p) and carried (the whole line's mass, or the top-p budget) start the
+    whole-line search of select_kernel."""
     num_chunks = tl.cdiv(Vl, CHUNK)
     chunks = tl.arange(0, CHUNKS_POW2)
     cmask = chunks < num_chunks
@@ -314,52 +270,58 @@ def _line_threshold(
     cand_key = order_key(cand_s)
     cand_weight = tl.where(cand_mult > 0, cand_mult.to(tl.float32) * exp(cand_s - row_max), 0.0)
 
-    # top-k: the largest key t with count(key >= t) >= k is the k-th largest value.
+    # The mass of the whole line (relative to its max), from the chunks' partials.
+    line_mass = tl.sum(tl.where(part_max > float("-inf"), part_sum * exp(part_max - row_max), 0.0), axis=0)
+
+    # top-k: the largest key t with count(key >= t) >= k is the k-th largest value. When fewer
+    # than k values lie above T the search is left to select_kernel (stage 1 over the whole line).
     k_key = tl.full((), -2147483648, tl.int64)
-    k_from_candidates = top_k < 0  # False, as a runtime value like the one assigned below
+    stage = (top_k < 0).to(tl.int32)  # 0, as a runtime value like the ones assigned below
+    k_from_candidates = top_k < 0  # False, likewise
     if use_k:
-        k_from_candidates = _count_at_least(base, Vl, inv_t, cand_key, cand_mult, floor + 1, True, BLOCK) >= top_k
+        k_from_candidates = _count_at_least(cand_key, cand_mult, floor + 1) >= top_k
         if k_from_candidates:
             k_key = _top_k_key_probes(cand_key, cand_mult, top_k, floor + 1, max_key, PROBES)
         else:
-            k_key = _top_k_key(base, Vl, inv_t, cand_key, cand_mult, top_k, k_key, max_key, False, BLOCK)
+            stage = stage * 0 + 1
     resolved = k_from_candidates
+    carried = line_mass  # stage 1: the mass of keys >= lo (lo = -2**31: the whole line)
 
     # top-p: the smallest key t whose strictly-greater mass (inside top-k) is below top_p * mass.
     tau_key = k_key
-    if use_p:
-        if use_k:
-            from_candidates = k_from_candidates  # the whole top-k set is among them
-            if from_candidates:
-                kept_mass = _mass_above(base, Vl, inv_t, cand_key, cand_weight, k_key - 1, k_key, row_max, True, BLOCK)
-            else:
-                kept_mass = _mass_above(base, Vl, inv_t, cand_key, cand_weight, k_key - 1, k_key, row_max, False, BLOCK)
+    if use_p & (stage == 0):
+        if use_k:  # top-k settled among the candidates: so is the whole top-k set
+            kept_mass = _mass_above(cand_key, cand_weight, k_key - 1, k_key)
+            from_candidates = k_from_candidates
             lo = k_key - 1  # mass above lo is the whole top-k mass: not below budget
         else:
-            kept_mass = tl.sum(tl.where(part_max > float("-inf"), part_sum * exp(part_max - row_max), 0.0), axis=0)
+            kept_mass = line_mass
             # The cut lies above T when the candidates above T alone reach the budget.
-            above_floor = _mass_above(base, Vl, inv_t, cand_key, cand_weight, floor, floor, row_max, True, BLOCK)
-            from_candidates = above_floor >= top_p * kept_mass
-            lo = tl.where(from_candidates, floor, k_key - 1)
+            from_candidates = _mass_above(cand_key, cand_weight, floor, floor) >= top_p * kept_mass
+            lo = floor
         budget = top_p * kept_mass
         if from_candidates:
             tau_key = _top_p_key_probes(cand_key, cand_weight, budget, k_key, lo, max_key, PROBES)
         else:
-            tau_key = _top_p_key(base, Vl, inv_t, cand_key, cand_weight, budget, k_key, row_max, lo, max_key, False, BLOCK)
+            stage = stage * 0 + 2  # over the whole line, from lo = -2**31 (every value's key is above)
+            carried = budget
         resolved = from_candidates
+    stage = tl.where(bad, 0, stage)  # a line with NaN / +inf values or none finite: no search (the race blanks its row)
     tau = tl.where(tau_key == -2147483648, float("-inf"), key_to_float(tau_key))
     normaliser = tl.sum(tl.where(cand_key >= tau_key, cand_weight, 0.0), axis=0)
-    return tau, resolved, row_max, tl.where(bad, float("nan"), normaliser)
+    return tau, resolved, row_max, tl.where(bad, float("nan"), normaliser), stage, max_key, carried
 
 
 @triton.jit(do_not_specialize=["batch", "t_parts", "d_parts"])
 def threshold_kernel(
-    target_ptr,  # (B, K+1, V) raw target logits, last dim contiguous
-    draft_ptr,  # (B, K, Vd) raw draft logits (unused without HAS_DRAFT)
-    tau_ptr,  # (lines,) float32 out: keep s >= tau (-inf = keep all)
+    tau_ptr,  # (lines,) float32 out: keep s >= tau (-inf = keep all; select_kernel writes the lines it searches)
     resolved_ptr,  # (lines,) int32 out: 1 when this kernel wrote the line's statistics (no second read)
     part_m_ptr,  # (lines, PARTS) float32 out for resolved lines: the line max in slot 0, -inf after
     part_z_ptr,  # (lines, PARTS) float32 out for resolved lines: the kept mass in slot 0, 0 after
+    state_ptr,  # (lines, 4) int32 out: select_kernel's search (stage, lo, hi, top-k key); stage 0 = none
+    state_f_ptr,  # (lines, 2) float32 out: line max, then the whole line's mass (top-k) or the top-p budget
+    searching_ptr,  # (1,) int32, 0 on entry: lines appended to the list below
+    search_list_ptr,  # (lines,) int32 out: the lines select_kernel searches, slots [0, searching) used (in any order)
     temperature_ptr,  # (B,) float32, 0 = greedy
     top_k_ptr,  # (B,) int64, 0 = off
     top_p_ptr,  # (B,) float32, 1 = off
@@ -374,10 +336,6 @@ def threshold_kernel(
     K,
     V,
     Vd,
-    t_stride_b,
-    t_stride_k,
-    d_stride_b,
-    d_stride_k,
     t_parts,  # statistics partials of a target (draft) line
     d_parts,
     NUM_CHUNKS: tl.constexpr,
@@ -386,7 +344,6 @@ def threshold_kernel(
     CHUNKS_POW2: tl.constexpr,
     CAND: tl.constexpr,
     CANDS_POW2: tl.constexpr,  # next power of two of NUM_CHUNKS * CAND: the candidates held in registers
-    BLOCK: tl.constexpr,
     PARTS: tl.constexpr,  # statistics partial slots per line
     PP: tl.constexpr,  # next power of two of PARTS
     RESOLVE: tl.constexpr,  # write the statistics of resolved lines (off when raw logprobs need the line read anyway)
@@ -400,21 +357,26 @@ def threshold_kernel(
     resolved = active & (tau > 0.0)  # False, as a runtime value
     row_max = float("-inf")
     normaliser = 0.0
+    stage = resolved.to(tl.int32)  # 0: no whole-line search
+    max_key = tl.full((), -2147483648, tl.int64)
+    carried = 0.0
     if active:
-        if is_draft:
-            if HAS_DRAFT:
-                d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
-                tau, resolved, row_max, normaliser = _line_threshold(
-                    d_base, line, Vd, inv_t, top_k, top_p, use_k, use_p, cand_ptr, cand_mult_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr,
-                    chunk_sum_ptr, NUM_CHUNKS, CHUNK, CHUNKS_POW2, CAND, CANDS_POW2, BLOCK, PROBES,
-                )
-        else:
-            t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
-            tau, resolved, row_max, normaliser = _line_threshold(
-                t_base, line, V, inv_t, top_k, top_p, use_k, use_p, cand_ptr, cand_mult_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr,
-                chunk_sum_ptr, NUM_CHUNKS, CHUNK, CHUNKS_POW2, CAND, CANDS_POW2, BLOCK, PROBES,
-            )
+        tau, resolved, row_max, normaliser, stage, max_key, carried = _line_threshold(
+            line, width, top_k, top_p, use_k, use_p, cand_ptr, cand_mult_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr, chunk_sum_ptr,
+            NUM_CHUNKS, CHUNK, CHUNKS_POW2, CAND, CANDS_POW2, PROBES,
+        )
     tl.store(tau_ptr + line, tau)
+    state = state_ptr + line.to(tl.int64) * 4
+    tl.store(state, stage)
+    if stage != 0:
+        # The order of the list does not matter: each line's search is the same whichever
+        # programs take its chunks.
+        tl.store(search_list_ptr + tl.atomic_add(searching_ptr, 1, sem="relaxed"), line)
+        tl.store(state + 1, -2147483648)  # lo: every key is at or above it
+        tl.store(state + 2, max_key.to(tl.int32))  # hi: the line max
+        tl.store(state + 3, -2147483648)  # the top-k key (none yet)
+        tl.store(state_f_ptr + line.to(tl.int64) * 2, row_max)
+        tl.store(state_f_ptr + line.to(tl.int64) * 2 + 1, carried)
     if RESOLVE:
         tl.store(resolved_ptr + line, resolved.to(tl.int32))
         if resolved:
