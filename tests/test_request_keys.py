@@ -252,7 +252,7 @@ def test_temperature_too_small_is_refused_on_every_path(backend):
     assert specdec_ext.sample(logits, temperature=1e-38, backend=backend).tolist() == [3]
 
 
-@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=pytest.mark.slow) if b == "eager" else b for b in cpu_backends()])
 def test_drafting_and_verifying_with_the_same_keys_is_exact(backend):
     """A serving loop keys drafting (sample) and verification (verify) by the same seeds and
     offsets. sample() races on its own stream, so the output law is the target's; a drafter that

@@ -52,11 +52,22 @@ def _same(a, b, what):
 
 
 PARAMS = [{}, {"temperature": 0.7}, {"top_k": 20}, {"top_p": 0.8}, {"temperature": 1.3, "top_k": 50, "top_p": 0.9}]
+SINGLE_SETTINGS = PARAMS[1:4]  # each covered again by the combined setting
 
 
-@pytest.mark.parametrize("backend", FUSED)
+def _param_id(params) -> str:
+    return ",".join(f"{k}={v if not isinstance(v, torch.Tensor) else 'mixed'}" for k, v in params.items()) or "plain"
+
+
+def _backend_cases(params_list):
+    """(backend, params) pairs; under the (slow) interpreter the single settings run in CI's slow step."""
+    return [pytest.param(backend, params, id=f"{_param_id(params)}-{backend}",
+                         marks=pytest.mark.slow if backend == "triton" and any(params is single for single in SINGLE_SETTINGS) else ())
+            for params in params_list for backend in FUSED]
+
+
 @pytest.mark.parametrize("siblings", ["iid", "without_replacement", "deterministic"])
-@pytest.mark.parametrize("params", PARAMS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "plain")
+@pytest.mark.parametrize("backend,params", _backend_cases(PARAMS))
 def test_trees_match_the_reference(backend, siblings, params):
     if backend == "triton" and params and siblings != "iid":
         pytest.skip("the interpreter is slow: filters with every sibling mode run on the compiled kernels (GPU suite)")
@@ -113,9 +124,7 @@ def test_bad_rows_are_blanked_alike(backend):
         assert (reference.tokens[:, 0] < 0).sum() >= 4
 
 
-@pytest.mark.parametrize("backend", FUSED)
-@pytest.mark.parametrize("params", PARAMS + [{"temperature": torch.tensor([0.0, 1.0, 0.8, 1.5] * 2)}],
-                         ids=lambda p: ",".join(f"{k}={v if not isinstance(v, torch.Tensor) else 'mixed'}" for k, v in p.items()) or "plain")
+@pytest.mark.parametrize("backend,params", _backend_cases(PARAMS + [{"temperature": torch.tensor([0.0, 1.0, 0.8, 1.5] * 2)}]))
 def test_block_verification_matches_the_reference(backend, params):
     g = torch.Generator().manual_seed(7)
     batch, k, vocab = (32, 5, 400) if backend != "triton" else (8, 3, 48)

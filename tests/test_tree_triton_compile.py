@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 CHECK = Path(__file__).resolve().parent / "tree_triton_compile_check.py"
 
 
+@pytest.mark.slow  # a minute with a cold Triton cache; CI runs it (make test-slow)
 def test_every_tree_kernel_variant_compiles_for_hopper():
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
     result = subprocess.run([sys.executable, str(CHECK)], capture_output=True, text=True, env=env, timeout=900)
