@@ -25,7 +25,7 @@ demo: setup
 	$(BIN)/specdec demo
 
 test: setup
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -m "not slow" --durations=15 tests
 
 # Long statistical runs that repeat the default suite's checks on more shapes and settings (CI runs them).
 test-slow: setup

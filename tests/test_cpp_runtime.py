@@ -203,6 +203,7 @@ def test_a_build_for_another_torch_is_refused_with_a_rebuild_message():
         assert _cpp_backend._C.torch_version_at_build() == torch.__version__
 
 
+@pytest.mark.slow  # compiles the kernel again; CI runs it (make test-slow)
 @pytest.mark.skipif(not Path("/usr/bin/objdump").exists(), reason="needs objdump")
 def test_portable_fallback_is_compiled_for_the_baseline(tmp_path):
     """csrc/kernel_base.cpp gets -march=x86-64 / armv8-a whatever the environment's flags say: built

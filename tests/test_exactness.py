@@ -167,9 +167,11 @@ def test_greedy_rows_follow_the_argmax():
     target[0, 0, 5] = target[0, 0, 7] = target[0, 0].max() + 1  # a tie: the lowest index wins
     argmax = target.argmax(-1)
     drafts = torch.where(torch.rand(64, 3, generator=g) < 0.7, argmax[:, :3], (argmax[:, :3] + 1) % 30)
+    draft = torch.randn(64, 3, 30, generator=g)
     for backend in specdec_ext.available_backends("cpu"):
-        out = specdec_ext.verify(target, torch.randn(64, 3, 30, generator=g), drafts, temperature=0.0, backend=backend)
-        match = (drafts == argmax[:, :3]).long().cumprod(1).sum(1)
+        n = 16 if backend == "triton" else 64  # (the interpreter is slow; row 0 holds the tie)
+        out = specdec_ext.verify(target[:n], draft[:n], drafts[:n], temperature=0.0, backend=backend)
+        match = (drafts[:n] == argmax[:n, :3]).long().cumprod(1).sum(1)
         assert torch.equal(out.num_accepted, match)
-        rows = torch.arange(64)
+        rows = torch.arange(n)
         assert torch.equal(out.tokens[rows, match], argmax[rows, match])

@@ -227,11 +227,12 @@ def _triton_thresholds(args, **geometry) -> torch.Tensor:
     "name,logits_fn,params",
     [
         # top-k found among the candidates (k well below the 64 slots per chunk) ...
-        ("top-k small", lambda g: 2 * torch.randn(2, 3, 3000, generator=g), {"top_k": torch.tensor([5, 40])}),
+        # (the candidate-path cases alone also run inside "top-k + top-p": CI's slow step repeats them)
+        pytest.param("top-k small", lambda g: 2 * torch.randn(2, 3, 3000, generator=g), {"top_k": torch.tensor([5, 40])}, marks=pytest.mark.slow),
         # ... and on the whole line (k beyond what the candidates above the floor cover).
         ("top-k large", lambda g: 2 * torch.randn(2, 3, 3000, generator=g), {"top_k": 900}),
         # top-p alone: peaked logits put the cut among the candidates, flat ones below their floor.
-        ("top-p peaked", lambda g: 6 * torch.randn(2, 3, 3000, generator=g), {"top_p": 0.9}),
+        pytest.param("top-p peaked", lambda g: 6 * torch.randn(2, 3, 3000, generator=g), {"top_p": 0.9}, marks=pytest.mark.slow),
         ("top-p flat", lambda g: 0.3 * torch.randn(2, 3, 3000, generator=g), {"top_p": 0.95}),
         ("top-k + top-p", lambda g: 2 * torch.randn(2, 3, 3000, generator=g), {"temperature": 0.7, "top_k": 50, "top_p": 0.8}),
         # Ties at the chunks' floors (slots overflow), and -inf entries (chunks with few finite values).
