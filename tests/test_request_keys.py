@@ -35,8 +35,8 @@ def _verify(backend, target, draft, drafts, seeds, offsets, **kw):
 @pytest.mark.parametrize("params", [{}, {"temperature": 0.7, "top_k": 40, "top_p": 0.9}, {"temperature": torch.tensor([0.0, 1.0, 0.5, 0.0, 2.0, 1.0])}])
 def test_seeded_rows_ignore_their_neighbours(backend, params):
     target, draft, drafts, seeds, offsets = _requests(6)
-    # permuted, alone, a subset, duplicated (the interpreter is slow: fewer of them under Triton)
-    subsets = ([5, 3, 1, 0, 2, 4], [2], [4, 0], [1, 1, 1]) if backend != "triton" else ([5, 3, 1, 0, 2, 4], [4, 4])
+    # permuted, alone, a subset, duplicated (the interpreter is slow: fewer and smaller under Triton)
+    subsets = ([5, 3, 1, 0, 2, 4], [2], [4, 0], [1, 1, 1]) if backend != "triton" else ([3, 1, 0, 2], [4, 4])
     whole = _verify(backend, target, draft, drafts, seeds, offsets, return_logprobs="processed", return_accept_probs=True, **params)
 
     def per_row(value, rows):
@@ -117,7 +117,7 @@ def _independent_log_probs(target, params):
      for b in all_cpu_backends() for d in (torch.float32, torch.bfloat16)],
 )
 def test_logprobs_match_log_softmax(backend, params, dtype):
-    batch = 3 if backend == "triton" else 8  # (the interpreter is slow)
+    batch = 2 if backend == "triton" else 8  # (the interpreter is slow)
     target, draft, drafts, seeds, offsets = _requests(batch, seed=5)
     target, draft = target.to(dtype), draft.to(dtype)
     processed_lp, raw_lp = _independent_log_probs(target, params)
