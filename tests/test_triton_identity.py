@@ -287,7 +287,7 @@ def test_whole_line_search_matches_the_reference(name, logits_fn, params):
     assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)])  # (bf16: CI's slow step)
 def test_whole_line_search_gives_the_reference_tokens(dtype):
     """Token for token through the whole call (draft lines too, a ragged row), when the cut of
     every line needs the search over the whole line."""
