@@ -23,13 +23,13 @@ follow the target's processed law whatever the tree.
 from __future__ import annotations
 
 import inspect
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from ._params import _check_scalar_params
 from .api import verify
+from .generate import _Clock
 from .reference import process_lines
 from .tree import verify_tree
 
@@ -411,27 +411,6 @@ class TreeOutput:
 
     sequences: torch.Tensor
     stats: TreeStats
-
-
-class _Clock:
-    """Phase timings: CUDA events read after the step's one sync, or the wall clock on CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.device = device
-
-    def mark(self):
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(self.device))
-        return event
-
-    def spans(self, marks) -> list[float]:
-        if self.cuda:
-            marks[-1].synchronize()
-            return [a.elapsed_time(b) / 1000.0 for a, b in zip(marks, marks[1:], strict=False)]
-        return [b - a for a, b in zip(marks, marks[1:], strict=False)]
 
 
 def generate_tree(target_model, draft_model, input_ids, attention_mask=None, *, max_new_tokens: int, do_sample: bool = True,
