@@ -1,13 +1,16 @@
 """Trees and block verification end to end: tokens per target forward and tokens/s, side by side.
 
-For each temperature and each number N of draft tokens scored per target forward, one process runs
-on the same prompts: target-only decoding, the chain with token-wise verification (``generate``,
-K = N), the chain with block verification (``method="block"``, K = N) and every tree of N nodes
-(children per node at each depth, e.g. (2, 1, 1) = 6 nodes) with siblings drawn without
-replacement; the best tree per N is marked.
+For each setting (a draft and a temperature) and each number N of draft tokens scored per target
+forward, one process runs on the same prompts: target-only decoding, the chain with token-wise
+verification (``generate``, K = N), the chain with block verification (``method="block"``, K = N)
+and every tree of N nodes wider than a chain (children per node at each depth, e.g. (2, 1, 1) = 6
+nodes, (4,) = 4 siblings) with siblings drawn without replacement; the best tree per N is marked.
+Drafts: ``trained`` (the distilled draft shipped with the pair) and ``early-exit`` (the target's
+first decoder layer with its norm and head, never trained to draft: the harder setting, where a
+node's siblings have a real chance to succeed where the first child failed).
 
-    python -m bench.e2e_tree                          # CPU, the embedded pair, temperatures 1 and 2
-    python -m bench.e2e_tree --temperatures 1 1.5 2 --nodes 4 6 8 --batch 16 --max-new-tokens 96
+    python -m bench.e2e_tree                          # CPU: trained@1, trained@2, early-exit@1, early-exit@1.5
+    python -m bench.e2e_tree --settings trained@1.5 early-exit@2 --nodes 4 6 8 --batch 16 --max-new-tokens 96
     python -m bench.e2e_tree --quick                  # a smoke run
 
 Writes bench/results/e2e-tree-<device>-<date>.json and .png and prints a table. Timings taken on a
@@ -31,23 +34,40 @@ from specdec_ext.generate import generate
 from specdec_ext.measure import count_new_tokens
 
 RESULTS = Path(__file__).resolve().parent / "results"
+#: DRAFT@TEMPERATURE: the distilled draft at 1 and 2, and a weak draft (harder setting) at 1 and 1.5
+DEFAULT_SETTINGS = ("trained@1", "trained@2", "early-exit@1", "early-exit@1.5")
 
 
 def trees_with(nodes: int) -> list[tuple[int, ...]]:
-    """Branchings of exactly ``nodes`` nodes, at least two deep and wider than a chain somewhere."""
+    """Branchings of exactly ``nodes`` nodes that are wider than a chain somewhere (stars included)."""
     found = []
     for tree in tree_generate.candidate_trees(max_nodes=nodes):
-        if tree.num_nodes == nodes and tree.max_depth >= 2 and any(w > 1 for w in tree.branching):
+        if tree.num_nodes == nodes and any(w > 1 for w in tree.branching):
             found.append(tree.branching)
     return found
 
 
 def _load(device: torch.device):
-    from specdec_ext.demo.assets import load_pair
+    from specdec_ext.demo.assets import early_exit_draft, load_pair
     from specdec_ext.demo.corpus import DEMO_PROMPTS
 
     target, draft, tokenizer = load_pair(device=device)
-    return target, draft, tokenizer, DEMO_PROMPTS
+    drafts = {"trained": draft, "early-exit": early_exit_draft(target, 1)}
+    return target, drafts, tokenizer, DEMO_PROMPTS
+
+
+DRAFTS = {
+    "trained": "the distilled one-layer draft shipped with the pair",
+    "early-exit": "the target's first decoder layer with its norm and head (no training: a weak draft)",
+}
+
+
+def parse_setting(text: str) -> tuple[str, float]:
+    """"trained@1.5" -> ("trained", 1.5)."""
+    name, _, temperature = text.partition("@")
+    if name not in DRAFTS or not temperature:
+        raise argparse.ArgumentTypeError(f"a setting is DRAFT@TEMPERATURE with DRAFT one of {list(DRAFTS)}, got {text!r}")
+    return name, float(temperature)
 
 
 def _timed(fn, device: torch.device):
@@ -60,7 +80,8 @@ def _timed(fn, device: torch.device):
     return out, time.perf_counter() - start
 
 
-def run(target, draft, ids, mask, eos, pad, *, temperature: float, nodes: list[int], max_new_tokens: int, seed: int, device) -> list[dict]:
+def run(target, draft, ids, mask, eos, pad, *, temperature: float, nodes: list[int], max_new_tokens: int, seed: int, device,
+        draft_name: str = "trained") -> list[dict]:
     common = {"max_new_tokens": max_new_tokens, "temperature": temperature, "eos_token_id": eos, "pad_token_id": pad}
     rows = []
 
@@ -68,16 +89,17 @@ def run(target, draft, ids, mask, eos, pad, *, temperature: float, nodes: list[i
         out, seconds = _timed(fn, device)
         new = count_new_tokens(out.sequences, ids.shape[1], eos)
         stats = getattr(out, "stats", None)
-        row = {"temperature": temperature, "nodes": n, "method": method, "tree": list(tree) if tree else None, "new_tokens": new,
+        row = {"draft": draft_name, "temperature": temperature, "nodes": n, "method": method, "tree": list(tree) if tree else None, "new_tokens": new,
                "seconds": seconds, "tokens_per_second": new / seconds}
         if stats is not None:
-            row.update(tokens_per_target_forward=stats.tokens_per_target_forward, acceptance=stats.mean_acceptance,
+            row.update(tokens_per_target_forward=stats.tokens_per_target_forward, tokens_per_target_forward_stderr=stats.tokens_per_target_forward_stderr,
+                       acceptance=stats.mean_acceptance,
                        acceptance_per_depth=stats.acceptance_per_position, target_forwards=stats.target_forwards,
                        draft_forwards=stats.draft_forwards, draft_seconds=stats.draft_seconds, target_seconds=stats.target_seconds,
                        verify_seconds=stats.verify_seconds)
         rows.append(row)
         shown = f"{row.get('tokens_per_target_forward', float('nan')):6.3f}"
-        print(f"T={temperature:<4} N={n:<2} {method:<12} {str(tuple(tree) if tree else ''):<14} tok/fwd {shown}  tok/s {row['tokens_per_second']:8.1f}", flush=True)
+        print(f"{draft_name:<10} T={temperature:<4} N={n:<2} {method:<12} {str(tuple(tree) if tree else ''):<14} tok/fwd {shown}  tok/s {row['tokens_per_second']:8.1f}", flush=True)
 
     def generator():
         return torch.Generator().manual_seed(seed)
@@ -100,7 +122,7 @@ def run(target, draft, ids, mask, eos, pad, *, temperature: float, nodes: list[i
         record("chain-block", n, (1,) * n, lambda n=n: generate(target, draft, ids, mask, num_draft_tokens=n, method="block", generator=generator(), **common))
         for tree in trees_with(n):
             record("tree", n, tree, lambda tree=tree: generate(target, draft, ids, mask, tree=tree, generator=generator(), **common))
-        best = max((r for r in rows if r["method"] == "tree" and r["nodes"] == n and r["temperature"] == temperature),
+        best = max((r for r in rows if r["method"] == "tree" and r["nodes"] == n),
                    key=lambda r: r["tokens_per_target_forward"], default=None)
         if best is not None:
             best["best_tree"] = True
@@ -222,11 +244,11 @@ def _plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = report["rows"]
-    temperatures = sorted({r["temperature"] for r in rows})
-    fig, axes = plt.subplots(2, len(temperatures), figsize=(4.5 * len(temperatures), 6.5), squeeze=False)
+    settings = list(dict.fromkeys((r.get("draft", "trained"), r["temperature"]) for r in rows))
+    fig, axes = plt.subplots(2, len(settings), figsize=(4.5 * len(settings), 6.5), squeeze=False)
     methods = [("chain-token", "chain, token-wise"), ("chain-block", "chain, block"), ("tree", "best tree")]
-    for column, temperature in enumerate(temperatures):
-        here = [r for r in rows if r["temperature"] == temperature]
+    for column, (draft, temperature) in enumerate(settings):
+        here = [r for r in rows if (r.get("draft", "trained"), r["temperature"]) == (draft, temperature)]
         nodes = sorted({r["nodes"] for r in here if r["nodes"]})
         baseline = next((r["tokens_per_second"] for r in here if r["method"] == "target only"), None)
         for line, (metric, label) in enumerate((("tokens_per_target_forward", "tokens / target forward"), ("tokens_per_second", "new tokens / s"))):
@@ -242,7 +264,7 @@ def _plot(report: dict, path: Path) -> None:
                 ax.axhline(baseline, color="gray", linestyle="--", linewidth=1, label="target only")
             ax.set_xticks([x + 0.4 - width / 2 for x in range(len(nodes))], [f"N={n}" for n in nodes])
             ax.set_ylabel(label)
-            ax.set_title(f"temperature {temperature}", fontsize=9)
+            ax.set_title(f"{draft} draft, temperature {temperature}", fontsize=9)
             if line == 0 and column == 0:
                 ax.legend(fontsize=7)
             if line == 1 and column == 0:
@@ -256,7 +278,8 @@ def _plot(report: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 2.0])
+    parser.add_argument("--settings", type=parse_setting, nargs="+", default=[parse_setting(x) for x in DEFAULT_SETTINGS],
+                        help="DRAFT@TEMPERATURE pairs; DRAFT: " + ", ".join(f"{k} ({v})" for k, v in DRAFTS.items()))
     parser.add_argument("--nodes", type=int, nargs="+", default=[4, 6, 8])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -267,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
     if args.quick:
-        args.batch, args.max_new_tokens, args.nodes = 2, 12, [4]
+        args.batch, args.max_new_tokens, args.nodes, args.settings = 2, 12, [4], args.settings[:1]
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.no_cpp:
@@ -276,26 +299,27 @@ def main(argv: list[str] | None = None) -> int:
         _cpp_backend._C = None
         _cpp_tree._C_tree = None
     device = torch.device(args.device)
-    target, draft, tokenizer, prompts = _load(device)
+    target, drafts, tokenizer, prompts = _load(device)
     tokenizer.padding_side = "left"
     enc = tokenizer([prompts[i % len(prompts)] for i in range(args.batch)], return_tensors="pt", padding=True)
     ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     with torch.no_grad():
-        generate(target, draft, ids[:1], mask[:1], max_new_tokens=4, tree=(2, 1), eos_token_id=eos)  # warm-up
-        rows = []
-        for temperature in args.temperatures:
-            rows += run(target, draft, ids, mask, eos, tokenizer.pad_token_id, temperature=temperature, nodes=args.nodes,
-                        max_new_tokens=args.max_new_tokens, seed=args.seed, device=device)
-        siblings = [sibling_acceptance(target, draft, ids[:8], mask[:8], t, seed=args.seed) for t in args.temperatures]
-        gains = [g for t in args.temperatures for g in block_gain(target, draft, ids[:8], mask[:8], t, args.nodes, seed=args.seed)]
+        generate(target, drafts["trained"], ids[:1], mask[:1], max_new_tokens=4, tree=(2, 1), eos_token_id=eos)  # warm-up
+        rows, siblings, gains = [], [], []
+        for name, t in args.settings:
+            rows += run(target, drafts[name], ids, mask, eos, tokenizer.pad_token_id, temperature=t, nodes=args.nodes,
+                        max_new_tokens=args.max_new_tokens, seed=args.seed, device=device, draft_name=name)
+        for name, t in args.settings:
+            siblings.append({"draft": name, **sibling_acceptance(target, drafts[name], ids[:8], mask[:8], t, seed=args.seed)})
+            gains += [{"draft": name, **g} for g in block_gain(target, drafts[name], ids[:8], mask[:8], t, args.nodes, seed=args.seed)]
     import transformers
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{platform.machine()}-{torch.get_num_threads()}threads"
     report = {
         "device": device_name, "date": dt.date.today().isoformat(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "batch": args.batch, "max_new_tokens": args.max_new_tokens, "seed": args.seed, "no_cpp": args.no_cpp,
+        "batch": args.batch, "max_new_tokens": args.max_new_tokens, "seed": args.seed, "no_cpp": args.no_cpp, "drafts": DRAFTS,
         "load_average_before": load_before, "load_average_after": os.getloadavg() if hasattr(os, "getloadavg") else None, "rows": rows,
         "summary": summarise(rows), "sibling_acceptance": siblings, "block_vs_token_same_drafts": gains,
     }
@@ -307,31 +331,40 @@ def main(argv: list[str] | None = None) -> int:
     for line in report["summary"]:
         print(line)
     for g in gains:
-        print(f"T={g['temperature']} K={g['num_draft_tokens']}: expected accepted drafts on the same {g['blocks']} blocks: token-wise "
+        print(f"{g['draft']} T={g['temperature']} K={g['num_draft_tokens']}: expected accepted drafts on the same {g['blocks']} blocks: token-wise "
               f"{g['token_expected_accepted']:.4f}, block {g['block_expected_accepted']:.4f} (+{g['difference']:.4f} +- {g['difference_standard_error']:.4f})")
     for row in siblings:
-        print(f"T={row['temperature']}: enter a child with 1 / 2 / 3 i.i.d. children {row['enter_one_child']:.3f} / {row['enter_two_iid']:.3f} / "
+        print(f"{row['draft']} T={row['temperature']}: enter a child with 1 / 2 / 3 i.i.d. children {row['enter_one_child']:.3f} / {row['enter_two_iid']:.3f} / "
               f"{row['enter_three_iid']:.3f}, 2 without replacement {row['enter_two_without_replacement']:.3f}; target mass on the draft's top "
               + " / ".join(f"{w}: {m:.3f}" for w, m in row["target_mass_on_draft_top"].items()))
     print(f"wrote {out / stem}.json and .png")
     return 0
 
 
+def _ratio(row: dict, baseline: dict) -> str:
+    """tokens per forward of ``row`` over ``baseline``, with its standard error (independent runs)."""
+    a, b = row["tokens_per_target_forward"], baseline["tokens_per_target_forward"]
+    sa, sb = row.get("tokens_per_target_forward_stderr", float("nan")), baseline.get("tokens_per_target_forward_stderr", float("nan"))
+    ratio = a / b
+    return f"{ratio:.3f}x +- {ratio * ((sa / a) ** 2 + (sb / b) ** 2) ** 0.5:.3f}"
+
+
 def summarise(rows: list[dict]) -> list[str]:
     """One line per (temperature, N): block / token and best tree / chain in tokens per forward and tokens/s."""
     lines = []
-    for temperature in sorted({r["temperature"] for r in rows}):
-        for n in sorted({r["nodes"] for r in rows if r["nodes"]}):
-            pick = {r["method"]: r for r in rows if r["temperature"] == temperature and r["nodes"] == n and (r["method"] != "tree" or r.get("best_tree"))}
+    for draft, temperature in dict.fromkeys((r.get("draft", "trained"), r["temperature"]) for r in rows):
+        here = [r for r in rows if (r.get("draft", "trained"), r["temperature"]) == (draft, temperature)]
+        for n in sorted({r["nodes"] for r in here if r["nodes"]}):
+            pick = {r["method"]: r for r in here if r["nodes"] == n and (r["method"] != "tree" or r.get("best_tree"))}
             token, block, tree = pick.get("chain-token"), pick.get("chain-block"), pick.get("tree")
             if not token:
                 continue
-            parts = [f"T={temperature} N={n}: chain {token['tokens_per_target_forward']:.2f} tok/fwd"]
+            parts = [f"{draft} draft T={temperature} N={n}: chain {token['tokens_per_target_forward']:.2f} tok/fwd"]
             if block:
-                parts.append(f"block/token {block['tokens_per_target_forward'] / token['tokens_per_target_forward']:.3f}x tok/fwd, "
+                parts.append(f"block/token {_ratio(block, token)} tok/fwd, "
                              f"{block['tokens_per_second'] / token['tokens_per_second']:.2f}x tok/s")
             if tree:
-                parts.append(f"best tree {tuple(tree['tree'])} / chain {tree['tokens_per_target_forward'] / token['tokens_per_target_forward']:.3f}x tok/fwd, "
+                parts.append(f"best tree {tuple(tree['tree'])} / chain {_ratio(tree, token)} tok/fwd, "
                              f"{tree['tokens_per_second'] / token['tokens_per_second']:.2f}x tok/s")
             lines.append("; ".join(parts))
     return lines

@@ -66,6 +66,8 @@ class SpeculativeStats:
         prefill counts to its model; the cache bookkeeping after the step's sync is in none of them.
         Measured with CUDA events on GPU (no extra syncs) and the wall clock on CPU.
     draft_lengths: K used at each step.
+    tokens_per_target_forward_stderr: standard error of ``tokens_per_target_forward`` (from the spread
+        of the tokens each row emitted per step), to tell a difference between runs from noise.
     """
 
     acceptance_per_position: list[float]
@@ -78,6 +80,7 @@ class SpeculativeStats:
     target_seconds: float
     verify_seconds: float
     draft_lengths: list[int]
+    tokens_per_target_forward_stderr: float = float("nan")
 
 
 @dataclass
@@ -325,6 +328,15 @@ class _Rows:
         self.index_host = [self.index_host[b] for b in keep]
 
 
+def stderr_of_mean(total: float, squares: float, count: int) -> float:
+    """Standard error of a mean from the sum and the sum of squares of ``count`` values."""
+    if count < 2:
+        return float("nan")
+    mean = total / count
+    variance = max(squares / count - mean * mean, 0.0) * count / (count - 1)
+    return (variance / count) ** 0.5
+
+
 @dataclass
 class _Tally:
     """Host-side counts behind :class:`SpeculativeStats`."""
@@ -334,6 +346,7 @@ class _Tally:
     accepted: int = 0
     judged: int = 0
     emitted: int = 0
+    emitted_squares: int = 0
     row_steps: int = 0
     draft_lengths: list[int] = field(default_factory=list)
     seconds: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
@@ -348,6 +361,7 @@ class _Tally:
         self.accepted += sum(accepted)
         self.judged += judged
         self.emitted += sum(emitted)
+        self.emitted_squares += sum(e * e for e in emitted)
         self.row_steps += len(accepted)
         self.draft_lengths.append(k)
         self.seconds = [total + span for total, span in zip(self.seconds, spans, strict=True)]
@@ -361,7 +375,7 @@ class _Tally:
             tokens_per_target_forward=self.emitted / steps,
             target_forwards=target.forwards, draft_forwards=draft.forwards if draft is not None else 0,
             draft_seconds=self.seconds[0], target_seconds=self.seconds[1], verify_seconds=self.seconds[2],
-            draft_lengths=self.draft_lengths,
+            draft_lengths=self.draft_lengths, tokens_per_target_forward_stderr=stderr_of_mean(self.emitted, self.emitted_squares, self.row_steps),
         )
 
 

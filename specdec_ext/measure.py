@@ -124,7 +124,10 @@ ASSISTED_MODES = {
 def assisted(target, draft, input_ids, attention_mask, *, max_new_tokens, sampling, num_draft_tokens, eos_ids, pad_id, hooked=False,
              seed=0, mode=None, extra=None, lookup_ngram: int | None = None) -> Run:
     """``target.generate(..., assistant_model=draft)``. mode: "transformers" (its own loop, batch 1),
-    "verification" (its loop, fused verification) or "loop" (the hook's batched loop, any batch);
+    "verification" (its loop, fused verification) or "loop" (the hook's batched loop, any batch).
+    ``num_draft_tokens``: a fixed K for both loops (no confidence threshold), or None for the default
+    call (transformers' assistant defaults: 20 drafts cut by its confidence threshold; the hook then
+    picks K adaptively);
     ``hooked=True`` is "verification" (older callers). ``draft=None`` with ``lookup_ngram``: prompt
     lookup (``prompt_lookup_num_tokens=num_draft_tokens``) instead of a draft model."""
     mode = mode or ("verification" if hooked else "transformers")
@@ -135,9 +138,13 @@ def assisted(target, draft, input_ids, attention_mask, *, max_new_tokens, sampli
     _sync(target.device)
     with context, _counting_forwards(target) as forwards, _counting_verifications() as tally, torch.no_grad():
         start = time.perf_counter()
-        source = ({"assistant_model": draft, "num_assistant_tokens": num_draft_tokens, "num_assistant_tokens_schedule": "constant",
-                   "assistant_confidence_threshold": 0.0} if draft is not None else
-                  {"prompt_lookup_num_tokens": num_draft_tokens, "max_matching_ngram_size": lookup_ngram or 2})
+        if draft is None:
+            source = {"prompt_lookup_num_tokens": num_draft_tokens, "max_matching_ngram_size": lookup_ngram or 2}
+        elif num_draft_tokens is None:  # the call users write: transformers' defaults for the assistant
+            source = {"assistant_model": draft}
+        else:
+            source = {"assistant_model": draft, "num_assistant_tokens": num_draft_tokens, "num_assistant_tokens_schedule": "constant",
+                      "assistant_confidence_threshold": 0.0}
         out = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
                               **source, **_hf_sampling(sampling), **(extra or {}))
         _sync(target.device)

@@ -29,7 +29,7 @@ import torch
 
 from ._params import _check_scalar_params
 from .api import verify
-from .generate import _Clock
+from .generate import _Clock, stderr_of_mean
 from .reference import process_lines
 from .tree import verify_tree
 
@@ -390,6 +390,7 @@ class TreeStats:
     draft_seconds / target_seconds / verify_seconds: time in drafting (forwards and sampling), in the
         target's forwards, and in verifying and writing tokens out.
     draft_lengths: nodes scored at each step. trees: the branching of each step.
+    tokens_per_target_forward_stderr: standard error of ``tokens_per_target_forward``.
     """
 
     acceptance_per_position: list[float]
@@ -403,6 +404,7 @@ class TreeStats:
     verify_seconds: float
     draft_lengths: list[int]
     trees: list[tuple[int, ...]]
+    tokens_per_target_forward_stderr: float = float("nan")
 
 
 @dataclass
@@ -493,6 +495,7 @@ class _Tally:
     reached: list[int] = field(default_factory=list)
     entered_at: list[int] = field(default_factory=list)
     emitted: int = 0
+    emitted_squares: int = 0
     accepted: int = 0
     row_steps: int = 0
     nodes: list[int] = field(default_factory=list)
@@ -510,6 +513,7 @@ class _Tally:
             target_forwards=target.forwards, draft_forwards=draft.forwards,
             draft_seconds=self.seconds[0], target_seconds=self.seconds[1], verify_seconds=self.seconds[2],
             draft_lengths=self.nodes, trees=self.trees,
+            tokens_per_target_forward_stderr=stderr_of_mean(self.emitted, self.emitted_squares, self.row_steps),
         )
 
 
@@ -572,6 +576,7 @@ def _step(target, draft, rows: _Rows, shapes: _TreeShapes, method, siblings, sam
         tally.reached[d] += reached_host[d]
         tally.entered_at[d] += entered_host[d]
     tally.emitted += sum(emitted_host)
+    tally.emitted_squares += sum(e * e for e in emitted_host)
     tally.accepted += sum(accepted_host)
     tally.row_steps += batch
     tally.nodes.append(shape.num_nodes)

@@ -113,6 +113,44 @@ def test_greedy_equals_target_only_on_the_embedded_pair():
         assert out.stats.tokens_per_target_forward > 2
 
 
+def test_early_exit_draft_is_the_targets_first_layers_shared_and_drafts_exactly():
+    import copy
+
+    from specdec_ext.demo.assets import early_exit_draft, load_pair
+    from specdec_ext.demo.corpus import DEMO_PROMPTS
+
+    target, _, tokenizer = load_pair()
+    draft = early_exit_draft(target, 2)
+    # Shared modules, no copies: the draft costs no weights of its own.
+    assert draft.model.layers[1] is target.model.layers[1] and draft.lm_head is target.lm_head
+    assert not any(p.is_meta for p in draft.parameters()) and not any(b.is_meta for b in draft.buffers())
+    truncated = copy.deepcopy(target)
+    truncated.model.layers = truncated.model.layers[:2]
+    truncated.config.num_hidden_layers = 2
+    ids = tokenizer(list(DEMO_PROMPTS[:1]), return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(draft(ids).logits, truncated(ids).logits, rtol=0, atol=0)
+    # A weak draft still gives the target's greedy tokens exactly.
+    expected = _target_only(target, ids, torch.ones_like(ids), 12, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    out = specdec_ext.generate(target, draft, ids, torch.ones_like(ids), max_new_tokens=12, do_sample=False, tree=(3, 1),
+                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    assert out.sequences.tolist() == expected.tolist()
+    assert out.stats.tokens_per_target_forward_stderr > 0
+    for bad in (0, len(target.model.layers) + 1):
+        with pytest.raises(ValueError, match="num_layers"):
+            early_exit_draft(target, bad)
+
+
+def test_stderr_of_tokens_per_forward():
+    from specdec_ext.generate import stderr_of_mean
+
+    values = [1, 3, 2, 5, 1, 1, 4]
+    mean = sum(values) / len(values)
+    sample_variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    assert stderr_of_mean(sum(values), sum(v * v for v in values), len(values)) == pytest.approx((sample_variance / len(values)) ** 0.5)
+    assert stderr_of_mean(3, 9, 1) != stderr_of_mean(3, 9, 1)  # NaN: one value has no spread estimate
+
+
 def test_greedy_with_eager_attention_and_dead_slots_squeezed_every_step(monkeypatch):
     monkeypatch.setattr(tg, "SQUEEZE_MIN_DEAD", 0)
     monkeypatch.setattr(tg, "SQUEEZE_DEAD_RATIO", 0.0)
