@@ -121,6 +121,20 @@ ASSISTED_MODES = {
 }
 
 
+@contextlib.contextmanager
+def _assistant_settings(draft, **settings):
+    """Set fields of the draft's generation config for a call, then restore them."""
+    config = draft.generation_config
+    saved = {name: getattr(config, name, None) for name in settings}
+    for name, value in settings.items():
+        setattr(config, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
+
+
 def assisted(target, draft, input_ids, attention_mask, *, max_new_tokens, sampling, num_draft_tokens, eos_ids, pad_id, hooked=False,
              seed=0, mode=None, extra=None, lookup_ngram: int | None = None) -> Run:
     """``target.generate(..., assistant_model=draft)``. mode: "transformers" (its own loop, batch 1),
@@ -136,15 +150,17 @@ def assisted(target, draft, input_ids, attention_mask, *, max_new_tokens, sampli
     torch.manual_seed(seed)
     context = hf.fused_verification(loop=mode == "loop", num_draft_tokens=num_draft_tokens) if mode != "transformers" else contextlib.nullcontext()
     _sync(target.device)
-    with context, _counting_forwards(target) as forwards, _counting_verifications() as tally, torch.no_grad():
+    if draft is None:
+        source = {"prompt_lookup_num_tokens": num_draft_tokens, "max_matching_ngram_size": lookup_ngram or 2}
+        fixed_k = contextlib.nullcontext()
+    else:
+        source = {"assistant_model": draft}
+        # transformers reads K from the ASSISTANT's generation config (generate() keywords such as
+        # num_assistant_tokens do not reach it); None keeps its defaults, the call users write.
+        fixed_k = contextlib.nullcontext() if num_draft_tokens is None else _assistant_settings(
+            draft, num_assistant_tokens=num_draft_tokens, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+    with context, fixed_k, _counting_forwards(target) as forwards, _counting_verifications() as tally, torch.no_grad():
         start = time.perf_counter()
-        if draft is None:
-            source = {"prompt_lookup_num_tokens": num_draft_tokens, "max_matching_ngram_size": lookup_ngram or 2}
-        elif num_draft_tokens is None:  # the call users write: transformers' defaults for the assistant
-            source = {"assistant_model": draft}
-        else:
-            source = {"assistant_model": draft, "num_assistant_tokens": num_draft_tokens, "num_assistant_tokens_schedule": "constant",
-                      "assistant_confidence_threshold": 0.0}
         out = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
                               **source, **_hf_sampling(sampling), **(extra or {}))
         _sync(target.device)
