@@ -437,3 +437,21 @@ def test_sampled_scores_are_the_warped_logits(close_pair):
         torch.testing.assert_close(out.scores[t], warpers(None, out.logits[t].clone()))
         drawn = out.scores[t].gather(1, new[:, t: t + 1])
         assert torch.isfinite(drawn).all()  # every emitted token had probability > 0 under its scores
+
+
+def test_benchmark_fixes_transformers_draft_length_on_the_assistant():
+    # transformers reads K from the assistant's generation config; generate() keywords never reach it
+    # (then every K below would run transformers' defaults and take the same number of forwards).
+    from specdec_ext import measure
+
+    target = tiny_llama(8, seed=0)
+    draft = tiny_llama(8, seed=0)
+    before = draft.generation_config.to_dict()
+    common = {"max_new_tokens": 24, "sampling": {"temperature": 0.0}, "eos_ids": [], "pad_id": 0}
+    forwards = []
+    for k in (1, 3, 6):
+        run = measure.assisted(target, draft, PROMPT, torch.ones_like(PROMPT), num_draft_tokens=k, mode="transformers", **common)
+        assert run.new_tokens == 24
+        forwards.append(run.details["target_forwards"])
+    assert forwards[0] > forwards[1] > forwards[2] >= 24 // 7, forwards  # longer blocks, fewer target forwards
+    assert draft.generation_config.to_dict() == before  # restored after each call
