@@ -20,6 +20,7 @@ shared machine are noisy: the JSON records the load average before and after the
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime as dt
 import json
 import os
@@ -97,6 +98,9 @@ def run(target, draft, ids, mask, eos, pad, *, temperature: float, nodes: list[i
                        acceptance_per_depth=stats.acceptance_per_position, target_forwards=stats.target_forwards,
                        draft_forwards=stats.draft_forwards, draft_seconds=stats.draft_seconds, target_seconds=stats.target_seconds,
                        verify_seconds=stats.verify_seconds)
+            if getattr(stats, "trees", None):  # tree="auto": the shapes it chose
+                row["trees_chosen"] = [[list(t), c] for t, c in collections.Counter(tuple(t) for t in stats.trees).most_common()]
+                row["mean_nodes"] = sum(stats.draft_lengths) / len(stats.draft_lengths)
         rows.append(row)
         shown = f"{row.get('tokens_per_target_forward', float('nan')):6.3f}"
         print(f"{draft_name:<10} T={temperature:<4} N={n:<2} {method:<12} {str(tuple(tree) if tree else ''):<14} tok/fwd {shown}  tok/s {row['tokens_per_second']:8.1f}", flush=True)
@@ -126,6 +130,9 @@ def run(target, draft, ids, mask, eos, pad, *, temperature: float, nodes: list[i
                    key=lambda r: r["tokens_per_target_forward"], default=None)
         if best is not None:
             best["best_tree"] = True
+    # tree="auto": a shape per step from the running acceptance and the measured costs (up to
+    # tree_generate.AUTO_MAX_NODES nodes), chains included.
+    record("tree-auto", 0, None, lambda: generate(target, draft, ids, mask, tree="auto", generator=generator(), **common))
     return rows
 
 
@@ -367,6 +374,11 @@ def summarise(rows: list[dict]) -> list[str]:
                 parts.append(f"best tree {tuple(tree['tree'])} / chain {_ratio(tree, token)} tok/fwd, "
                              f"{tree['tokens_per_second'] / token['tokens_per_second']:.2f}x tok/s")
             lines.append("; ".join(parts))
+        auto = next((r for r in here if r["method"] == "tree-auto"), None)
+        if auto is not None:
+            shapes = ", ".join(f"{tuple(t)} x{c}" for t, c in auto.get("trees_chosen", [])[:3])
+            lines.append(f"{draft} draft T={temperature} tree='auto': {auto['tokens_per_target_forward']:.2f} tok/fwd, {auto['tokens_per_second']:.0f} tok/s, "
+                         f"{auto.get('mean_nodes', float('nan')):.1f} nodes per step; chose {shapes}")
     return lines
 
 
