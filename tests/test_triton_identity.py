@@ -85,21 +85,29 @@ def _args(target, draft, tokens, **kw):
     return _params.validate_verify(target, draft, tokens, **kw)
 
 
-def test_identity_across_launch_geometries():
+_GEOMETRIES = [
+    {"race_chunks": 3, "race_block": 128, "stats_tile": 512},
+    {"race_chunks": 1, "race_block": 256, "stats_tile": 512, "stats_parts": 1},  # one statistics program loops over both tiles
+    {"race_chunks": 8, "race_block": 64},
+    {"race_chunks": 2, "race_block": 512, "stats_tile": 512, "candidate_chunk": 512, "threshold_block": 256},
+]
+
+
+@pytest.mark.parametrize("calls", [pytest.param("unfiltered", id="unfiltered"), pytest.param("filtered", id="filtered", marks=pytest.mark.slow)])
+def test_identity_across_launch_geometries(calls):
     """Several race chunks per row, ragged last tiles (race, statistics, candidates) and a Vd < V
     draft with fewer statistics tiles give the reference's results."""
     target, draft, tokens = _case(3, 3, 1000, torch.float32, seed=4, draft_vocab=700, noise=0.5)
     seeds, offsets = _keys(3)
-    layouts = [
-        {"race_chunks": 3, "race_block": 128, "stats_tile": 512},
-        {"race_chunks": 1, "race_block": 256, "stats_tile": 512, "stats_parts": 1},  # one statistics program loops over both tiles
-        {"race_chunks": 8, "race_block": 64},
-        {"race_chunks": 2, "race_block": 512, "stats_tile": 512, "candidate_chunk": 512, "threshold_block": 256},
-    ]
-    # Every layout without filters; the filtered and greedy-mixed calls (slow in the interpreter) on the
-    # layout with the smallest candidate chunks and threshold blocks and on the one-program statistics.
-    cases = (({}, layouts), ({"top_k": 50, "top_p": 0.95, "return_logprobs": "raw"}, layouts[1::2]),
-             ({"temperature": torch.tensor([0.0, 0.7, 1.2]), "return_logprobs": "processed"}, layouts[1::2]))
+    layouts = _GEOMETRIES
+    # Every layout without filters, and a greedy-mixed call on the layout with the smallest candidate
+    # chunks; the filtered calls (slow in the interpreter) in make test-slow, on that layout and on the
+    # one-program statistics, with the greedy-mixed call on the latter.
+    if calls == "unfiltered":
+        cases = (({}, layouts), ({"temperature": torch.tensor([0.0, 0.7, 1.2]), "return_logprobs": "processed"}, layouts[3:]))
+    else:
+        cases = (({"top_k": 50, "top_p": 0.95, "return_logprobs": "raw"}, layouts[1::2]),
+                 ({"temperature": torch.tensor([0.0, 0.7, 1.2]), "return_logprobs": "processed"}, layouts[1:2]))
     for params, chosen in cases:
         args = _args(target, draft, tokens, seeds=seeds, offsets=offsets, return_accept_probs=True, **params)
         expected = verify_eager(args, 0)
