@@ -44,29 +44,40 @@ static constexpr float kPosInf = __builtin_huge_valf();
 // expf. Denormal results are produced (2^n is applied in two halves) so tiny probabilities are not
 // flushed to zero where PyTorch's exp keeps them. x is clamped at -104, where the result rounds to
 // exactly 0, so -inf (a masked logit) gives 0 without a final select.
-static inline __attribute__((always_inline)) float exp_neg(float x) {
-  const float xc = x < -104.0f ? -104.0f : x;
+//
+// exp_neg_many<N> takes N values in place, one step at a time for all of them: each value goes
+// through the same operations as exp_neg (the N = 1 case), but the N dependency chains (a dozen
+// dependent multiply-adds each) sit side by side in the instruction stream, so a core's FP pipes
+// stay busy instead of waiting on one chain (about 1.2x on a first-generation EPYC).
+template <int N>
+static inline __attribute__((always_inline)) void exp_neg_many(float* v) {
+  float xc[N], shifted[N], r[N], y[N];
+  for (int i = 0; i < N; ++i) xc[i] = v[i] < -104.0f ? -104.0f : v[i];
   // Round x * log2(e) to the nearest integer with the 1.5 * 2^23 trick (no SSE4.1 round needed).
-  const float shifted = SPECDEC_MADD(xc, 1.44269504088896341f, 12582912.0f);
-  const int32_t n = static_cast<int32_t>(float_to_bits(shifted)) - 0x4B400000;
-  const float fn = shifted - 12582912.0f;
+  for (int i = 0; i < N; ++i) shifted[i] = SPECDEC_MADD(xc[i], 1.44269504088896341f, 12582912.0f);
   // Cody-Waite reduction: r = x - n * ln 2 in two steps.
-  float r = SPECDEC_MADD(fn, -0.693359375f, xc);
-  r = SPECDEC_MADD(fn, 2.12194440e-4f, r);
-  const float r2 = r * r;
-  float y = 1.9875691500e-4f;
-  y = SPECDEC_MADD(y, r, 1.3981999507e-3f);
-  y = SPECDEC_MADD(y, r, 8.3334519073e-3f);
-  y = SPECDEC_MADD(y, r, 4.1665795894e-2f);
-  y = SPECDEC_MADD(y, r, 1.6666665459e-1f);
-  y = SPECDEC_MADD(y, r, 5.0000001201e-1f);
-  y = SPECDEC_MADD(y, r2, r) + 1.0f;
+  for (int i = 0; i < N; ++i) {
+    const float fn = shifted[i] - 12582912.0f;
+    r[i] = SPECDEC_MADD(fn, 2.12194440e-4f, SPECDEC_MADD(fn, -0.693359375f, xc[i]));
+  }
+  for (int i = 0; i < N; ++i) y[i] = SPECDEC_MADD(1.9875691500e-4f, r[i], 1.3981999507e-3f);
+  for (int i = 0; i < N; ++i) y[i] = SPECDEC_MADD(y[i], r[i], 8.3334519073e-3f);
+  for (int i = 0; i < N; ++i) y[i] = SPECDEC_MADD(y[i], r[i], 4.1665795894e-2f);
+  for (int i = 0; i < N; ++i) y[i] = SPECDEC_MADD(y[i], r[i], 1.6666665459e-1f);
+  for (int i = 0; i < N; ++i) y[i] = SPECDEC_MADD(y[i], r[i], 5.0000001201e-1f);
+  for (int i = 0; i < N; ++i) y[i] = SPECDEC_MADD(y[i], r[i] * r[i], r[i]) + 1.0f;
   // 2^n with n in [-150, 0] split into two factors that are each a normal float.
-  const int32_t n1 = n >> 1;
-  const int32_t n2 = n - n1;
-  const float s1 = bits_to_float(static_cast<uint32_t>(n1 + 127) << 23);
-  const float s2 = bits_to_float(static_cast<uint32_t>(n2 + 127) << 23);
-  return (y * s1) * s2;
+  for (int i = 0; i < N; ++i) {
+    const int32_t n = static_cast<int32_t>(float_to_bits(shifted[i])) - 0x4B400000;
+    const int32_t n1 = n >> 1;
+    const int32_t n2 = n - n1;
+    v[i] = (y[i] * bits_to_float(static_cast<uint32_t>(n1 + 127) << 23)) * bits_to_float(static_cast<uint32_t>(n2 + 127) << 23);
+  }
+}
+
+static inline __attribute__((always_inline)) float exp_neg(float x) {
+  exp_neg_many<1>(&x);
+  return x;
 }
 
 // log(x) for a positive normal x (the kernels take logs of uniforms in [2^-24, 1)); Cephes' logf.
