@@ -246,6 +246,10 @@ class KernelCode:
     straight_by_pipe: dict
     barriers_outside_loops: int
     opcode_counts: dict = field(default_factory=dict)
+    # Phases of a kernel that first works on its own items, then waits (an acquire: the first
+    # L1 invalidation, CCTL.IVALL) and works on items that depend on other programs' (the cut-offs
+    # kernel): (path, barriers outside loops) of the code before and from that point.
+    phases: dict = field(default_factory=dict)
 
 
 def _mix(instructions: list[Instruction]) -> tuple[dict, dict]:
@@ -297,9 +301,14 @@ def analyse(sass: str, resources: str) -> KernelCode:
     straight_pipes, _ = _mix(straight)
     usage = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", resources)
     registers, shared, local = (int(usage.group(k)) for k in (1, 2, 3)) if usage else (0, 0, 0)
+    phases = {}
+    wait = next((i.address for i in body if i.opcode.startswith("CCTL.IVALL")), None)
+    if wait is not None:
+        for name, part in (("before_wait", [i for i in body if i.address < wait]), ("from_wait", [i for i in body if i.address >= wait])):
+            phases[name] = (longest_path(part, cold), sum(1 for i in straight if i.base == "BAR" and (i.address < wait) == (name == "before_wait")))
     return KernelCode(
         registers, local, shared, len(body), loops, longest_path(body, cold), len(straight), straight_pipes, sum(1 for i in straight if i.base == "BAR"),
-        dict(Counter(i.opcode for i in hot)),
+        dict(Counter(i.opcode for i in hot)), phases,
     )
 
 
@@ -345,7 +354,7 @@ class Call:
     stream: int = 1
     draft_dtype: str | None = None  # default: the target's
     draft_vocab: int | None = None  # default: the target's
-    whole_line: bool = False  # the cut is not among the candidates: every line runs select_kernel's search over the whole line
+    whole_line: bool = False  # the cut is not among the candidates: every line runs the whole-line search (cutoff_kernel)
 
     @property
     def filtered(self) -> bool:
@@ -468,11 +477,11 @@ def _pick_loop(code: KernelCode, name: str, call: Call) -> tuple[Loop | None, st
         return residual, "residual race tile"
     if name == "candidates":
         return None, "per-thread selection (no loop)"
-    if name == "threshold":
-        searches = [loop for loop in code.loops if not loop.has("LDG")]
+    if name == "cutoff":  # the phase of its work items over the candidates (the search steps hold no global load)
+        searches = [loop for loop in code.loops if not loop.has("LDG") and not loop.has("ATOMG")]
         return (max(searches, key=lambda loop: loop.instructions) if searches else None), "candidate search step"
-    if name == "select":
-        # The histogram loop (its atomics tell it from the rare finishing bisection's loop).
+    if name == "cutoff:search":
+        # The whole-line search's histogram loop (its loads and atomics tell it from the spin waits).
         binning = [loop for loop in loads if loop.has("RED") + loop.has("REDG") + loop.has("ATOM") + loop.has("ATOMG")]
         if not binning or not call.whole_line:
             return None, ""
@@ -480,12 +489,15 @@ def _pick_loop(code: KernelCode, name: str, call: Call) -> tuple[Loop | None, st
     return None, ""
 
 
+SEARCH_PASSES_PER_SEARCH = 4  # 256 bins per pass resolve the 32 bits of an order key in four
+
+
 def _logits_bytes(call: Call) -> int:
     lines = call.batch * (call.k + 1) + (call.batch * call.k if call.draft == "logits" else 0)
     return lines * call.vocab * call.itemsize
 
 
-def _work(launch, call: Call) -> dict:
+def _work(launch, call: Call, phase: str) -> dict:
     """What each program of a launch executes: hot-loop trip count, values per trip, bytes, and
     the dependent memory round trips on its critical path."""
     from specdec_ext import _triton_backend
@@ -494,7 +506,7 @@ def _work(launch, call: Call) -> dict:
     c = launch.constexprs
     lines_t = call.batch * (call.k + 1)
     lines_d = call.batch * call.k if call.draft == "logits" else 0
-    if launch.name == "line_stats":
+    if phase == "line_stats":
         tiles_per_part = args[-1]
         tile = c["T_LANES"] * c["T_ROWS"]
         used_lines = lines_t + lines_d
@@ -507,7 +519,7 @@ def _work(launch, call: Call) -> dict:
             "trips": tiles_per_part, "values": tile, "programs_used": programs_used, "bytes": used_lines * call.vocab * call.itemsize,
             "rounds": ["dram", "l2"],  # the tiles' loads (issued together), then the partials' stores
         }
-    if launch.name == "race":
+    if phase == "race":
         tiles_per_chunk, chunks = args[-2], args[-1]
         block = c["BLOCK"]
         raced = 2 if call.draft == "logits" else 1
@@ -521,48 +533,55 @@ def _work(launch, call: Call) -> dict:
             "rounds": ["l2", "l2" if _logits_bytes(call) < ASSUMPTIONS["l2_bytes"] / 2 else "dram", "l2", "l2"] + (["l2"] if call.logprobs else []),
             "final_trips": math.ceil(chunks / _triton_backend.FINAL_BLOCK),
         }
-    if launch.name == "candidates":
+    if phase == "candidates":
         chunk = c["CHUNK"]
         filtered_lines = lines_t + lines_d
         return {
             "trips": 0, "values": chunk, "programs_used": filtered_lines * c["NUM_CHUNKS"], "bytes": filtered_lines * call.vocab * call.itemsize,
             "rounds": ["dram", "l2"],
         }
-    if launch.name == "threshold":
-        # Two searches (top-k, top-p) over the candidates, each PROBES keys per step: the range
+    if phase == "cutoff":
+        # Work items over the candidates, one per line, drawn by the programs in turn (modelled as
+        # one program per line: the waves of the resident programs). Two searches (top-k, top-p) over the candidates, each PROBES keys per step: the range
         # between the candidates' floor and the line max spans about 2**24 order keys (logits
         # within a factor 4 of each other), ceil(24 / log2(PROBES + 1)) steps each. A line the
         # candidates cannot settle stops after the first test and leaves the search to select.
         steps = 2 * math.ceil(ASSUMPTIONS["threshold_search_bits"] / math.log2(c["PROBES"] + 1))
         return {
             "trips": 0 if call.whole_line else steps, "values": c["CANDS_POW2"], "programs_used": lines_t + lines_d,
-            "bytes": (lines_t + lines_d) * c["CANDS_POW2"] * 4, "rounds": ["l2", "l2"],
+            "bytes": (lines_t + lines_d) * c["CANDS_POW2"] * 4,
+            # the ticket; the candidates; the release of the item; then every program's acquire
+            # that sees the last item finished, its read of the (empty) list and its exit atomic.
+            "rounds": ["l2", "l2", "l2", "l2", "l2", "l2"],
         }
-    if launch.name == "select":
+    if phase == "cutoff:search":
+        # One pass of the whole-line search (call.whole_line: every line searches; one search,
+        # top-k or top-p, takes SEARCH_PASSES_PER_SEARCH passes).
         lines = lines_t + lines_d
         programs = launch.grid[0]
-        if not call.whole_line:
-            # Every line settled among the candidates: the list is empty, each program reads its length and exits.
-            return {"trips": 0, "values": c["TILE"], "programs_used": programs, "bytes": 4, "rounds": ["l2"], "idle": True}
         slots = lines * c["NUM_CHUNKS"] * (c["BINS"] + 1)
         items = lines * c["NUM_CHUNKS"]  # (line, chunk) work items, taken in turn by the programs
         return {
             "trips": c["CHUNK"] // c["TILE"] * math.ceil(items / programs), "values": c["TILE"], "programs_used": programs,
             "bytes": lines * call.vocab * call.itemsize + slots * 12 * 2,  # the lines; the histograms zeroed, then read
-            # the state; the zeroing stores before the barrier; the chunk's logits (loads issued
-            # together); the arrival atomic; the last program's read of the chunks' histograms.
-            "rounds": ["l2", "l2", "dram", "l2", "l2"],
+            # the ticket and the acquire of the previous pass; the state; the zeroing stores before
+            # the barrier; the chunk's logits (loads issued together); the arrival atomic; the last
+            # item's read of the chunks' histograms and its release of the pass.
+            "rounds": ["l2", "l2", "l2", "l2", "dram", "l2", "l2", "l2"],
             "atomics": 2 * lines * call.vocab,  # a count and a mass per value
         }
-    raise ValueError(launch.name)
+    raise ValueError(phase)
 
 
-def estimate_launch(launch, call: Call) -> LaunchEstimate:
+def estimate_launch(launch, call: Call, phase: str | None = None) -> LaunchEstimate:
+    """The time of one launch, or of one phase of it (the cut-offs launch's work items over the
+    candidates, then each pass of its whole-line search)."""
     a = ASSUMPTIONS
+    phase = phase or launch.name
     code = compiled_code(launch)
     warps = launch.num_warps
-    work = _work(launch, call)
-    loop, loop_name = _pick_loop(code, launch.name, call)
+    work = _work(launch, call, phase)
+    loop, loop_name = _pick_loop(code, phase, call)
     loop_instructions = loop.instructions if loop else 0
     per_thread_values = work["values"] / (32 * warps)
     # Instructions per warp: the longest path through the kernel (loop bodies once), plus the hot
@@ -571,18 +590,19 @@ def estimate_launch(launch, call: Call) -> LaunchEstimate:
     twin = loop is not None and any(other is not loop and other.instructions > loop.instructions and other.has("LDG") == loop.has("LDG")
                                     and other.has("MUFU.EX2") == loop.has("MUFU.EX2") for other in code.loops)
     trips = max(work["trips"] - 1, 0) if twin else work["trips"]
-    per_warp = max(code.path - loop_instructions, 0) + loop_instructions * trips
+    # The cut-offs kernel's phases run their own part of the code (its items over the candidates
+    # before the first wait, the search passes from it).
+    path, barriers = code.path, code.barriers_outside_loops
+    if phase in ("cutoff", "cutoff:search") and code.phases:
+        path, barriers = code.phases["before_wait" if phase == "cutoff" else "from_wait"]
+    per_warp = max(path - loop_instructions, 0) + loop_instructions * trips
     # The pipes of what runs outside the hot loop: the straight-line mix, scaled to the path.
-    outside = max(0, code.path - loop_instructions)
+    outside = max(0, path - loop_instructions)
     scale = outside / code.straight if code.straight else 0.0
     pipes = Counter({pipe: n * scale for pipe, n in code.straight_by_pipe.items()})
     if loop:
         for pipe, n in loop.by_pipe.items():
             pipes[pipe] += n * work["trips"]
-    if work.get("idle"):
-        # Programs that exit after one load: a few instructions, not the longest path.
-        per_warp = 16
-        pipes = Counter({"alu": 16})
     programs = work["programs_used"]
     ctas = _occupancy(code, warps)
     sms = a["multiprocessors"]
@@ -597,7 +617,6 @@ def estimate_launch(launch, call: Call) -> LaunchEstimate:
     # One program's critical path: its dependent memory round trips, its barriers and its
     # instructions at the issue interval of a warp with few neighbours on its scheduler.
     rounds = sum(a["dram_latency_us"] if r == "dram" else a["l2_latency_us"] for r in work["rounds"])
-    barriers = 0 if work.get("idle") else code.barriers_outside_loops  # an idle program exits before any barrier
     program_us = rounds + (per_warp * a["cycles_per_instruction_alone"] + barriers * a["barrier_latency_cycles"]) / clock
     if launch.name == "race":  # the last program of a row also finalises
         program_us += a["l2_latency_us"] * work["final_trips"]
@@ -611,7 +630,7 @@ def estimate_launch(launch, call: Call) -> LaunchEstimate:
     time_us = max(pipe_us, memory_us, latency_us)
     bound = "memory" if time_us == memory_us else "pipe" if time_us == pipe_us else ("issue" if latency_us > program_us * math.ceil(waves) * 1.01 or full_waves else "latency")
     return LaunchEstimate(
-        launch.name, list(launch.grid), programs, warps, code.registers, code.spill_bytes, code.shared_bytes, ctas, round(waves, 2), loop_name,
+        phase, list(launch.grid), programs, warps, code.registers, code.spill_bytes, code.shared_bytes, ctas, round(waves, 2), loop_name,
         loop_instructions, work["values"], round(loop_instructions / per_thread_values, 2) if per_thread_values else 0.0,
         round(total_warps * per_warp), work["bytes"], round(issue_us, 3), round(pipe_us, 3), round(memory_us, 3), round(latency_us, 3), round(time_us, 3), bound,
     )
@@ -620,7 +639,8 @@ def estimate_launch(launch, call: Call) -> LaunchEstimate:
 @dataclass
 class CallEstimate:
     call: dict
-    launches: list
+    num_launches: int
+    launches: list  # per launch, or per phase of the cut-offs launch (its search passes one by one)
     kernels_us: float
     replayed_us: float
     launched_us: float
@@ -631,9 +651,17 @@ class CallEstimate:
 
 def estimate_call(call: Call, goals: dict | None = None) -> CallEstimate:
     a = ASSUMPTIONS
-    estimates = [estimate_launch(launch, call) for launch in launches(call, a["multiprocessors"])]
+    planned = launches(call, a["multiprocessors"])
+    estimates = []
+    for launch in planned:
+        if launch.name == "cutoff":
+            estimates.append(estimate_launch(launch, call, "cutoff"))
+            if call.whole_line:  # the passes of one search, one after another in the same launch
+                estimates += [estimate_launch(launch, call, "cutoff:search")] * SEARCH_PASSES_PER_SEARCH
+        else:
+            estimates.append(estimate_launch(launch, call))
     kernels = sum(e.time_us for e in estimates)
-    n = len(estimates)
+    n = len(planned)
     replayed = a["graph_replay_fixed_us"] + kernels + a["graph_kernel_gap_us"] * (n - 1)
     host = a["python_call_overhead_us"] + a["python_launch_us"] * n
     # From Python, launches queue behind the host: the call takes whichever is longer.
@@ -643,7 +671,7 @@ def estimate_call(call: Call, goals: dict | None = None) -> CallEstimate:
     for goal, limit in (goals or {}).items():
         value = {"replayed_us": replayed, "launched_us": launched, "x_floor_replayed": replayed / floor, "launches": n}[goal]
         judged[goal] = {"limit": limit, "estimate": round(value, 2), "met": value <= limit}
-    return CallEstimate(asdict(call), [asdict(e) for e in estimates], round(kernels, 2), round(replayed, 2), round(launched, 2), round(floor, 2),
+    return CallEstimate(asdict(call), n, [asdict(e) for e in estimates], round(kernels, 2), round(replayed, 2), round(launched, 2), round(floor, 2),
                         round(replayed / floor, 3), judged)
 
 
@@ -685,7 +713,7 @@ def markdown_table(results: list[CallEstimate]) -> str:
     for r in results:
         loops = ", ".join(f"{e['name']} {e['instructions_per_value']}" for e in r.launches if e["instructions_per_value"])
         goals = "; ".join(f"{g} ≤ {v['limit']}: {'met' if v['met'] else 'MISSED'} ({v['estimate']})" for g, v in r.goals.items()) or "–"
-        rows.append(f"| {r.call['name']} | {len(r.launches)} | {r.kernels_us} | {r.replayed_us} | {r.launched_us} | {r.floor_us} | {r.x_floor_replayed} | {loops} | {goals} |")
+        rows.append(f"| {r.call['name']} | {r.num_launches} | {r.kernels_us} | {r.replayed_us} | {r.launched_us} | {r.floor_us} | {r.x_floor_replayed} | {loops} | {goals} |")
     return "\n".join(rows)
 
 
@@ -708,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
     for call, goals in calls:
         result = estimate_call(call, goals)
         results.append(result)
-        print(f"\n{call.name}: {len(result.launches)} launches, kernels {result.kernels_us} µs, replayed {result.replayed_us} µs, "
+        print(f"\n{call.name}: {result.num_launches} launches, kernels {result.kernels_us} µs, replayed {result.replayed_us} µs, "
               f"launched {result.launched_us} µs, floor {result.floor_us} µs ({result.x_floor_replayed}x)")
         for e in result.launches:
             print(f"  {e['name']:<11} grid {e['grid']} ({e['programs']} programs x {e['warps_per_program']} warps, {e['registers']} regs, "

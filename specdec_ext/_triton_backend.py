@@ -6,9 +6,9 @@ plan is a pure function of the call's shapes, dtypes, flags and the device's geo
 compiles from the same records (with tensors that only carry shapes).
 
 What a call costs on the device: two launches without top-k / top-p (line statistics, then the
-race with its own finalisation), 2 + SELECT_PASSES more with top-k / top-p (candidates, cut-offs,
-and the launches of the whole-line search, whose programs exit at once on lines the candidates
-settled); no allocation besides the outputs (the partial results live in a workspace cached per
+race with its own finalisation), two more with top-k / top-p (candidates, then the cut-offs: the
+search over the candidates and, in the same launch, the whole-line search of the lines they do not
+settle); no allocation besides the outputs (the partial results live in a workspace cached per
 device and CUDA stream, whose arrival counters reset themselves, so a captured CUDA graph replays
 the launches as they are); no host synchronisation; the row keys come in as a scalar (``base_key``) or a tensor
 (``seeds``), never from a launch.
@@ -44,24 +44,23 @@ FINAL_BLOCK = 1024  # chunk results the finalising program reads per step
 CANDIDATE_CHUNK = 4096
 CANDIDATE_WARPS = 4
 CANDIDATES = 64
-THRESHOLD_WARPS = 8
 THRESHOLD_PROBES = 4  # keys tested per search step over the candidates
-THRESHOLD_BLOCK = 1024  # tile of the one-program radix select that ends a line needing both whole-line searches
-# The whole-line search (select_kernel): histogram bins per launch, launches per call (together
-# they resolve all 32 bits of an order key: one search), values per program, values per loop step.
+# The cut-offs launch (cutoff_kernel): warps and programs per multiprocessor (each program draws
+# work items in turn: a line's search over its candidates, then whole-line search chunks).
+CUTOFF_WARPS = 8
+CUTOFF_PROGRAMS_PER_SM = 4
+# The whole-line search: histogram bins per pass, passes (four resolve all 32 bits of an order
+# key: one search; top-k then top-p takes two), values per work item, values per loop step.
 SELECT_BINS = 256
-SELECT_PASSES = 4
+SELECT_PASSES = 8
 SELECT_CHUNK = 8192
 SELECT_TILE = 1024
-SELECT_WARPS = 8
-SELECT_PROGRAMS_PER_SM = 4  # programs taking the searching lines' chunks in turn (few: most calls list none)
-assert SELECT_BINS**SELECT_PASSES >= 2**32  # a top-k search always ends within the passes
-assert SELECT_BINS == 256  # select.py's _shift resolves 8 bits per launch
+assert SELECT_BINS ** (SELECT_PASSES // 2) >= 2**32  # top-k, then top-p, each end within their passes
+assert SELECT_BINS == 256  # select.py's _shift resolves 8 bits per pass
 # The interpreter runs programs one after another, paying per program and per loop step, not per
 # lane: one race chunk per row and large tiles there.
 _INTERPRETER_RACE_BLOCK = 8192
 _INTERPRETER_CANDIDATE_CHUNK = 2048
-_INTERPRETER_THRESHOLD_BLOCK = 8192
 _INTERPRETER_SELECT_CHUNK = 2048
 
 
@@ -148,7 +147,6 @@ class Geometry(NamedTuple):
     race_block: int
     race_chunks: int | None  # None: from the multiprocessors and B
     candidate_chunk: int
-    threshold_block: int
     select_chunk: int
     select_tile: int
     select_programs: int
@@ -156,14 +154,13 @@ class Geometry(NamedTuple):
 
 def geometry(
     device: torch.device, *, race_chunks: int | None = None, race_block: int | None = None, stats_tile: int | None = None, stats_parts: int | None = None,
-    candidate_chunk: int | None = None, threshold_block: int | None = None, select_chunk: int | None = None, select_programs: int | None = None,
+    candidate_chunk: int | None = None, select_chunk: int | None = None, select_programs: int | None = None,
     sm_count: int | None = None,
 ) -> Geometry:
     """The geometry a call on ``device`` uses (arguments override it: tests cover several chunks per
     row, ragged tiles and the candidate search on small vocabularies; the model sets sm_count)."""
     interpret = device.type != "cuda" and sm_count is None
-    for name, value in (("race_block", race_block), ("stats_tile", stats_tile), ("candidate_chunk", candidate_chunk), ("threshold_block", threshold_block),
-                        ("select_chunk", select_chunk)):
+    for name, value in (("race_block", race_block), ("stats_tile", stats_tile), ("candidate_chunk", candidate_chunk), ("select_chunk", select_chunk)):
         if value is not None and (value < 16 or value & (value - 1)):
             raise ValueError(f"{name} must be a power of two >= 16, got {value}")
     if sm_count is None:
@@ -177,11 +174,10 @@ def geometry(
         race_block=race_block or (_INTERPRETER_RACE_BLOCK if interpret else RACE_BLOCK),
         race_chunks=race_chunks,
         candidate_chunk=candidate_chunk or (_INTERPRETER_CANDIDATE_CHUNK if interpret else CANDIDATE_CHUNK),
-        threshold_block=threshold_block or (_INTERPRETER_THRESHOLD_BLOCK if interpret else THRESHOLD_BLOCK),
         select_chunk=select_chunk,
         select_tile=select_chunk if interpret else min(SELECT_TILE, select_chunk),  # the interpreter pays per loop step: one per chunk
-        # The interpreter runs programs one after another: a few, each taking several chunks.
-        select_programs=select_programs or (3 if interpret else SELECT_PROGRAMS_PER_SM * sm_count),
+        # The interpreter runs programs one after another: the first takes every work item.
+        select_programs=select_programs or (3 if interpret else CUTOFF_PROGRAMS_PER_SM * sm_count),
     )
 
 
@@ -243,10 +239,11 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
     stats += _next_power_of_2(tiles)  # the race reads whole power-of-two rows of partials
     histograms = searched * select_chunks * (SELECT_BINS + 1)
     floats = padded(stats, stats, stats, stats, lines, lines, batch * chunks, cand * CANDIDATES, cand, cand, searched * 2)
-    ints = padded(stats, batch * chunks, cand * CANDIDATES, cand, cand, lines, searched * 4, histograms, 2 * histograms, searched, 1 if searched else 0)
+    ints = padded(stats, batch * chunks, cand * CANDIDATES, cand, cand, lines, searched * 4, histograms, 2 * histograms, searched, 1 if searched else 0,
+                  searched)
     return {
         "has_draft": has_draft, "lines": lines, "tiles": tiles, "tiles_per_part": tiles_per_part, "chunks": chunks, "tiles_per_chunk": tiles_per_chunk,
-        "candidate_chunks": candidate_chunks, "select_chunks": select_chunks, "sizes": Sizes(floats, ints, padded(batch) + searched),
+        "candidate_chunks": candidate_chunks, "select_chunks": select_chunks, "sizes": Sizes(floats, ints, padded(batch) + (padded(searched) + 3 if searched else 0)),
     }
 
 
@@ -307,13 +304,15 @@ class Buffers(NamedTuple):
     cand_count: torch.Tensor
     cand_floor: torch.Tensor
     resolved: torch.Tensor
-    search: torch.Tensor  # (lines, 4) int32: select_kernel's search state
+    search: torch.Tensor  # (lines, 4) int32: the whole-line search's state
     search_f: torch.Tensor  # (lines, 2) float32
+    search_progress: torch.Tensor  # (lines,) int32: search passes published per line
     search_count: torch.Tensor  # (lines, select chunks, SELECT_BINS + 1) int32 histograms
     search_mass: torch.Tensor  # (lines, select chunks, SELECT_BINS + 1) int64 histograms (fixed-point masses)
     search_counters: torch.Tensor  # (lines,) int32 arrival counters, 0 between launches
     search_list: torch.Tensor  # (lines,) int32: the lines handed to the whole-line search
     searching: torch.Tensor  # (1,) int32: how many
+    cutoff_control: torch.Tensor  # (3,) int32 counters of the cut-offs launch, 0 between launches
 
 
 _BUFFERS: dict[tuple, Buffers] = {}
@@ -338,6 +337,7 @@ def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tens
         return (ws_floats if kind == "f" else ws_ints)[start : start + n]
 
     stats = lines * tiles + _next_power_of_2(tiles)  # padded: see _layout
+    race_counters = _ALIGN * _cdiv(batch, _ALIGN)
     found = Buffers(
         part_m=take("f", stats), part_z=take("f", stats), part_rm=take("f", stats), part_rz=take("f", stats), part_i=take("i", stats),
         gathered=take("f", lines), tau=take("f", lines), race_val=take("f", batch * chunks), race_idx=take("i", batch * chunks), counters=counters,
@@ -345,9 +345,10 @@ def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tens
         cand_mult=take("i", lines * cc * CANDIDATES), cand_count=take("i", lines * cc), cand_floor=take("i", lines * cc), resolved=take("i", lines),
         search_f=take("f", searched * 2), search=take("i", searched * 4), search_count=take("i", searched * sc * (SELECT_BINS + 1)),
         search_mass=take("i", 2 * searched * sc * (SELECT_BINS + 1)).view(torch.int64), search_list=take("i", searched),
-        searching=take("i", 1 if searched else 0),
-        # The race's counters come first (one per row), the search's after them.
-        search_counters=counters[_ALIGN * _cdiv(batch, _ALIGN) : _ALIGN * _cdiv(batch, _ALIGN) + searched],
+        searching=take("i", 1 if searched else 0), search_progress=take("i", searched),
+        # The race's counters come first (one per row), the search's after them, then the cut-offs launch's.
+        search_counters=counters[race_counters : race_counters + searched],
+        cutoff_control=counters[race_counters + _ALIGN * _cdiv(searched, _ALIGN) :][: 3 if searched else 0],
     )
     if len(_BUFFERS) > 64:
         _BUFFERS.clear()
@@ -427,28 +428,21 @@ def templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict) -> l
             lambda a, key, o: (*logits(a), a.temperature, a.top_k, a.top_p, a.num_draft_tokens, *candidates_out, *shape_args),
             common | vectors, warps,
         ))
-        found.append(Template(
-            "threshold", k.threshold_kernel, (lines,),
-            lambda a, key, o: (b.tau, b.resolved, b.part_m, b.part_z, b.search, b.search_f, b.searching, b.search_list, a.temperature, a.top_k, a.top_p,
-                               a.num_draft_tokens,
-                               *candidate_buffers, batch, num_positions, vocab, draft_vocab, t_parts, d_parts),
-            common | {"CHUNKS_POW2": _next_power_of_2(cc), "CANDS_POW2": _next_power_of_2(cc * CANDIDATES),
-                      "PARTS": tiles, "PP": _next_power_of_2(tiles), "RESOLVE": args.logprobs != LOGPROBS_RAW, "PROBES": THRESHOLD_PROBES},
-            THRESHOLD_WARPS,
-        ))
         sc = layout["select_chunks"]
-        # A fixed number of programs (not one per chunk of every line): a call whose lines all
-        # settled among the candidates lists none, and each program exits after one load.
-        programs = min(lines * sc, geo.select_programs)
-        for last in (False,) * (SELECT_PASSES - 1) + (True,):
-            found.append(Template(
-                "select", k.select_kernel, (programs,),
-                lambda a, key, o: (*logits(a), b.tau, a.temperature, a.top_k, a.top_p, b.search, b.search_f, b.search_count, b.search_mass,
-                                   b.search_counters, b.searching, b.search_list, *shape_args),
-                {"NUM_CHUNKS": sc, "HAS_DRAFT": has_draft, "CHUNK": geo.select_chunk, "TILE": geo.select_tile,
-                 "BINS": SELECT_BINS, "LAST_PASS": last, "BLOCK": geo.threshold_block},
-                SELECT_WARPS,
-            ))
+        # A fixed number of programs drawing work items (not one per line or chunk): enough for the
+        # whole-line search of every line, and each exits after one more draw when none is listed.
+        programs = max(1, min(lines * sc, geo.select_programs))
+        found.append(Template(
+            "cutoff", k.cutoff_kernel, (programs,),
+            lambda a, key, o: (*logits(a), b.tau, b.resolved, b.part_m, b.part_z, b.search, b.search_f, b.search_progress, b.search_count, b.search_mass,
+                               b.search_counters, b.cutoff_control, b.searching, b.search_list, a.temperature, a.top_k, a.top_p, a.num_draft_tokens,
+                               *candidate_buffers, *shape_args, t_parts, d_parts),
+            {"HAS_DRAFT": has_draft, "NUM_CANDIDATE_CHUNKS": cc, "CANDIDATE_CHUNK": geo.candidate_chunk, "CHUNKS_POW2": _next_power_of_2(cc),
+             "CAND": CANDIDATES, "CANDS_POW2": _next_power_of_2(cc * CANDIDATES), "PARTS": tiles, "PP": _next_power_of_2(tiles),
+             "RESOLVE": args.logprobs != LOGPROBS_RAW, "PROBES": THRESHOLD_PROBES,
+             "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES},
+            CUTOFF_WARPS,
+        ))
     t_lanes, t_rows = _lanes(target.dtype, geo.stats_tile)
     d_lanes, d_rows = _lanes((draft if has_draft else target).dtype, geo.stats_tile)
     found.append(Template(
@@ -531,7 +525,7 @@ def verify(args: VerifyArgs, base_key: int, **overrides) -> tuple[torch.Tensor, 
     (B, K+1) float32 or None, accept_probs (B, K) float32 or None). No host sync.
 
     ``overrides`` (race_chunks, race_block, stats_tile, stats_parts, candidate_chunk,
-    threshold_block, select_chunk, select_programs) change the launch geometry, never the result: tests use them to cover several
+    select_chunk, select_programs) change the launch geometry, never the result: tests use them to cover several
     chunks per row, ragged last tiles and the candidate search on small vocabularies.
     """
     args = prepare(args)

@@ -89,7 +89,7 @@ _GEOMETRIES = [
     {"race_chunks": 3, "race_block": 128, "stats_tile": 512},
     {"race_chunks": 1, "race_block": 256, "stats_tile": 512, "stats_parts": 1},  # one statistics program loops over both tiles
     {"race_chunks": 8, "race_block": 64},
-    {"race_chunks": 2, "race_block": 512, "stats_tile": 512, "candidate_chunk": 512, "threshold_block": 256},
+    {"race_chunks": 2, "race_block": 512, "stats_tile": 512, "candidate_chunk": 512},
 ]
 
 
@@ -216,7 +216,8 @@ def _reference_thresholds(args) -> torch.Tensor:
 
 
 def _triton_thresholds(args, **geometry) -> torch.Tensor:
-    """tau of every target line from the candidates, threshold and whole-line search launches of a call's plan."""
+    """tau of every target line from the candidates and cut-offs launches of a call's plan (the cut-offs
+    launch runs the whole-line search too)."""
     args = _triton_backend.prepare(args)
     geo = _triton_backend.geometry(args.target_logits.device, **geometry)
     layout = _triton_backend._layout(args, geo)
@@ -224,9 +225,8 @@ def _triton_thresholds(args, **geometry) -> torch.Tensor:
     ws.reserve(layout["sizes"])
     bufs = _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch)
     launches = _triton_backend.plan(args, 0, geo, bufs, layout, _triton_backend.allocate_outputs(args, args.target_logits.device))
-    searches = 2 + _triton_backend.SELECT_PASSES
-    assert [launch.name for launch in launches[:searches]] == ["candidates", "threshold"] + ["select"] * _triton_backend.SELECT_PASSES
-    for launch in launches[:searches]:
+    assert [launch.name for launch in launches[:2]] == ["candidates", "cutoff"]
+    for launch in launches[:2]:
         launch.run()
     return bufs.tau[: args.batch * args.target_logits.shape[1]].clone()
 
@@ -258,7 +258,7 @@ def test_thresholds_match_the_reference(name, logits_fn, params):
     tokens = torch.zeros(target.shape[0], target.shape[1] - 1, dtype=torch.int64)
     kw = {"temperature": 1.0, "top_k": None, "top_p": None, "num_draft_tokens": None} | params
     args = _params.validate_verify(target, None, tokens, generator=None, check=False, **kw)
-    got = _triton_thresholds(args, candidate_chunk=512, threshold_block=1024)
+    got = _triton_thresholds(args, candidate_chunk=512)
     expected = _reference_thresholds(args)
     assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"
 
@@ -275,7 +275,7 @@ def _flat_with_ties(g):
         ("large top-k", lambda g: 2 * torch.randn(2, 2, 600, generator=g), {"top_k": torch.tensor([450, 599])}),
         # top-p alone over a flat line: the cut lies below the candidates' floor.
         ("flat top-p 0.99", lambda g: 0.2 * torch.randn(2, 2, 600, generator=g), {"top_p": torch.tensor([0.99, 0.9])}),
-        # Both searches on the whole line: the last launch ends the top-p search by bisection.
+        # Both searches on the whole line: top-k's passes, then top-p's, in the one launch.
         ("large top-k then flat top-p", lambda g: 0.3 * torch.randn(2, 2, 600, generator=g), {"top_k": 500, "top_p": 0.97}),
         ("ties at the cut", _flat_with_ties, {"top_k": torch.tensor([300, 0]), "top_p": torch.tensor([1.0, 0.95])}),
         # -inf entries: fewer finite values than k (the cut is -inf), and a line mostly -inf.
@@ -283,7 +283,7 @@ def _flat_with_ties(g):
     ],
 )
 def test_whole_line_search_matches_the_reference(name, logits_fn, params):
-    """Cuts the candidates cannot settle are found by select_kernel over 128-value chunks (a ragged
+    """Cuts the candidates cannot settle are found by the whole-line search over 128-value chunks (a ragged
     last one), exactly the reference's."""
     g = torch.Generator().manual_seed(len(name))
     target = logits_fn(g)

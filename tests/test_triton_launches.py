@@ -43,7 +43,7 @@ def _count_launches(recorder: _Recorder):
     launched: list[str] = []
     kernels = _triton_backend.kernels()
     originals = {}
-    for name in ("candidates_kernel", "threshold_kernel", "select_kernel", "line_stats_kernel", "race_kernel"):
+    for name in ("candidates_kernel", "cutoff_kernel", "line_stats_kernel", "race_kernel"):
         kernel = getattr(kernels, name)
         originals[name] = kernel.run
 
@@ -75,7 +75,7 @@ def _inputs(filtered: bool, logprobs: bool):
     return _params.validate_verify(target, draft, tokens, **kw)
 
 
-@pytest.mark.parametrize("filtered,logprobs,expected", [(False, False, 2), (False, True, 2), (True, True, 4 + _triton_backend.SELECT_PASSES)])
+@pytest.mark.parametrize("filtered,logprobs,expected", [(False, False, 2), (False, True, 2), (True, True, 4)])
 def test_launches_and_allocations_per_call(filtered, logprobs, expected):
     args = _inputs(filtered, logprobs)
     _triton_backend.verify(args, 7)  # warm-up: the workspace and the launch plan are made once
@@ -113,9 +113,9 @@ def test_batch_size_does_not_enter_the_compiled_signature():
     tests/triton_compile_check.py, also compares the JIT's whole specialisation across batch sizes.)"""
     race = _triton_backend.kernels().race_kernel
     stats = _triton_backend.kernels().line_stats_kernel
-    select = _triton_backend.kernels().select_kernel
+    cutoffs = _triton_backend.kernels().cutoff_kernel
     for kernel, names in ((race, ("batch", "base_key", "t_parts", "d_parts", "tiles_per_chunk", "num_chunks")), (stats, ("batch", "tiles_per_part")),
-                          (select, ("batch",))):
+                          (cutoffs, ("batch", "t_parts", "d_parts"))):
         declared = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize", ())
         dns = set(declared)
         assert set(names) <= dns, (kernel, dns)

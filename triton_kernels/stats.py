@@ -142,7 +142,7 @@ def line_stats_kernel(
     temperature_ptr,  # (B,) float32, 0 = greedy
     num_draft_ptr,  # (B,) int64 drafts to verify per row
     tau_ptr,  # (lines,) float32 cut-offs, keep s >= tau (read only when FILTERED)
-    resolved_ptr,  # (lines,) int32: 1 where threshold_kernel already wrote the line's partials (read only when FILTERED)
+    resolved_ptr,  # (lines,) int32: 1 where cutoff_kernel already wrote the line's partials (read only when FILTERED)
     part_m_ptr,  # (lines, PARTS) float32 out: max of the processed part (raw for greedy lines; NaN = NaN seen)
     part_z_ptr,  # (lines, PARTS) float32 out: sum of exp(s - max) over the kept part
     part_i_ptr,  # (lines, PARTS) int32 out: greedy lines, lowest index of the raw max

@@ -9,14 +9,14 @@ strictly-greater mass inside the top-k set is below ``top_p`` times that set's m
    registers; every thread keeps its four largest distinct values with multiplicities (selection
    rounds inside the thread), the chunk floor ``t_c`` is the largest fourth value, and the
    (value, multiplicity) pairs above it go to CAND slots; also the chunk's max and sum-exp.
-2. ``threshold_kernel``, grid (lines,): with ``T = max_c t_c``, the candidates hold *every* value
+2. ``threshold_line`` (the first work items of ``cutoff_kernel``, cutoffs.py), per line: with ``T = max_c t_c``, the candidates hold *every* value
    of the line with key > T (with its multiplicity), so any count or mass above a key > T is exact
    over the candidates alone. When the cut provably lies above T (top-k: at least k values above
    T; top-p alone: their mass reaches the budget) the bisection runs over the candidates, and the
    line's normaliser is summed over them too: the statistics launch then skips the line (no
    second read). Otherwise (a large k, a flat distribution under top-p) the kernel leaves the
-   line a search state, and ``select_kernel`` (select.py) searches the whole line, split across
-   programs, in a few launches; the statistics launch then reads the line with the cut. Either
+   line a search state, and the whole-line search (select.py) runs over it, split across programs,
+   in the same launch; the statistics launch then reads the line with the cut. Either
    way the result is the same exact key.
 """
 
@@ -152,7 +152,7 @@ def candidates_kernel(
     cand_floor_ptr,  # (lines, NUM_CHUNKS) int32 out: order key of t_c, the chunk floor
     chunk_max_ptr,  # (lines, NUM_CHUNKS) float32 out: max of the scaled chunk
     chunk_sum_ptr,  # (lines, NUM_CHUNKS) float32 out: sum of exp(s - chunk max)
-    searching_ptr,  # (1,) int32 out: 0, the count of lines threshold_kernel hands to select_kernel
+    searching_ptr,  # (1,) int32 out: 0, the count of lines cutoff_kernel hands to the whole-line search
     batch,
     K,
     V,
@@ -172,7 +172,7 @@ def candidates_kernel(
     line = tl.program_id(0)
     chunk = tl.program_id(1)
     if (line == 0) & (chunk == 0):
-        tl.store(searching_ptr, 0)  # threshold_kernel, launched next, counts from here
+        tl.store(searching_ptr, 0)  # cutoff_kernel, launched next, counts from here
     row, pos, is_draft, width, inv_t, top_k, top_p, use_k, use_p, active = _filter_line(
         line, batch * (K + 1), K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, V, Vd
     )
@@ -248,7 +248,7 @@ def _line_threshold(
     candidate, so z = sum over the kept set of exp(s - m) comes from the candidates as well; z is
     NaN for a line with NaN / +inf values or an empty one (the race blanks such a row). Otherwise
     stage (1: top-k, 2: top-p) and carried (the whole line's mass, or the top-p budget) start the
-    whole-line search of select_kernel."""
+    whole-line search (select.py)."""
     num_chunks = tl.cdiv(Vl, CHUNK)
     chunks = tl.arange(0, CHUNKS_POW2)
     cmask = chunks < num_chunks
@@ -274,7 +274,7 @@ def _line_threshold(
     line_mass = tl.sum(tl.where(part_max > float("-inf"), part_sum * exp(part_max - row_max), 0.0), axis=0)
 
     # top-k: the largest key t with count(key >= t) >= k is the k-th largest value. When fewer
-    # than k values lie above T the search is left to select_kernel (stage 1 over the whole line).
+    # than k values lie above T the search is left to the whole line (stage 1 over the whole line).
     k_key = tl.full((), -2147483648, tl.int64)
     stage = (top_k < 0).to(tl.int32)  # 0, as a runtime value like the ones assigned below
     k_from_candidates = top_k < 0  # False, likewise
@@ -312,44 +312,17 @@ def _line_threshold(
     return tau, resolved, row_max, tl.where(bad, float("nan"), normaliser), stage, max_key, carried
 
 
-@triton.jit(do_not_specialize=["batch", "t_parts", "d_parts"])
-def threshold_kernel(
-    tau_ptr,  # (lines,) float32 out: keep s >= tau (-inf = keep all; select_kernel writes the lines it searches)
-    resolved_ptr,  # (lines,) int32 out: 1 when this kernel wrote the line's statistics (no second read)
-    part_m_ptr,  # (lines, PARTS) float32 out for resolved lines: the line max in slot 0, -inf after
-    part_z_ptr,  # (lines, PARTS) float32 out for resolved lines: the kept mass in slot 0, 0 after
-    state_ptr,  # (lines, 4) int32 out: select_kernel's search (stage, lo, hi, top-k key); stage 0 = none
-    state_f_ptr,  # (lines, 2) float32 out: line max, then the whole line's mass (top-k) or the top-p budget
-    searching_ptr,  # (1,) int32, 0 on entry: lines appended to the list below
-    search_list_ptr,  # (lines,) int32 out: the lines select_kernel searches, slots [0, searching) used (in any order)
-    temperature_ptr,  # (B,) float32, 0 = greedy
-    top_k_ptr,  # (B,) int64, 0 = off
-    top_p_ptr,  # (B,) float32, 1 = off
-    num_draft_ptr,  # (B,) int64
-    cand_ptr,  # candidates_kernel's outputs
-    cand_mult_ptr,
-    cand_count_ptr,
-    cand_floor_ptr,
-    chunk_max_ptr,
-    chunk_sum_ptr,
-    batch,
-    K,
-    V,
-    Vd,
-    t_parts,  # statistics partials of a target (draft) line
-    d_parts,
-    NUM_CHUNKS: tl.constexpr,
-    HAS_DRAFT: tl.constexpr,
-    CHUNK: tl.constexpr,
-    CHUNKS_POW2: tl.constexpr,
-    CAND: tl.constexpr,
-    CANDS_POW2: tl.constexpr,  # next power of two of NUM_CHUNKS * CAND: the candidates held in registers
-    PARTS: tl.constexpr,  # statistics partial slots per line
-    PP: tl.constexpr,  # next power of two of PARTS
-    RESOLVE: tl.constexpr,  # write the statistics of resolved lines (off when raw logprobs need the line read anyway)
-    PROBES: tl.constexpr,  # keys tested per step of the search over the candidates
+@triton.jit
+def threshold_line(
+    line, tau_ptr, resolved_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
+    temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_mult_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr, chunk_sum_ptr,
+    batch, K, V, Vd, t_parts, d_parts,
+    NUM_CHUNKS: tl.constexpr, CHUNK: tl.constexpr, CHUNKS_POW2: tl.constexpr, CAND: tl.constexpr, CANDS_POW2: tl.constexpr,
+    PARTS: tl.constexpr, PP: tl.constexpr, RESOLVE: tl.constexpr, PROBES: tl.constexpr,
 ):
-    line = tl.program_id(0)
+    """The cut-off of one line from its candidates (cutoffs.py's first work items): tau and, when
+    the candidates settle it, the line's statistics; otherwise a search state, the line appended
+    to the whole-line search list. The outputs are described at cutoff_kernel's arguments."""
     row, pos, is_draft, width, inv_t, top_k, top_p, use_k, use_p, active = _filter_line(
         line, batch * (K + 1), K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, V, Vd
     )
@@ -377,6 +350,7 @@ def threshold_kernel(
         tl.store(state + 3, -2147483648)  # the top-k key (none yet)
         tl.store(state_f_ptr + line.to(tl.int64) * 2, row_max)
         tl.store(state_f_ptr + line.to(tl.int64) * 2 + 1, carried)
+        tl.store(progress_ptr + line, 0)  # no search pass finished yet
     if RESOLVE:
         tl.store(resolved_ptr + line, resolved.to(tl.int32))
         if resolved:

@@ -1,0 +1,113 @@
+"""Every filtered line's top-k / top-p cut-off in one launch: the search over the candidates, then
+the whole-line search where the candidates cannot settle the cut.
+
+The work comes as tickets, drawn from one atomic counter by a fixed number of programs (each
+takes the next ticket when it is free):
+
+* tickets [0, lines): ``threshold_line`` of that line (thresholds.py): the cut from the line's
+  candidates, or a search state and a place in the search list;
+* then PASSES passes of the whole-line search (select.py) over the listed lines' chunks, pass
+  by pass: ticket ``lines + (pass * searching + slot) * NUM_CHUNKS + chunk``.
+
+An item only waits for items with smaller tickets (the search items for every threshold item;
+a pass item for its line's previous pass), and tickets are handed out in order to programs that
+are running, so the smallest unfinished ticket can always proceed: no wait can deadlock, however
+many programs are resident (one program alone, as under the interpreter, takes every ticket in
+order). A call whose lines all settled among the candidates lists no line: past the threshold
+items each program draws one ticket and exits. The last program to exit resets the counters, so
+the next call and a CUDA graph's next replay start from zero.
+"""
+
+import triton
+import triton.language as tl
+
+from .select import search_item
+from .thresholds import threshold_line
+
+
+@triton.jit(do_not_specialize=["batch", "t_parts", "d_parts"])
+def cutoff_kernel(
+    target_ptr,  # (B, K+1, V) raw target logits, last dim contiguous
+    draft_ptr,  # (B, K, Vd) raw draft logits (unused without HAS_DRAFT)
+    tau_ptr,  # (lines,) float32 out: keep s >= tau (-inf = keep all)
+    resolved_ptr,  # (lines,) int32 out: 1 when the line's statistics were written from its candidates (no second read)
+    part_m_ptr,  # (lines, PARTS) float32 out for resolved lines: the line max in slot 0, -inf after
+    part_z_ptr,  # (lines, PARTS) float32 out for resolved lines: the kept mass in slot 0, 0 after
+    state_ptr,  # (lines, 4) int32 workspace: the search's stage (0 none or ended, 1 top-k, 2 top-p), lo, hi, top-k key
+    state_f_ptr,  # (lines, 2) float32 workspace: line max, then the mass of key >= lo (top-k) or the top-p budget
+    progress_ptr,  # (lines,) int32 workspace: search passes of the line published (PASSES once its search ended)
+    part_count_ptr,  # (lines, NUM_CHUNKS, BINS + 1) int32 workspace: per-chunk histograms of counts
+    part_mass_ptr,  # (lines, NUM_CHUNKS, BINS + 1) int64 workspace: per-chunk histograms of fixed-point masses
+    counter_ptr,  # (lines,) int32, 0 between launches: a line's arrived items in the current pass
+    control_ptr,  # (3,) int32, 0 between launches: tickets drawn, threshold items finished, programs exited
+    searching_ptr,  # (1,) int32, 0 on entry (candidates_kernel): lines listed for the whole-line search
+    search_list_ptr,  # (lines,) int32 workspace: the listed lines, slots [0, searching) used (in any order)
+    temperature_ptr,  # (B,) float32, 0 = greedy
+    top_k_ptr,  # (B,) int64, 0 = off
+    top_p_ptr,  # (B,) float32, 1 = off
+    num_draft_ptr,  # (B,) int64
+    cand_ptr,  # candidates_kernel's outputs
+    cand_mult_ptr,
+    cand_count_ptr,
+    cand_floor_ptr,
+    chunk_max_ptr,
+    chunk_sum_ptr,
+    batch,
+    K,
+    V,
+    Vd,
+    t_stride_b,
+    t_stride_k,
+    d_stride_b,
+    d_stride_k,
+    t_parts,  # statistics partials of a target (draft) line
+    d_parts,
+    HAS_DRAFT: tl.constexpr,
+    NUM_CANDIDATE_CHUNKS: tl.constexpr,  # cdiv(V, CANDIDATE_CHUNK): candidate chunks per line
+    CANDIDATE_CHUNK: tl.constexpr,
+    CHUNKS_POW2: tl.constexpr,  # next power of two of NUM_CANDIDATE_CHUNKS
+    CAND: tl.constexpr,  # candidate slots per chunk
+    CANDS_POW2: tl.constexpr,  # next power of two of NUM_CANDIDATE_CHUNKS * CAND: the candidates held in registers
+    PARTS: tl.constexpr,  # statistics partial slots per line
+    PP: tl.constexpr,  # next power of two of PARTS
+    RESOLVE: tl.constexpr,  # write the statistics of resolved lines (off when raw logprobs need the line read anyway)
+    PROBES: tl.constexpr,  # keys tested per step of the search over the candidates
+    NUM_CHUNKS: tl.constexpr,  # cdiv(V, CHUNK): whole-line search chunks per line
+    CHUNK: tl.constexpr,  # values per search item
+    TILE: tl.constexpr,  # values per loop step of a search item
+    BINS: tl.constexpr,  # histogram bins per pass: the interval narrows BINS-fold
+    PASSES: tl.constexpr,  # search passes that end any line (top-k, then top-p)
+):
+    lines = batch * (K + 1) + (batch * K if HAS_DRAFT else 0)
+    ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
+    while ticket < lines:
+        threshold_line(
+            ticket, tau_ptr, resolved_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
+            temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_mult_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr, chunk_sum_ptr,
+            batch, K, V, Vd, t_parts, d_parts, NUM_CANDIDATE_CHUNKS, CANDIDATE_CHUNK, CHUNKS_POW2, CAND, CANDS_POW2, PARTS, PP, RESOLVE, PROBES,
+        )
+        tl.debug_barrier()  # every thread's stores precede the release
+        tl.atomic_add(control_ptr + 1, 1, sem="release", scope="gpu")
+        ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
+    # The search list is complete once every threshold item has finished.
+    finished = tl.atomic_add(control_ptr + 1, 0, sem="acquire", scope="gpu")
+    while finished < lines:
+        finished = tl.atomic_add(control_ptr + 1, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()  # every thread reads the list after the acquire
+    per_pass = tl.load(searching_ptr, cache_modifier=".cg") * NUM_CHUNKS
+    while ticket < lines + PASSES * per_pass:
+        item = ticket - lines
+        search_pass = item // per_pass
+        slot = item % per_pass
+        line = tl.load(search_list_ptr + slot // NUM_CHUNKS, cache_modifier=".cg")
+        search_item(
+            target_ptr, draft_ptr, tau_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
+            progress_ptr, line, slot % NUM_CHUNKS, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k,
+            NUM_CHUNKS, HAS_DRAFT, CHUNK, TILE, BINS, PASSES,
+        )
+        ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
+    # The last program out resets the counters (no program draws a ticket after its exit).
+    if tl.atomic_add(control_ptr + 2, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+        tl.store(control_ptr, 0)
+        tl.store(control_ptr + 1, 0)
+        tl.store(control_ptr + 2, 0)
