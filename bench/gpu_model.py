@@ -711,7 +711,7 @@ def markdown_table(results: list[CallEstimate]) -> str:
     rows = ["| call | launches | kernels µs | replayed µs (graph) | launched µs (Python) | floor µs | replayed / floor | hot loops (instr / value) | goals |",
             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        loops = ", ".join(f"{e['name']} {e['instructions_per_value']}" for e in r.launches if e["instructions_per_value"])
+        loops = ", ".join(dict.fromkeys(f"{e['name']} {e['instructions_per_value']}" for e in r.launches if e["instructions_per_value"]))
         goals = "; ".join(f"{g} ≤ {v['limit']}: {'met' if v['met'] else 'MISSED'} ({v['estimate']})" for g, v in r.goals.items()) or "–"
         rows.append(f"| {r.call['name']} | {r.num_launches} | {r.kernels_us} | {r.replayed_us} | {r.launched_us} | {r.floor_us} | {r.x_floor_replayed} | {loops} | {goals} |")
     return "\n".join(rows)
