@@ -50,6 +50,32 @@ def test_cuda_stream_v2_matches_eager(dtype, params):
     torch.testing.assert_close(fused[3], eager[3], rtol=0, atol=1e-5, equal_nan=True)
 
 
+@pytest.mark.parametrize("params", [{"top_k": 3000}, {"top_p": 0.99}, {"top_k": 20000, "top_p": 0.97}])
+def test_cuda_whole_line_search_matches_eager(params):
+    """Flat logits put every cut beyond the candidates: the cut-offs launch's programs search whole
+    lines, waiting on each other's passes (tickets, acquire / release), twice in a row and replayed
+    from a CUDA graph, with the same tokens as the eager reference each time."""
+    batch, k, vocab = 8, 4, 128256
+    target, draft, tokens, seeds, offsets = _case(batch, k, vocab, torch.float32, seed=3)
+    target, draft = 0.05 * target, 0.05 * draft
+
+    def call(device, backend):
+        return specdec_ext.verify(target.to(device), draft.to(device), tokens.to(device), seeds=seeds.to(device), offsets=offsets.to(device),
+                                  temperature=0.9, backend=backend, **params)
+
+    expected = call("cpu", "eager").tokens
+    for _ in range(2):
+        assert torch.equal(call("cuda", "triton").tokens.cpu(), expected)
+    cuda_args = [x.cuda() for x in (target, draft, tokens, seeds, offsets)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = specdec_ext.verify(*cuda_args[:3], seeds=cuda_args[3], offsets=cuda_args[4], temperature=0.9, backend="triton", check=False, **params)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.tokens.cpu(), expected)
+
+
 def test_cuda_graph_replays_with_fresh_keys_and_no_allocation():
     batch, k, vocab = 4, 4, 128256
     target, draft, tokens, _, _ = _case(batch, k, vocab, torch.float32, seed=1)
