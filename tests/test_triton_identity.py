@@ -295,6 +295,22 @@ def test_whole_line_search_matches_the_reference(name, logits_fn, params):
     assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"
 
 
+@pytest.mark.parametrize("programs", [1, 7])
+def test_whole_line_search_does_not_depend_on_the_number_of_programs(programs):
+    """The cut-offs launch's work items go to whichever program draws their ticket, so the cuts do not
+    depend on the number of programs (top-k then top-p on the whole line). Under the interpreter the
+    programs run one after another: the first takes every item and the others draw only the ticket
+    that ends them, which checks the launch's end (the exit count and the reset of its counters)."""
+    g = torch.Generator().manual_seed(5)
+    target = 0.3 * torch.randn(2, 2, 600, generator=g)
+    tokens = torch.zeros(2, 1, dtype=torch.int64)
+    args = _params.validate_verify(target, None, tokens, generator=None, check=False, temperature=0.9, top_k=torch.tensor([500, 0]),
+                                   top_p=torch.tensor([0.97, 0.99]), num_draft_tokens=None)
+    got = _triton_thresholds(args, candidate_chunk=512, select_chunk=128, select_programs=programs)
+    assert torch.equal(got, _reference_thresholds(args)), got.tolist()
+    assert int(_triton_backend.workspace(target.device).counters.abs().sum()) == 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)])  # (bf16: CI's slow step)
 def test_whole_line_search_gives_the_reference_tokens(dtype):
     """Token for token through the whole call (draft lines too, a ragged row), when the cut of
