@@ -484,13 +484,10 @@ def _pick_loop(code: KernelCode, name: str, call: Call) -> tuple[Loop | None, st
     if name == "cutoff:search":
         # The whole-line search's histogram loop (its loads and atomics tell it from the spin waits).
         binning = [loop for loop in loads if loop.has("RED") + loop.has("REDG") + loop.has("ATOM") + loop.has("ATOMG")]
-        if not binning or not call.whole_line:
+        if not binning:
             return None, ""
         return max(binning, key=lambda loop: loop.instructions), "whole-line histogram tile"
     return None, ""
-
-
-SEARCH_PASSES_PER_SEARCH = 4  # 256 bins per pass resolve the 32 bits of an order key in four
 
 
 def _logits_bytes(call: Call) -> int:
@@ -543,10 +540,11 @@ def _work(launch, call: Call, phase: str) -> dict:
         }
     if phase == "cutoff":
         # Work items over the candidates, one per line, drawn by the programs in turn (modelled as
-        # one program per line: the waves of the resident programs). Two searches (top-k, top-p) over the candidates, each PROBES keys per step: the range
-        # between the candidates' floor and the line max spans about 2**24 order keys (logits
-        # within a factor 4 of each other), ceil(24 / log2(PROBES + 1)) steps each. A line the
-        # candidates cannot settle stops after the first test and leaves the search to select.
+        # one program per line: the waves of the resident programs). Two searches (top-k, top-p)
+        # over the candidates, each PROBES keys per step: the range between the candidates' floor
+        # and the line max spans about 2**24 order keys (logits within a factor 4 of each other),
+        # ceil(24 / log2(PROBES + 1)) steps each. A line the candidates cannot settle stops after
+        # the first test and leaves the cut to the whole-line search.
         steps = 2 * math.ceil(ASSUMPTIONS["threshold_search_bits"] / math.log2(c["PROBES"] + 1))
         return {
             "trips": 0 if call.whole_line else steps, "values": c["CANDS_POW2"], "programs_used": lines_t + lines_d,
@@ -557,7 +555,7 @@ def _work(launch, call: Call, phase: str) -> dict:
         }
     if phase == "cutoff:search":
         # One pass of the whole-line search (call.whole_line: every line searches; one search,
-        # top-k or top-p, takes SEARCH_PASSES_PER_SEARCH passes).
+        # top-k or top-p, takes half of the launch's PASSES).
         lines = lines_t + lines_d
         programs = launch.grid[0]
         slots = lines * c["NUM_CHUNKS"] * (c["BINS"] + 1)
@@ -657,8 +655,8 @@ def estimate_call(call: Call, goals: dict | None = None) -> CallEstimate:
     for launch in planned:
         if launch.name == "cutoff":
             estimates.append(estimate_launch(launch, call, "cutoff"))
-            if call.whole_line:  # the passes of one search, one after another in the same launch
-                estimates += [estimate_launch(launch, call, "cutoff:search")] * SEARCH_PASSES_PER_SEARCH
+            if call.whole_line:  # the passes of one search (half of PASSES), one after another in the same launch
+                estimates += [estimate_launch(launch, call, "cutoff:search")] * (launch.constexprs["PASSES"] // 2)
         else:
             estimates.append(estimate_launch(launch, call))
     kernels = sum(e.time_us for e in estimates)
