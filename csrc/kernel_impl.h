@@ -539,7 +539,7 @@ double sum_exp_impl(const void* x, int64_t n, float inv_t, float m) {
     // Padding gives exp 0 (clamped at -104), so the padded tail adds nothing to any lane.
     const int64_t grouped = (len + kExpGroup - 1) / kExpGroup * kExpGroup;
     for (int64_t i = len; i < grouped; ++i) buf[i] = kNegInf;
-    for (int64_t i = 0; i < grouped; i += kExpGroup) fastmath::exp_neg_many<kExpGroup>(buf + i);
+    for (int64_t i = 0; i < grouped; i += kExpGroup) fastmath::exp_neg_many<kExpGroup, true>(buf + i);  // z: largest term 1
     bundle_add(buf, round_up_lanes(len), acc);
   }
   return tree_sum(acc);

@@ -418,10 +418,37 @@ void test_stats(const Kernels& k, std::mt19937_64& rng) {
   CHECK(std::fabs(k.mass(s.data(), 3000, 12.0f) - want) <= 3e-7 * want, "%s mass", k.name);
 }
 
+// The statistics' exp (FLUSH_SUBNORMAL) gives the same bits as the race's wherever 2^n is a normal
+// float, and 0 only where the race's is below the normal range, over a sweep of [-104, 0] (every
+// 997th float, plus the range ends) and -inf.
+void test_exp_flush() {
+  constexpr int kN = 16;
+  const uint32_t lo = fastmath::float_to_bits(-0.0f), hi = fastmath::float_to_bits(-104.0f);
+  std::vector<float> xs;
+  for (uint32_t b = lo; b <= hi; b += 997) xs.push_back(fastmath::bits_to_float(b));
+  for (float x : {0.0f, -104.0f, -87.33654f, -87.33655f, -87.0f, -88.0f, -103.9f, fastmath::kNegInf}) xs.push_back(x);
+  while (xs.size() % kN != 0) xs.push_back(-1.0f);
+  int64_t flushed = 0;
+  for (size_t i = 0; i < xs.size(); i += kN) {
+    float full[kN], flush[kN];
+    for (int j = 0; j < kN; ++j) full[j] = flush[j] = xs[i + j];
+    fastmath::exp_neg_many<kN>(full);
+    fastmath::exp_neg_many<kN, true>(flush);
+    for (int j = 0; j < kN; ++j) {
+      const bool same = fastmath::float_to_bits(full[j]) == fastmath::float_to_bits(flush[j]);
+      const bool zeroed = flush[j] == 0.0f && full[j] < std::ldexp(1.0f, -126);
+      CHECK(same || zeroed, "exp flush: x %.9g gives %.9g, the race's exp %.9g", xs[i + j], flush[j], full[j]);
+      flushed += !same;
+    }
+  }
+  CHECK(flushed > 0, "exp flush: the sweep never reached the flushed range");
+}
+
 }  // namespace
 
 int main() {
   test_known_answers();
+  test_exp_flush();
   const std::vector<const Kernels*> ks = variants();
   std::string names;
   for (const Kernels* k : ks) names += std::string(names.empty() ? "" : ", ") + k->name;
