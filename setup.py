@@ -32,7 +32,7 @@ from pathlib import Path
 from setuptools import setup
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ["csrc/verify.cpp", "csrc/scheduler.cpp", "csrc/filter.cpp", "csrc/kernel_avx512.cpp", "csrc/kernel_avx2.cpp"]
+SOURCES = ["csrc/verify.cpp", "csrc/scheduler.cpp", "csrc/filter.cpp", "csrc/penalties.cpp", "csrc/kernel_avx512.cpp", "csrc/kernel_avx2.cpp"]
 BASELINE_SOURCE = "csrc/kernel_base.cpp"
 # -O3; no implicit floating-point contraction (the kernels fuse multiply-adds explicitly, so the
 # AVX2 and AVX-512 variants round identically); -fno-trapping-math lets the compiler if-convert the

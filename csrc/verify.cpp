@@ -766,6 +766,11 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("sample", &specdec::sample_cpu);
 }
 
+namespace specdec {
+at::Tensor repetition_penalty(const at::Tensor& scores, const at::Tensor& sequences, const at::Tensor& index, const at::Tensor& start,
+                              const at::Tensor& end, const std::optional<at::Tensor>& drafts, int64_t first, double penalty);
+}
+
 namespace py = pybind11;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -779,6 +784,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sample", &specdec::sample_cpu, "One token per row (the bonus draw of verify with K = 0, on the sample stream)", py::arg("logits"),
         py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("seeds"), py::arg("offsets"), py::arg("base_key"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("repetition_penalty", &specdec::repetition_penalty,
+        "transformers' repetition penalty at every position of a (b, P, V) float32 block: position j of row b has seen "
+        "sequences[index[b], start[b]:end[b]] and drafts[b, :first + j]",
+        py::arg("scores"), py::arg("sequences"), py::arg("index"), py::arg("start"), py::arg("end"), py::arg("drafts"), py::arg("first"),
+        py::arg("penalty"));
   m.def("isa", &specdec::isa, "The instruction-set variant in use");
   m.def("set_isa", &specdec::set_isa, "Pin a variant ('auto', 'avx512', 'avx2', 'neon', 'base'); False if this CPU lacks it");
   m.def("scheduler", &specdec::scheduler, "How work is spread over threads: 'auto' (default), 'openmp' or 'pool'");

@@ -10,7 +10,8 @@ order) and splits it into three kinds of work:
 * **fused stages**: the common processors whose effect is a function of per-row token counts,
   lengths or a fixed vocabulary mask (repetition and presence penalties, single-token logit bias /
   ``sequence_bias`` / ``bad_words_ids``, ``suppress_tokens``, min-length / min-new-tokens EOS
-  suppression, min-p), evaluated for every row and every position of a block in a few tensor ops;
+  suppression, min-p), evaluated for every row and every position of a block in a few tensor ops
+  (the repetition penalty on CPU float32 scores: one C++ call, ``csrc/penalties.cpp``, same bits);
 * **per-position stages**: any other ``LogitsProcessor`` (no_repeat_ngram_size, multi-token bad
   words, user processors) is called as transformers calls it -- ``processor(input_ids, scores)`` with
   the exact ``input_ids`` the row would have at that position (its left-padded prompt, its generated
@@ -172,9 +173,34 @@ class Context:
             counts.scatter_add_(1, draft.clamp(min=0, max=vocab - 1)[:, None], (draft < vocab).to(counts.dtype)[:, None])
         return counts
 
+    def cpu_repetition_penalty(self, scores: torch.Tensor, start, first: int, penalty: float) -> torch.Tensor | None:
+        """The repetition penalty of the whole block in one C++ call (CPU float32 scores), bit for bit the
+        torch stage's result; None where it does not apply (other devices or dtypes, no extension)."""
+        kernel = _cpp_repetition_penalty()
+        if kernel is None or not scores.is_cpu or scores.dtype != torch.float32 or not self.sequences.is_cpu or not self.index.is_cpu:
+            return None
+        drafts = self.drafts
+        if drafts is None:
+            if first != 0 or scores.shape[1] != 1:
+                return None
+        elif not drafts.is_cpu or drafts.dtype != torch.long:
+            return None
+        if isinstance(start, torch.Tensor):
+            starts = start.to("cpu", torch.long).reshape(-1)
+        else:
+            starts = torch.full((len(self.committed),), int(start), dtype=torch.long)
+        return kernel(scores, self.sequences, self.index, starts, self.committed_on("cpu"), drafts, first, penalty)
+
     def lengths(self, first: int, positions: int, device) -> torch.Tensor:
         """(b, positions) ``input_ids.shape[-1]`` at each block position."""
         return self.committed_on(device)[:, None] + first + torch.arange(positions, device=device)[None, :]
+
+
+def _cpp_repetition_penalty():
+    """The C++ block repetition penalty, or None (extension not built, or built before it existed)."""
+    from . import _cpp_backend
+
+    return getattr(_cpp_backend._C, "repetition_penalty", None) if _cpp_backend.is_available() else None
 
 
 # --------------------------------------------------------------------------------------------- stages
@@ -199,6 +225,9 @@ class _RepetitionPenalty(_Stage):
             start = self.ignore
         elif isinstance(self.ignore, torch.Tensor):
             start = self.ignore.to(context.index.device)[context.index]
+        fused = context.cpu_repetition_penalty(scores, start, first, self.penalty)
+        if fused is not None:
+            return fused
         seen = context.block_counts(start, scores.shape[-1], first, scores.shape[1], scores.device, owner=id(self)) > 0
         penalised = torch.where(scores < 0, scores * self.penalty, scores / self.penalty)
         return torch.where(seen, penalised, scores)
