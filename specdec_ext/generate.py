@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import _cpp_backend, _params
+from ._philox import SAMPLE_STREAM, draw_base_key
 from .api import sample, verify
 from .drafting import prompt_lookup_drafts
 from .processors import Context, LogitsPipeline, PresencePenaltyLogitsProcessor
@@ -438,6 +440,7 @@ class _Run:
     processed: torch.Tensor | None = None  # the current step's processed target logits
     seeds: torch.Tensor | None = None  # (B,) int64 per-row keys on the rows' device
     draft_keys: dict = field(default_factory=dict)  # the current draft draw's seeds / offsets
+    draft_rows: dict = field(default_factory=dict)  # batch -> the draft draw's (temperature, top_k, top_p) rows
     accept_probs: torch.Tensor | None = None  # the current step's min(1, p/q) of judged drafts (adaptive K)
     backend: str = "auto"
 
@@ -504,7 +507,26 @@ def _to_verify_device(tensor: torch.Tensor, run: _Run) -> torch.Tensor:
 
 def _draw_draft(raw: torch.Tensor, processed: torch.Tensor, run: _Run) -> torch.Tensor:
     """One draft per row from the processed draft line: verify() is told q = this line's distribution."""
+    if _direct_draw(processed, run):
+        # sample() as it runs on the C++ backend, without re-validating the loop's own parameters each
+        # token (on a CPU that validation cost as much as the draw): the same key from the same
+        # generator, the same kernel and stream, so the same tokens.
+        batch = processed.shape[0]
+        rows = run.draft_rows.get(batch)
+        if rows is None:
+            args = _params.validate_verify(processed[:, None, :], None, processed.new_empty((batch, 0), dtype=torch.int64), num_draft_tokens=None,
+                                           generator=None, check=False, stream=SAMPLE_STREAM, **run.sampling)
+            rows = run.draft_rows[batch] = (args.temperature, args.top_k, args.top_p)
+        return _cpp_backend._C.sample(processed, *rows, None, None, draw_base_key(run.generator))
     return sample(processed, generator=run.generator, check=False, backend=run.backend, **run.draft_keys, **run.sampling)
+
+
+def _direct_draw(processed: torch.Tensor, run: _Run) -> bool:
+    """Whether the draft draw can call the C++ kernel directly: CPU logits of a kernel dtype, no per-row
+    keys, a CPU generator (or none), eager execution."""
+    return (not run.draft_keys and run.backend in ("auto", "cpp") and processed.is_cpu and processed.dim() == 2
+            and processed.dtype in _params.LOGIT_DTYPES and (run.generator is None or run.generator.device.type == "cpu")
+            and _cpp_backend.is_available() and not torch.compiler.is_compiling())
 
 
 def _verify_and_write(run: _Run, rows: _Rows, target_logits, draft_logits, drafts, budget):

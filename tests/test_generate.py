@@ -659,3 +659,27 @@ def test_rows_stop_at_their_own_token_inside_accepted_blocks(monkeypatch):
     assert blocks  # some row's block was cut after its stop token: tokens already accepted behind it were dropped
     for row, count in enumerate(out.new_tokens):
         assert (new[row, count:] == 0).all() and (count == 24 or new[row, count - 1] == stop)
+
+
+@pytest.mark.parametrize("keywords", [{}, {"temperature": 0.7, "top_k": 5, "top_p": 0.9}, {"do_sample": False}, {"repetition_penalty": 1.3, "min_p": 0.05}])
+def test_direct_draft_draws_equal_sample(keywords, monkeypatch):
+    """The loop's direct C++ draft draw gives the tokens sample() gives (same keys, same stream)."""
+    target, draft = _pair("llama-close")
+    input_ids, attention_mask = left_pad(PROMPTS)
+    used = []
+    original = gen._direct_draw
+
+    def direct_draw(processed, run):
+        used.append(original(processed, run))
+        return used[-1]
+
+    monkeypatch.setattr(gen, "_direct_draw", direct_draw)
+
+    def run():
+        return specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=12, num_draft_tokens=3,
+                                    generator=torch.Generator().manual_seed(5), **keywords).sequences
+
+    direct = run()
+    assert used and all(used)  # every draft draw went straight to the kernel
+    monkeypatch.setattr(gen, "_direct_draw", lambda processed, run: False)
+    assert torch.equal(direct, run())
