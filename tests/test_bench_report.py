@@ -39,3 +39,28 @@ def test_b1_goal_needs_both_launch_paths_within_their_limits_and_shows_both():
     assert filtered["status"] == "pass"  # filtered: only the replay limit (25 us)
     bf16 = _b1_goals([_row("triton", 35.0, 40.0)])[1]
     assert bf16["status"] == "n/a"
+
+
+def test_e2e_runs_takes_the_median_of_each_goal_over_the_runs(tmp_path, monkeypatch):
+    import json
+    import subprocess
+    from pathlib import Path
+
+    runs = pytest.importorskip("bench.e2e_runs")
+    values = iter([1.2, 1.5, 1.3])
+
+    def fake_e2e(command, check, stdout):  # one bench.e2e run: writes its report where --out says
+        out = Path(command[command.index("--out") + 1])
+        out.mkdir(parents=True)
+        goal = {"hook B=1 vs transformers assisted, default call (goal >= 1.3)": next(values), "other": 2.0}
+        report = {"device": "cpu-x86_64-1threads", "torch": "t", "transformers": "x", "num_draft_tokens": 4, "max_new_tokens": 8,
+                  "load_average_1min": {"before": 0.1, "after": 0.2}, "goals": {"plain sampling": goal}}
+        (out / "e2e-cpu-2026-12-01.json").write_text(json.dumps(report))
+
+    monkeypatch.setattr(subprocess, "run", fake_e2e)
+    assert runs.main(["--runs", "3", "--out", str(tmp_path), "--", "--threads", "1"]) == 0
+    written = json.loads(next(tmp_path.glob("e2e-cpu-*-runs.json")).read_text())
+    assert written["median_over_runs"]["plain sampling"]["hook B=1 vs transformers assisted, default call (goal >= 1.3)"] == 1.3
+    assert [run["goals"]["plain sampling"]["other"] for run in written["runs"]] == [2.0, 2.0, 2.0]
+    with pytest.raises(ValueError, match="runs"):
+        runs.main(["--runs", "0"])
