@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 # Root installs packages directly; anyone else through sudo (CI images run as root).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # The C++ tests of the extension, run again on the clang build (test-clang).
-CPP_TESTS := tests/test_cpp_backend.py tests/test_cpp_runtime.py tests/test_ops.py tests/test_request_keys.py
+CPP_TESTS := tests/test_cpp_backend.py tests/test_cpp_runtime.py tests/test_ops.py tests/test_request_keys.py tests/test_penalties_cpp.py
 
 .PHONY: setup demo test test-slow bench lint ci-tools test-kernels test-clang
 
