@@ -72,7 +72,6 @@ static inline __attribute__((always_inline)) void exp_neg_many(float* v) {
   for (int i = 0; i < N; ++i) y[i] = SPECDEC_MADD(y[i], r[i], 1.6666665459e-1f);
   for (int i = 0; i < N; ++i) y[i] = SPECDEC_MADD(y[i], r[i], 5.0000001201e-1f);
   for (int i = 0; i < N; ++i) y[i] = SPECDEC_MADD(y[i], r[i] * r[i], r[i]) + 1.0f;
-  // 2^n with n in [-150, 0] split into two factors that are each a normal float.
   if constexpr (FLUSH_SUBNORMAL) {
     for (int i = 0; i < N; ++i) {
       int32_t e = static_cast<int32_t>(float_to_bits(shifted[i])) - (0x4B400000 - 127);  // n + 127
@@ -81,6 +80,7 @@ static inline __attribute__((always_inline)) void exp_neg_many(float* v) {
     }
     return;
   }
+  // 2^n with n in [-150, 0] split into two factors that are each a normal float.
   for (int i = 0; i < N; ++i) {
     const int32_t n = static_cast<int32_t>(float_to_bits(shifted[i])) - 0x4B400000;
     const int32_t n1 = n >> 1;

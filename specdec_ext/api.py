@@ -275,13 +275,18 @@ def sample(
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"logits must be a 2-D (batch, vocab) tensor, got {shape}")
-    no_drafts = torch.empty((logits.shape[0], 0), dtype=torch.int64, device=logits.device)
     try:
-        args = _params.validate_verify(
-            logits[:, None, :], None, no_drafts, temperature=temperature, top_k=top_k, top_p=top_p, num_draft_tokens=None,
-            generator=generator, check=check, seeds=seeds, offsets=offsets, stream=SAMPLE_STREAM,
-        )
+        args = _sample_args(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, check=check, seeds=seeds, offsets=offsets)
         result = _run(args, backend)
     except ValueError as error:  # name the caller's argument, not verify's
         raise ValueError(str(error).replace("target_logits", "logits")) from None
     return result.tokens[:, 0]
+
+
+def _sample_args(logits: torch.Tensor, *, temperature, top_k, top_p, generator, check, seeds=None, offsets=None) -> _params.VerifyArgs:
+    """sample()'s validated call: verify's arguments for (B, V) logits with K = 0 on the sample stream."""
+    no_drafts = torch.empty((logits.shape[0], 0), dtype=torch.int64, device=logits.device)
+    return _params.validate_verify(
+        logits[:, None, :], None, no_drafts, temperature=temperature, top_k=top_k, top_p=top_p, num_draft_tokens=None,
+        generator=generator, check=check, seeds=seeds, offsets=offsets, stream=SAMPLE_STREAM,
+    )

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import torch
 
 from . import _cpp_backend, _params
-from ._philox import SAMPLE_STREAM, draw_base_key
-from .api import sample, verify
+from ._philox import draw_base_key
+from .api import _sample_args, sample, verify
 from .drafting import prompt_lookup_drafts
 from .processors import Context, LogitsPipeline, PresencePenaltyLogitsProcessor
 from .stopping import Stopping
@@ -514,8 +514,7 @@ def _draw_draft(raw: torch.Tensor, processed: torch.Tensor, run: _Run) -> torch.
         batch = processed.shape[0]
         rows = run.draft_rows.get(batch)
         if rows is None:
-            args = _params.validate_verify(processed[:, None, :], None, processed.new_empty((batch, 0), dtype=torch.int64), num_draft_tokens=None,
-                                           generator=None, check=False, stream=SAMPLE_STREAM, **run.sampling)
+            args = _sample_args(processed, generator=None, check=False, **run.sampling)
             rows = run.draft_rows[batch] = (args.temperature, args.top_k, args.top_p)
         return _cpp_backend._C.sample(processed, *rows, None, None, draw_base_key(run.generator))
     return sample(processed, generator=run.generator, check=False, backend=run.backend, **run.draft_keys, **run.sampling)
@@ -524,9 +523,8 @@ def _draw_draft(raw: torch.Tensor, processed: torch.Tensor, run: _Run) -> torch.
 def _direct_draw(processed: torch.Tensor, run: _Run) -> bool:
     """Whether the draft draw can call the C++ kernel directly: CPU logits of a kernel dtype, no per-row
     keys, a CPU generator (or none), eager execution."""
-    return (not run.draft_keys and run.backend in ("auto", "cpp") and processed.is_cpu and processed.dim() == 2
-            and processed.dtype in _params.LOGIT_DTYPES and (run.generator is None or run.generator.device.type == "cpu")
-            and _cpp_backend.is_available() and not torch.compiler.is_compiling())
+    return (not run.draft_keys and run.backend in ("auto", "cpp") and processed.is_cpu and processed.dtype in _params.LOGIT_DTYPES
+            and (run.generator is None or run.generator.device.type == "cpu") and _cpp_backend.is_available() and not torch.compiler.is_compiling())
 
 
 def _verify_and_write(run: _Run, rows: _Rows, target_logits, draft_logits, drafts, budget):
