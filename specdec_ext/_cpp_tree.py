@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch  # libtorch must be loaded before the extension that links against it
 
 from ._params import VerifyArgs
-from ._philox import row_keys
+from ._philox import key_per_row
 from ._tree_params import TreeArgs
+from .reference_tree import tree_keys
 
 _C_tree = None
 try:
@@ -24,18 +25,19 @@ def is_available() -> bool:
     return _C_tree is not None
 
 
-def verify_tree(args: TreeArgs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def verify_tree(args: TreeArgs, base_key: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tokens (B, D+1), num_accepted (B,), accepted_nodes (B, D)) of a validated tree call."""
+    keys, offsets = tree_keys(args, base_key)
     return _C_tree.tree_verify(
         args.target_logits, args.draft_logits, args.draft_tokens, args.parents, args.temperature, args.top_k, args.top_p, args.num_nodes,
-        args.keys, args.offsets, args.siblings == "without_replacement", args.check,
+        keys, offsets, args.siblings == "without_replacement", args.check,
     )
 
 
 def verify_block(args: VerifyArgs, base_key: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(tokens (B, K+1), num_accepted (B,), logprobs (B, K+1) or None) of a validated block call."""
     device = args.target_logits.device
-    keys = row_keys(args.seeds, base_key, args.batch, device)
+    keys = key_per_row(args.seeds, base_key, args.batch, device)
     offsets = args.offsets if args.offsets is not None else torch.zeros(args.batch, dtype=torch.int64, device=device)
     tokens, num_accepted, logprobs = _C_tree.block_verify(
         args.target_logits, args.draft_logits, args.draft_tokens, args.temperature, args.top_k, args.top_p, args.num_draft_tokens, keys, offsets,

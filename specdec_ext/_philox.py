@@ -65,8 +65,28 @@ def draw_row_keys(generator: torch.Generator | None, batch: int, device: torch.d
     return base.to(device, non_blocking=True) + torch.arange(batch, dtype=torch.int64, device=device)
 
 
-def row_keys(seeds: torch.Tensor | None, base_key: int, batch: int, device: torch.device) -> torch.Tensor:
-    """(B,) int64 key of every row: ``seeds`` when given, else ``base_key + row``."""
+def draw_keys(seeds: torch.Tensor | None, generator: torch.Generator | None, batch: int, device: torch.device) -> tuple[torch.Tensor | None, int]:
+    """The randomness of one call, for every entry point: ``(seeds, base_key)``.
+
+    Row b is keyed ``seeds[b]`` when ``seeds`` is given (base_key is then 0), else ``base_key + b``
+    with one base drawn per call from ``generator`` (a host integer, handed to a kernel as a
+    scalar). Where a host integer would be frozen into a compiled graph or a CUDA graph, or reading
+    a CUDA generator's draw would sync, the keys are drawn on the device instead (returned as seeds).
+    """
+    if seeds is not None:
+        return seeds, 0
+    on_device = (
+        torch.compiler.is_compiling()
+        or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+        or (generator is not None and generator.device.type != "cpu")
+    )
+    if on_device:
+        return draw_row_keys(generator, batch, device), 0
+    return None, draw_base_key(generator)
+
+
+def key_per_row(seeds: torch.Tensor | None, base_key: int, batch: int, device: torch.device) -> torch.Tensor:
+    """(B,) int64 key of every row as a tensor (for the eager reference): ``seeds``, else ``base_key + row``."""
     if seeds is not None:
         return seeds.to(torch.int64)
     return base_key + torch.arange(batch, dtype=torch.int64, device=device)

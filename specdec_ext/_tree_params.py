@@ -12,7 +12,6 @@ from typing import NamedTuple
 import torch
 
 from ._params import BACKENDS, LOGIT_DTYPES, TOKEN_DTYPES, _check_scalar_params, _first_bad_row, _per_row, _row_vector
-from ._philox import draw_base_key, draw_row_keys
 
 #: How the children of one context were drawn from the draft's distribution there.
 SIBLING_MODES = ("iid", "without_replacement")
@@ -30,9 +29,10 @@ class TreeArgs(NamedTuple):
     top_p: torch.Tensor  # (B,) float32; 1 = off
     num_nodes: torch.Tensor  # (B,) int64 in [0, N]: row b uses nodes 0 .. n_b - 1
     siblings: str  # one of SIBLING_MODES
-    keys: torch.Tensor  # (B,) int64 Philox key per row
-    offsets: torch.Tensor  # (B,) int64 absolute position of each row's context 0
+    generator: torch.Generator | None
     check: bool
+    seeds: torch.Tensor | None = None  # (B,) int64 per-row Philox keys; None = base_key + row
+    offsets: torch.Tensor | None = None  # (B,) int64 absolute position of each row's context 0; None = 0
 
     @property
     def batch(self) -> int:
@@ -49,19 +49,6 @@ class TreeArgs(NamedTuple):
     @property
     def draft_vocab(self) -> int:
         return self.draft_logits.shape[2] if self.draft_logits is not None else self.vocab
-
-
-def row_keys(seeds: torch.Tensor | None, generator: torch.Generator | None, batch: int, device: torch.device) -> torch.Tensor:
-    """(B,) int64 Philox keys: ``seeds`` when given, else ``base_key + b`` with one base key per call,
-    drawn exactly as :func:`specdec_ext.verify` draws it (on the device where a host integer would be
-    frozen into a graph or would sync)."""
-    if seeds is not None:
-        return seeds
-    on_device = torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()) or (
-        generator is not None and generator.device.type != "cpu")
-    if on_device:
-        return draw_row_keys(generator, batch, device)
-    return draw_base_key(generator) + torch.arange(batch, dtype=torch.int64, device=device)
 
 
 def validate_tree(target_logits, draft_logits, draft_tokens, parents, *, temperature, top_k, top_p, num_nodes, siblings,
@@ -119,10 +106,8 @@ def validate_tree(target_logits, draft_logits, draft_tokens, parents, *, tempera
         if not isinstance(num_nodes, torch.Tensor) or num_nodes.is_floating_point() or num_nodes.dtype == torch.bool:
             raise ValueError("num_nodes must be None or a (batch,) integer tensor")
         num_nodes_t, _ = _per_row(num_nodes, "num_nodes", batch, device, torch.int64, nodes)
-    keys = row_keys(seeds, generator, batch, device)
-    offsets_t = offsets if offsets is not None else torch.zeros(batch, dtype=torch.int64, device=device)
     args = TreeArgs(target_logits, draft_logits, draft_tokens, parents.long(), temperature_t, top_k_t, top_p_t, num_nodes_t,
-                    siblings, keys, offsets_t, check)
+                    siblings, generator, check, seeds, offsets)
     if check:
         if temperature_is_tensor:
             _raise_first("temperature", ~(temperature_t >= 0) | torch.isinf(temperature_t), temperature_t, "must be finite and >= 0 (0 = greedy)")

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 from ._params import VerifyArgs, inverse_temperature, parameter_problems
-from ._philox import row_keys
+from ._philox import key_per_row
 from ._tree_params import TreeArgs
-from .reference_tree import tree_layout
+from .reference_tree import tree_keys, tree_layout
 
 _GPU_BLOCK = 1024
 _INTERPRETER_BLOCK = 4096
@@ -117,9 +117,10 @@ def _per_row(args) -> tuple:
     return inv_t, greedy, args.top_k.contiguous(), args.top_p.to(torch.float32).contiguous(), filtered
 
 
-def verify_tree(args: TreeArgs, block: int | None = None, num_chunks: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def verify_tree(args: TreeArgs, base_key: int, block: int | None = None, num_chunks: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tokens (B, D+1), num_accepted (B,), accepted_nodes (B, D)) of a validated tree call."""
     k = kernels()
+    keys, offsets = tree_keys(args, base_key)
     target = _contiguous_rows(args.target_logits)
     draft = _contiguous_rows(args.draft_logits) if args.draft_logits is not None else None
     device = target.device
@@ -132,7 +133,7 @@ def verify_tree(args: TreeArgs, block: int | None = None, num_chunks: int | None
     used = torch.arange(nodes, device=device)[None, :] < args.num_nodes[:, None]
     pre_bad = layout.bad | (((tokens < 0) | (tokens >= args.draft_vocab)) & used).any(1)
     pre_bad |= ~(args.temperature >= 0) | torch.isinf(args.temperature) | (args.top_k < 0) | ~((args.top_p > 0) & (args.top_p <= 1))
-    pre_bad |= (args.keys < 0) | (args.offsets < 0)
+    pre_bad |= (keys < 0) | (offsets < 0)
     inv_t, greedy, top_k, top_p, filtered = _per_row(args)
     block, chunk, chunks = _geometry(device, batch, vocab, block, num_chunks)
     options = _launch_options(device)
@@ -145,7 +146,7 @@ def verify_tree(args: TreeArgs, block: int | None = None, num_chunks: int | None
     d_stats = _LineStats(draft, inv_t, greedy, top_k, top_p, filtered, block, chunk, _cdiv(draft.shape[2], chunk), options) if draft is not None else t_stats
     draft_or_target = draft if draft is not None else target
     children = layout.children.contiguous()
-    keys, offsets = args.keys.contiguous(), args.offsets.contiguous()
+    keys, offsets = keys.contiguous(), offsets.contiguous()
     state_line, state_depth = (torch.empty(batch, dtype=torch.int64, device=device) for _ in range(2))
     state_c = torch.empty(batch, dtype=torch.float32, device=device)
     state_removed = torch.empty((batch, w_pow2), dtype=torch.int64, device=device)
@@ -196,7 +197,7 @@ def verify_block(args: VerifyArgs, base_key: int, block: int | None = None, num_
     device = target.device
     batch, vocab = args.batch, args.vocab
     tokens = args.draft_tokens.to(torch.int64).contiguous()
-    keys = row_keys(args.seeds, base_key, batch, device).contiguous()
+    keys = key_per_row(args.seeds, base_key, batch, device).contiguous()
     offsets = (args.offsets if args.offsets is not None else torch.zeros(batch, dtype=torch.int64, device=device)).contiguous()
     pre_bad = torch.zeros(batch, dtype=torch.bool, device=device)
     for _, mask, _ in parameter_problems(args):

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from . import _cpp_backend, _params
-from ._philox import SAMPLE_STREAM, draw_base_key, draw_row_keys
+from ._philox import SAMPLE_STREAM, draw_keys
 from .reference import verify_eager
 
 
@@ -192,18 +192,8 @@ def _draw_keys(args: _params.VerifyArgs) -> tuple[_params.VerifyArgs, int]:
     """The per-call randomness: (args with per-row ``seeds`` set where they must live on the device, base_key)."""
     if args.seeds is not None:
         return args, 0
-    device = args.target_logits.device
-    generator = args.generator
-    on_device = (
-        torch.compiler.is_compiling()
-        or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
-        or (generator is not None and generator.device.type != "cpu")
-    )
-    if on_device:
-        # A host integer would be frozen into a compiled graph or a CUDA graph (and reading a CUDA
-        # generator's draw would sync): draw one key per row on the device instead.
-        return args._replace(seeds=draw_row_keys(generator, args.batch, device)), 0
-    return args, draw_base_key(generator)
+    seeds, base_key = draw_keys(None, args.generator, args.batch, args.target_logits.device)
+    return (args if seeds is None else args._replace(seeds=seeds)), base_key
 
 
 def _run(args: _params.VerifyArgs, backend: str) -> VerifyResult:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from ._params import LOGPROBS_NONE, LOGPROBS_RAW, VerifyArgs, invalid_rows, inverse_temperature
-from ._philox import coin_uniforms, race_uniforms, row_keys
+from ._philox import coin_uniforms, key_per_row, race_uniforms
 
 
 @dataclass
@@ -133,7 +133,7 @@ def verify_eager(args: VerifyArgs, base_key: int) -> tuple[torch.Tensor, torch.T
     rows = torch.arange(batch, device=device)
     positions = torch.arange(num_positions, device=device)
     greedy = args.temperature == 0
-    keys = row_keys(args.seeds, base_key, batch, device)
+    keys = key_per_row(args.seeds, base_key, batch, device)
     offsets = args.offsets if args.offsets is not None else torch.zeros(batch, dtype=torch.int64, device=device)
     target = _lines(args, args.target_logits)  # line b * (K+1) + k
     draft = _lines(args, args.draft_logits) if args.draft_logits is not None and num_positions else None  # line b * K + k

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import torch
 
 from ._params import LOGPROBS_NONE, VerifyArgs, invalid_rows, inverse_temperature
-from ._philox import VERIFY_STREAM, coin_uniforms, race_uniforms, row_keys
+from ._philox import VERIFY_STREAM, coin_uniforms, key_per_row, race_uniforms
 from ._tree_params import TreeArgs, bad_parents
 from .reference import ProcessedLines, _emitted_logprobs, _lines, _subset, process_lines
 
@@ -134,7 +134,15 @@ def _tree_lines(args: TreeArgs, logits: torch.Tensor) -> ProcessedLines:
     return process_lines(logits.reshape(batch * contexts, vocab), repeat(args.temperature), repeat(args.top_k), repeat(args.top_p))
 
 
-def verify_tree_eager(args: TreeArgs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def tree_keys(args: TreeArgs, base_key: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,) int64 key and offset of every row of a tree call (keys: seeds, else base_key + row; offsets default 0)."""
+    device = args.target_logits.device
+    keys = key_per_row(args.seeds, base_key, args.batch, device)
+    offsets = args.offsets if args.offsets is not None else torch.zeros(args.batch, dtype=torch.int64, device=device)
+    return keys, offsets
+
+
+def verify_tree_eager(args: TreeArgs, base_key: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eager tree verification.
 
     Returns (tokens (B, D+1) int64, num_accepted (B,) int64, accepted_nodes (B, D) int64), D the deepest
@@ -143,6 +151,7 @@ def verify_tree_eager(args: TreeArgs) -> tuple[torch.Tensor, torch.Tensor, torch
     batch, nodes, vocab = args.batch, args.num_tree_nodes, args.vocab
     device = args.target_logits.device
     layout = tree_layout(args)
+    keys, offsets = tree_keys(args, base_key)
     contexts = nodes + 1
     rows = torch.arange(batch, device=device)
     greedy = args.temperature == 0
@@ -191,7 +200,7 @@ def verify_tree_eager(args: TreeArgs) -> tuple[torch.Tensor, torch.Tensor, torch
             proposal_x = torch.where(x_removed, 0.0, q_x)
         else:
             proposal_x = q_x
-        u = coin_uniforms(args.keys, args.offsets + depth, rank)
+        u = coin_uniforms(keys, offsets + depth, rank)
         accept = torch.where(greedy, x == target.argmax[line], u * proposal_x * mass < w_x * draft_mass)
         enter = walking & accept
         reject = walking & ~accept
@@ -230,7 +239,7 @@ def verify_tree_eager(args: TreeArgs) -> tuple[torch.Tensor, torch.Tensor, torch
     line = rows * contexts + context
     p = _subset(target, line).probs()
     w = residual_weights(p, _padded_probs(draft, line, vocab), scale, removed)
-    exponentials = race_exponentials(args.keys, args.offsets + depth, vocab)
+    exponentials = race_exponentials(keys, offsets + depth, vocab)
     race = w / exponentials
     winner = torch.where(race.amax(dim=1) > 0, race.argmax(dim=1), (p / exponentials).argmax(dim=1))
     winner = torch.where(greedy, target.argmax[line], winner)
@@ -291,7 +300,10 @@ def invalid_tree_rows(args: TreeArgs, layout: TreeLayout, read) -> torch.Tensor:
     """(B,) bool: bad parameters, keys, offsets or values in the lines that count (see tree_row_problems)."""
     bad = ~(args.temperature >= 0) | torch.isinf(args.temperature) | (args.top_k < 0)
     bad |= ~((args.top_p > 0) & (args.top_p <= 1))
-    bad |= (args.keys < 0) | (args.offsets < 0)
+    if args.seeds is not None:
+        bad |= args.seeds < 0
+    if args.offsets is not None:
+        bad |= args.offsets < 0
     for _, mask, _ in tree_row_problems(args, layout, read):
         bad |= mask
     return bad
@@ -318,7 +330,7 @@ def verify_block_eager(args: VerifyArgs, base_key: int) -> tuple[torch.Tensor, t
     logprobs (B, K+1) float32 or None), keys and offsets as for :func:`specdec_ext.verify`."""
     batch, num_positions, vocab = args.batch, args.num_positions, args.vocab
     device = args.target_logits.device
-    keys = row_keys(args.seeds, base_key, batch, device)
+    keys = key_per_row(args.seeds, base_key, batch, device)
     offsets = args.offsets if args.offsets is not None else torch.zeros(batch, dtype=torch.int64, device=device)
     rows = torch.arange(batch, device=device)
     positions = torch.arange(num_positions + 1, device=device)

@@ -15,6 +15,7 @@ import torch
 
 from . import _tree_params
 from ._params import VerifyArgs, _first_bad_row, raise_for_bad_rows
+from ._philox import draw_keys
 from .reference_tree import tree_layout, tree_row_problems, verify_block_eager, verify_tree_eager
 
 VERIFY_METHODS = ("token", "block")
@@ -97,10 +98,12 @@ def verify_tree(
         siblings=siblings, generator=generator, seeds=seeds, offsets=offsets, backend=backend, check=check,
     )
     chosen = resolve_tree_backend(backend, target_logits.device)
+    seeds, base_key = draw_keys(args.seeds, args.generator, args.batch, target_logits.device)
+    args = args._replace(seeds=seeds)
     if chosen == "eager":
-        tokens, num_accepted, accepted_nodes = verify_tree_eager(args)
+        tokens, num_accepted, accepted_nodes = verify_tree_eager(args, base_key)
     else:
-        tokens, num_accepted, accepted_nodes = _fused_tree(chosen, args)
+        tokens, num_accepted, accepted_nodes = _fused_tree(chosen, args, base_key)
     if check and tokens.shape[0] and bool((tokens[:, 0] < 0).any()):
         _raise_for_bad_lines(args, tokens[:, 0] < 0)
     return TreeResult(tokens, num_accepted, accepted_nodes)
@@ -165,15 +168,15 @@ def available_tree_backends(device: torch.device | str = "cpu", fast_only: bool 
     return found + ["eager"]
 
 
-def _fused_tree(backend: str, args):
+def _fused_tree(backend: str, args, base_key: int):
     if backend == "cpp":
         from . import _cpp_tree
 
-        return _cpp_tree.verify_tree(args)
+        return _cpp_tree.verify_tree(args, base_key)
     if backend == "triton":
         from . import _triton_tree
 
-        return _triton_tree.verify_tree(args)
+        return _triton_tree.verify_tree(args, base_key)
     raise ValueError(f"backend {backend!r} has no tree verification kernel")
 
 

@@ -107,5 +107,5 @@ def test_keys_come_from_the_generator():
     torch.manual_seed(3)
     assert k1 == _philox.draw_base_key(None)
     assert 0 <= k1 < _philox.KEY_BOUND
-    keys = _philox.row_keys(None, k1, 4, torch.device("cpu"))
+    keys = _philox.key_per_row(None, k1, 4, torch.device("cpu"))
     assert keys.tolist() == [k1, k1 + 1, k1 + 2, k1 + 3]
