@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ._params import _check_scalar_params
-from .api import verify
+from .api import verify, verify_tree
 from .generate import _Clock, stderr_of_mean
 from .reference import process_lines
-from .tree import verify_tree
 
 #: Candidate trees for ``tree="auto"``: branching factors per depth, at most AUTO_MAX_NODES nodes.
 AUTO_MAX_NODES = 8
