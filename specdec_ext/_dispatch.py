@@ -121,6 +121,10 @@ def resolve(backend: str, device: torch.device, entry: str) -> tuple[str, Callab
     return found
 
 
+def has_prepare_hook(name: str) -> bool:
+    return name in PREPARE
+
+
 def prepared(name: str, args) -> Callable:
     """``run(args, base_key)`` of backend ``name``'s ``verify`` bound to the call signature of ``args``."""
     hook = PREPARE.get(name)
@@ -133,7 +137,7 @@ def compiled_verify(args, base_key: int):
     return ops.verify(args, base_key)
 
 
-_READ_LIMIT = 256  # token tensors up to this size are read as a Python list (cheaper than a reduction)
+READ_LIMIT = 256  # token tensors up to this size are read as a Python list (cheaper than a reduction)
 
 
 def raise_if_blanked(tokens: torch.Tensor, problems: Callable, args, logits_name: str = "target_logits") -> None:
@@ -155,7 +159,7 @@ def raise_if_blanked(tokens: torch.Tensor, problems: Callable, args, logits_name
         return
     if tokens.is_cpu:
         # min over the rows as lists compares their first tokens first: below 0 iff a row is blanked.
-        blanked = min(tokens.tolist())[0] < 0 if tokens.numel() <= _READ_LIMIT else bool(tokens[:, 0].min() < 0)
+        blanked = min(tokens.tolist())[0] < 0 if tokens.numel() <= READ_LIMIT else bool(tokens[:, 0].min() < 0)
     else:
         blanked = bool((tokens[:, 0] < 0).any())
     if blanked:
@@ -172,4 +176,4 @@ def forget() -> None:
 
 FORGET: list[Callable[[], None]] = []  # other caches built on resolutions (the call plans) register their clear() here
 
-__all__ = ["BACKENDS", "ENTRY_POINTS", "PREPARE", "TABLE", "available", "compiled_verify", "forget", "prepared", "raise_if_blanked", "resolve", "unavailable"]
+__all__ = ["BACKENDS", "ENTRY_POINTS", "PREPARE", "TABLE", "available", "compiled_verify", "forget", "has_prepare_hook", "prepared", "raise_if_blanked", "resolve", "unavailable"]

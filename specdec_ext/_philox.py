@@ -53,6 +53,7 @@ KEY_BOUND = 2**62
 
 
 _KEY_BUFFERS = threading.local()
+_CPU = torch.device("cpu")
 
 
 def draw_base_key(generator: torch.Generator | None) -> int:
@@ -93,7 +94,7 @@ def draw_keys(seeds: torch.Tensor | None, generator: torch.Generator | None, bat
     if (
         torch.compiler.is_compiling()
         or (generator is not None and generator.device.type != "cpu")
-        or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+        or (device != _CPU and device.type == "cuda" and torch.cuda.is_current_stream_capturing())  # (device.type builds a string: CPU first)
     ):
         return draw_row_keys(generator, batch, device), 0
     return None, draw_base_key(generator)

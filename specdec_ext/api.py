@@ -169,7 +169,8 @@ def verify(
         if plan is not None:
             if num_draft_tokens is not None:
                 num_draft_tokens = row_counts(num_draft_tokens, "num_draft_tokens", plan.batch, plan.num_positions, plan.device, plan.check, CHAIN)
-            plan.check_keys(generator, seeds, offsets)
+            if seeds is not None or offsets is not None or generator is not None:
+                plan.check_keys(generator, seeds, offsets)
             return _new(VerifyResult, plan(target_logits, draft_logits, draft_tokens, num_draft_tokens, generator, seeds, offsets))
     args = validate_verify(
         target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p, num_draft_tokens=num_draft_tokens,
@@ -218,7 +219,8 @@ def sample(
         except TypeError:
             plan = key = None
         if plan is not None:
-            plan.check_keys(generator, seeds, offsets)
+            if seeds is not None or offsets is not None or generator is not None:
+                plan.check_keys(generator, seeds, offsets)
             return plan(logits.unsqueeze(1), None, plan.no_drafts, None, generator, seeds, offsets)[0].squeeze(1)
     args = _sample_args(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, check=check, seeds=seeds, offsets=offsets)
     plan = ChainPlan.of(args, backend, "token", logits_name="logits")

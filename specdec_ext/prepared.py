@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._dispatch import FORGET, compiled_verify, prepared, raise_if_blanked, resolve
+from ._dispatch import FORGET, READ_LIMIT, compiled_verify, has_prepare_hook, prepared, raise_if_blanked, resolve
 from ._params import (
     CHAIN,
     LOGIT_DTYPES,
@@ -27,6 +27,7 @@ from ._params import (
     logprobs_mode,
     no_drafts,
     parameter_problems,
+    raise_for_bad_rows,
     row_counts,
     row_parameters,
     row_problems,
@@ -38,6 +39,8 @@ from ._philox import SAMPLE_STREAM, VERIFY_STREAM, draw_keys
 from ._results import VerifyResult
 
 _new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (a third of the cost)
+_Tensor = torch.Tensor
+_INT64 = torch.int64
 
 
 class ChainPlan:
@@ -61,8 +64,12 @@ class ChainPlan:
         self.check, self.stream, self.logprobs, self.accept_probs = bool(check), stream, logprobs, accept_probs
         self.backend_asked, self.method, self.logits_name = backend, method, logits_name
         self.backend: str | None = None  # resolved on the first eager call (or by resolve())
+        self._run: Callable | None = None  # the run of every call, for a backend without a prepare hook
+        # Small CPU results are checked through a Python list (cheaper than a reduction).
+        self._check_as_list = self.check and device.type == "cpu" and 0 < batch * (num_positions + 1) <= READ_LIMIT
         self.no_drafts: torch.Tensor | None = None  # (B, 0) draft tokens of a plan with K = 0 (sample), once resolved
         self._runs: dict[tuple[bool, bool], Callable] = {}  # (seeded, offset) -> run(args, base_key)
+        self._rows = torch.Size((batch,))
 
     @classmethod
     def of(cls, args: VerifyArgs, backend: str, method: str, logits_name: str = "target_logits") -> ChainPlan:
@@ -80,17 +87,14 @@ class ChainPlan:
         return self.backend
 
     def check_keys(self, generator, seeds, offsets) -> None:
-        """The per-call arguments a plan does not fix: their types, shapes and devices."""
-        if seeds is not None:
+        """The per-call arguments a plan does not fix: their types, shapes and devices (a (B,) int64
+        tensor on the plan's device is taken at a glance; anything else gets the validator's message)."""
+        if seeds is not None and not (type(seeds) is _Tensor and seeds.dtype is _INT64 and seeds.shape == self._rows and seeds.device == self.device):
             row_vector(seeds, "seeds", self.batch, self.device)
-        if offsets is not None:
+        if offsets is not None and not (type(offsets) is _Tensor and offsets.dtype is _INT64 and offsets.shape == self._rows and offsets.device == self.device):
             row_vector(offsets, "offsets", self.batch, self.device)
         if generator is not None:
             check_generator(generator)
-
-    def args(self, target, draft, tokens, num_draft, generator, seeds, offsets) -> VerifyArgs:
-        return _new(VerifyArgs, (target, draft, tokens, self.temperature, self.top_k, self.top_p, self.num_draft if num_draft is None else num_draft,
-                                 generator, self.check, self.filtered, seeds, offsets, self.stream, self.logprobs, self.accept_probs))
 
     def __call__(self, target, draft, tokens, num_draft, generator, seeds, offsets) -> tuple:
         if torch.compiler.is_compiling():
@@ -98,18 +102,27 @@ class ChainPlan:
         if self.backend is None:
             self.resolve()
         seeds, base_key = draw_keys(seeds, generator, self.batch, self.device)
-        args = self.args(target, draft, tokens, num_draft, generator, seeds, offsets)
-        run = self._runs.get((seeds is None, offsets is None)) or self._bind(args)
+        args = _new(VerifyArgs, (target, draft, tokens, self.temperature, self.top_k, self.top_p, self.num_draft if num_draft is None else num_draft,
+                                 generator, self.check, self.filtered, seeds, offsets, self.stream, self.logprobs, self.accept_probs))
+        run = self._run or self._runs.get((seeds is None, offsets is None)) or self._bind(args)
         out = run(args, base_key)
-        if self.check:
+        if self._check_as_list:
+            if min(out[0].tolist())[0] < 0:  # (see raise_if_blanked)
+                raise_for_bad_rows(self._problems(args), out[0][:, 0] < 0, self.logits_name)
+        elif self.check:
             raise_if_blanked(out[0], self._problems, args, self.logits_name)
         return out
 
     def _bind(self, args: VerifyArgs) -> Callable:
         """The run of this plan for calls keyed like ``args`` (a backend's prepare hook binds its
         launches to whether seeds and offsets are given)."""
-        run = prepared(self.backend, args) if self.method == "token" else self._block
-        self._runs[(args.seeds is None, args.offsets is None)] = run
+        if self.method != "token":
+            self._run = self._block
+            return self._block
+        if not has_prepare_hook(self.backend):
+            self._run = prepared(self.backend, args)
+            return self._run
+        run = self._runs[(args.seeds is None, args.offsets is None)] = prepared(self.backend, args)
         return run
 
     def _block(self, args: VerifyArgs, base_key: int) -> tuple:
@@ -251,7 +264,8 @@ class Verifier:
             self._refuse(target_logits, draft_logits, draft_tokens)
         if num_draft_tokens is not None:
             num_draft_tokens = row_counts(num_draft_tokens, "num_draft_tokens", plan.batch, plan.num_positions, plan.device, plan.check, CHAIN)
-        plan.check_keys(generator, seeds, offsets)
+        if seeds is not None or offsets is not None or generator is not None:
+            plan.check_keys(generator, seeds, offsets)
         out = plan(target_logits, draft_logits, draft_tokens, num_draft_tokens, generator, seeds, offsets)
         return VerifyResult(*out) if torch.compiler.is_compiling() else _new(VerifyResult, out)
 
@@ -327,7 +341,8 @@ class Sampler:
         if not matches:
             validate_sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None, check=False)
             raise ValueError(f"logits: this Sampler takes {_describe(*self._logits)}, got {_describe(logits.shape, logits.dtype, logits.device)}")
-        plan.check_keys(generator, seeds, offsets)
+        if seeds is not None or offsets is not None or generator is not None:
+            plan.check_keys(generator, seeds, offsets)
         drafts = plan.no_drafts if not torch.compiler.is_compiling() else no_drafts(plan.batch, plan.device)
         return plan(logits.unsqueeze(1), None, drafts, None, generator, seeds, offsets)[0].squeeze(1)
 
