@@ -71,6 +71,21 @@ def verify(args: VerifyArgs, base_key: int):
     return tokens, num_accepted, (logprobs if args.logprobs else None), (accept_probs if args.accept_probs else None)
 
 
+def sampler(temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
+    """``sample`` bound to (B,) per-row parameters (the backend table's sample hook): ``run(logits,
+    seeds, offsets, base_key) -> (B,) int64`` for (B, V) logits, the kernel's verification with
+    K = 0 on the sample stream, without the (B, 1, V) view and (B,) selection a Python caller of
+    :func:`verify` pays for."""
+    if _C is None:
+        raise RuntimeError(f"specdec_ext: the C++ backend is unavailable: {unavailable_reason()}")
+    draw = _C.sample
+
+    def run(logits: torch.Tensor, seeds: torch.Tensor | None, offsets: torch.Tensor | None, base_key: int) -> torch.Tensor:
+        return draw(logits, temperature, top_k, top_p, seeds, offsets, base_key)
+
+    return run
+
+
 def isa() -> str:
     """The instruction-set variant the kernel runs ("avx512", "avx2", "neon" or "base"), or "" when unavailable."""
     return _C.isa() if _C is not None else ""

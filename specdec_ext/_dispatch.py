@@ -7,10 +7,11 @@ Every backend serves the same three entry points on validated arguments (see COM
     verify_block(args: VerifyArgs, base_key)  -> (tokens, num_accepted, logprobs | None)
     verify_tree(args: TreeArgs, base_key)     -> (tokens, num_accepted, accepted_nodes)
 
-``sample`` is ``verify`` with K = 0 on the sample stream. A backend may also offer a ``prepare``
-hook for ``verify``: ``prepare(args) -> run(args, base_key)``, a call bound once to the shapes,
-strides, dtypes and flags of ``args`` (the Triton launcher binds its launches there); without one
-the entry point itself runs every call.
+``sample`` is ``verify`` with K = 0 on the sample stream. A backend may also offer hooks that bind
+a call once: for ``verify``, ``prepare(args) -> run(args, base_key)``, bound to the shapes, strides,
+dtypes and flags of ``args`` (the Triton launcher binds its launches there); for ``sample``,
+``sampler(temperature, top_k, top_p) -> run(logits (B, V), seeds, offsets, base_key) -> (B,)``
+(the C++ kernel reshapes in C++). Without a hook the entry point itself runs every call.
 
 Resolution, the same for every entry point: ``"auto"`` takes the fused kernel of the device (Triton
 for CUDA tensors, C++ for CPU tensors) when it is built for that entry point, else the eager
@@ -45,6 +46,7 @@ TABLE: dict[str, dict[str, tuple[str, str]]] = {
     "triton": {"verify": ("_triton_backend", "verify"), "verify_block": ("_triton_tree", "verify_block"), "verify_tree": ("_triton_tree", "verify_tree")},
 }
 PREPARE: dict[str, tuple[str, str]] = {"triton": ("_triton_backend", "runner")}  # optional hooks of `verify`
+SAMPLE: dict[str, tuple[str, str]] = {"cpp": ("_cpp_backend", "sampler")}  # optional hooks of `sample`
 _PREFERRED = {"cuda": "triton", "cpu": "cpp"}  # "auto": the fused kernel of each device type
 
 
@@ -131,6 +133,12 @@ def prepared(name: str, args) -> Callable:
     return _function(*hook)(args) if hook is not None else _function(*TABLE[name]["verify"])
 
 
+def sampler(name: str, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> Callable | None:
+    """Backend ``name``'s sample hook bound to (B,) per-row parameters, or None if it has none."""
+    hook = SAMPLE.get(name)
+    return _function(*hook)(temperature, top_k, top_p) if hook is not None else None
+
+
 def compiled_verify(args, base_key: int):
     """``verify`` inside torch.compile: the registered operator (a fake kernel for tracing; C++ or
     eager on CPU, Triton on CUDA) keeps the graph whole."""
@@ -176,4 +184,4 @@ def forget() -> None:
 
 FORGET: list[Callable[[], None]] = []  # other caches built on resolutions (the call plans) register their clear() here
 
-__all__ = ["BACKENDS", "ENTRY_POINTS", "PREPARE", "TABLE", "available", "compiled_verify", "forget", "has_prepare_hook", "prepared", "raise_if_blanked", "resolve", "unavailable"]
+__all__ = ["BACKENDS", "ENTRY_POINTS", "PREPARE", "SAMPLE", "TABLE", "available", "compiled_verify", "forget", "has_prepare_hook", "prepared", "raise_if_blanked", "resolve", "sampler", "unavailable"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _dispatch
+from . import _cpp_backend, _dispatch
 from ._dispatch import raise_if_blanked, resolve
 from ._params import (
     CHAIN,
@@ -157,8 +157,9 @@ def verify(
     if (type(target_logits) is _Tensor and type(draft_tokens) is _Tensor and (draft_logits is None or type(draft_logits) is _Tensor)
             and type(temperature) in _NUMBERS and type(top_k) in _INTEGERS and type(top_p) in _NUMBERS and type(return_accept_probs) is bool
             and not torch.compiler.is_compiling()):
-        # The call signature: everything the validation of a call with number parameters looked at.
-        key = ("verify", target_logits.shape, target_logits.dtype, target_logits.device,
+        # The call signature: everything the validation of a call with number parameters looked at
+        # (and the C++ extension the backend was resolved with: tests hide it).
+        key = ("verify", _cpp_backend._C, target_logits.shape, target_logits.dtype, target_logits.device,
                None if draft_logits is None else (draft_logits.shape, draft_logits.dtype, draft_logits.device),
                draft_tokens.shape, draft_tokens.dtype, draft_tokens.device, temperature, top_k, top_p, return_logprobs, return_accept_probs, backend,
                check, method)
@@ -213,7 +214,7 @@ def sample(
     key = None
     if (type(logits) is _Tensor and type(temperature) in _NUMBERS and type(top_k) in _INTEGERS and type(top_p) in _NUMBERS
             and not torch.compiler.is_compiling()):
-        key = ("sample", logits.shape, logits.dtype, logits.device, temperature, top_k, top_p, backend, check)
+        key = ("sample", _cpp_backend._C, logits.shape, logits.dtype, logits.device, temperature, top_k, top_p, backend, check)
         try:
             plan = PLANS.get(key)
         except TypeError:
@@ -221,11 +222,11 @@ def sample(
         if plan is not None:
             if seeds is not None or offsets is not None or generator is not None:
                 plan.check_keys(generator, seeds, offsets)
-            return plan(logits.unsqueeze(1), None, plan.no_drafts, None, generator, seeds, offsets)[0].squeeze(1)
+            return plan.sample(logits, generator, seeds, offsets)
     args = _sample_args(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, check=check, seeds=seeds, offsets=offsets)
     plan = ChainPlan.of(args, backend, "token", logits_name="logits")
     _remember(key, plan, args.target_logits.device)
-    return plan(args.target_logits, None, args.draft_tokens, None, args.generator, args.seeds, args.offsets)[0].squeeze(1)
+    return plan.sample(logits, args.generator, args.seeds, args.offsets)
 
 
 def _sample_args(logits: torch.Tensor, *, temperature, top_k, top_p, generator, check, seeds=None, offsets=None) -> VerifyArgs:

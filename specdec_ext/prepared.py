@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._dispatch import FORGET, READ_LIMIT, compiled_verify, has_prepare_hook, prepared, raise_if_blanked, resolve
+from ._dispatch import FORGET, READ_LIMIT, compiled_verify, has_prepare_hook, prepared, raise_if_blanked, resolve, sampler
 from ._params import (
     CHAIN,
     LOGIT_DTYPES,
@@ -70,6 +70,7 @@ class ChainPlan:
         self.no_drafts: torch.Tensor | None = None  # (B, 0) draft tokens of a plan with K = 0 (sample), once resolved
         self._runs: dict[tuple[bool, bool], Callable] = {}  # (seeded, offset) -> run(args, base_key)
         self._rows = torch.Size((batch,))
+        self._sample: Callable | None = None  # the backend's sample hook (K = 0 plans on the sample stream), once resolved
 
     @classmethod
     def of(cls, args: VerifyArgs, backend: str, method: str, logits_name: str = "target_logits") -> ChainPlan:
@@ -84,6 +85,8 @@ class ChainPlan:
             self.backend, self._entry = resolve(self.backend_asked, self.device, "verify" if self.method == "token" else "verify_block")
             self.num_draft = constant_rows(self.num_positions, self.batch, torch.int64, self.device)
             self.no_drafts = no_drafts(self.batch, self.device) if self.num_positions == 0 else None
+            if self.stream == SAMPLE_STREAM:
+                self._sample = sampler(self.backend, self.temperature, self.top_k, self.top_p)
         return self.backend
 
     def check_keys(self, generator, seeds, offsets) -> None:
@@ -112,6 +115,26 @@ class ChainPlan:
         elif self.check:
             raise_if_blanked(out[0], self._problems, args, self.logits_name)
         return out
+
+    def sample(self, logits: torch.Tensor, generator, seeds, offsets) -> torch.Tensor:
+        """One token per row of (B, V) ``logits``, for a plan with K = 0 on the sample stream: through
+        the backend's sample hook where it has one, else as ``verify`` of the (B, 1, V) view."""
+        if self.backend is None and not torch.compiler.is_compiling():
+            self.resolve()
+        run = self._sample
+        if run is None or torch.compiler.is_compiling():
+            drafts = self.no_drafts if self.no_drafts is not None and not torch.compiler.is_compiling() else no_drafts(self.batch, self.device)
+            return self(logits.unsqueeze(1), None, drafts, None, generator, seeds, offsets)[0].squeeze(1)
+        seeds, base_key = draw_keys(seeds, generator, self.batch, self.device)
+        tokens = run(logits, seeds, offsets, base_key)
+        if self.check and self.batch and (min(tokens.tolist()) < 0 if self._check_as_list else bool((tokens < 0).any())):
+            args = self._sample_args(logits, generator, seeds, offsets)
+            raise_for_bad_rows(self._problems(args), tokens < 0, self.logits_name)
+        return tokens
+
+    def _sample_args(self, logits, generator, seeds, offsets) -> VerifyArgs:
+        return VerifyArgs(logits.unsqueeze(1), None, no_drafts(self.batch, self.device), self.temperature, self.top_k, self.top_p, self.num_draft, generator,
+                          self.check, self.filtered, seeds, offsets, self.stream, self.logprobs, self.accept_probs)
 
     def _bind(self, args: VerifyArgs) -> Callable:
         """The run of this plan for calls keyed like ``args`` (a backend's prepare hook binds its
@@ -343,8 +366,7 @@ class Sampler:
             raise ValueError(f"logits: this Sampler takes {_describe(*self._logits)}, got {_describe(logits.shape, logits.dtype, logits.device)}")
         if seeds is not None or offsets is not None or generator is not None:
             plan.check_keys(generator, seeds, offsets)
-        drafts = plan.no_drafts if not torch.compiler.is_compiling() else no_drafts(plan.batch, plan.device)
-        return plan(logits.unsqueeze(1), None, drafts, None, generator, seeds, offsets)[0].squeeze(1)
+        return plan.sample(logits, generator, seeds, offsets)
 
     def __repr__(self) -> str:
         (shape, dtype, device) = self._logits
