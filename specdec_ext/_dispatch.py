@@ -22,36 +22,34 @@ that cannot run the call raises ValueError listing those that can. Importing thi
 
 from __future__ import annotations
 
-import importlib
 import os
 import warnings
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 
-from . import _cpp_backend, ops
+# The modules of the table are imported here (none of them imports this one: the import graph test
+# sees every edge); their functions are looked up when a call is resolved (late binding).
+from . import _cpp_backend, _cpp_tree, _triton_backend, _triton_tree, ops, reference, reference_tree
 from ._params import BACKENDS, COMPILED_CHECK_HINT, check_backend, raise_for_bad_rows
 
 ENTRY_POINTS = ("verify", "verify_block", "verify_tree")
 _CALLS = {"verify": "verification", "verify_block": "block verification", "verify_tree": "tree verification"}
 
 # name -> entry point -> (module, function); the eager reference is the specification of record.
-TABLE: dict[str, dict[str, tuple[str, str]]] = {
-    "eager": {
-        "verify": ("reference", "verify_eager"),
-        "verify_block": ("reference_tree", "verify_block_eager"),
-        "verify_tree": ("reference_tree", "verify_tree_eager"),
-    },
-    "cpp": {"verify": ("_cpp_backend", "verify"), "verify_block": ("_cpp_backend", "verify_block"), "verify_tree": ("_cpp_backend", "verify_tree")},
-    "triton": {"verify": ("_triton_backend", "verify"), "verify_block": ("_triton_tree", "verify_block"), "verify_tree": ("_triton_tree", "verify_tree")},
+TABLE: dict[str, dict[str, tuple[ModuleType, str]]] = {
+    "eager": {"verify": (reference, "verify_eager"), "verify_block": (reference_tree, "verify_block_eager"), "verify_tree": (reference_tree, "verify_tree_eager")},
+    "cpp": {"verify": (_cpp_backend, "verify"), "verify_block": (_cpp_backend, "verify_block"), "verify_tree": (_cpp_backend, "verify_tree")},
+    "triton": {"verify": (_triton_backend, "verify"), "verify_block": (_triton_tree, "verify_block"), "verify_tree": (_triton_tree, "verify_tree")},
 }
-PREPARE: dict[str, tuple[str, str]] = {"triton": ("_triton_backend", "runner")}  # optional hooks of `verify`
-SAMPLE: dict[str, tuple[str, str]] = {"cpp": ("_cpp_backend", "sampler")}  # optional hooks of `sample`
+PREPARE: dict[str, tuple[ModuleType, str]] = {"triton": (_triton_backend, "runner")}  # optional hooks of `verify`
+SAMPLE: dict[str, tuple[ModuleType, str]] = {"cpp": (_cpp_backend, "sampler")}  # optional hooks of `sample`
 _PREFERRED = {"cuda": "triton", "cpu": "cpp"}  # "auto": the fused kernel of each device type
 
 
-def _function(module: str, name: str) -> Callable:
-    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+def _function(module: ModuleType, name: str) -> Callable:
+    return getattr(module, name)
 
 
 def _interpreter_on() -> bool:
@@ -67,14 +65,10 @@ def unavailable(name: str, entry: str, device: torch.device) -> str | None:
             return "the C++ kernel takes CPU tensors"
         if entry == "verify":
             return None if _cpp_backend.is_available() else _cpp_backend.unavailable_reason()
-        from . import _cpp_tree
-
         return None if _cpp_tree.is_available() else "specdec_ext._C_tree (the C++ tree and block kernels) is not built"
     if name == "triton":
         if not (device.type == "cuda" or (device.type == "cpu" and _interpreter_on())):
             return "Triton needs CUDA tensors (or TRITON_INTERPRET=1 on CPU)"
-        from . import _triton_backend, _triton_tree
-
         return None if (_triton_backend if entry == "verify" else _triton_tree).is_available() else "triton is not installed or its kernels do not load"
     raise ValueError(f"unknown backend {name!r}")
 

@@ -68,7 +68,7 @@ def draw_base_key(generator: torch.Generator | None) -> int:
     except AttributeError:
         with torch.inference_mode(False):  # a normal tensor: written in and out of inference mode
             buffer = _KEY_BUFFERS.buffer = torch.empty(1, dtype=torch.int64)
-    return buffer.random_(0, KEY_BOUND, generator=generator).item()
+    return (buffer.random_(0, KEY_BOUND) if generator is None else buffer.random_(0, KEY_BOUND, generator=generator)).item()
 
 
 def draw_row_keys(generator: torch.Generator | None, batch: int, device: torch.device) -> torch.Tensor:

@@ -31,7 +31,7 @@ def test_the_table_points_at_every_backends_contract_entry_points():
         assert set(entries) == set(_dispatch.ENTRY_POINTS), name
         for entry, (module, function) in entries.items():
             assert callable(_dispatch._function(module, function)), (name, entry)
-    assert _dispatch.TABLE["cpp"]["verify_tree"] == ("_cpp_backend", "verify_tree")  # the C++ backend's own entry points
+    assert _dispatch.TABLE["cpp"]["verify_tree"] == (_cpp_backend, "verify_tree")  # the C++ backend's own entry points
 
 
 @pytest.mark.parametrize("entry", _dispatch.ENTRY_POINTS)

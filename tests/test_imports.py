@@ -121,6 +121,7 @@ def test_the_graph_covers_the_three_packages():
     assert "specdec_ext._params" in graph["specdec_ext.api"]
     assert "triton_kernels" in graph["specdec_ext._triton_backend"]
     assert "specdec_ext.ops" in graph["specdec_ext._dispatch"] and "specdec_ext._cpp_backend" in graph["specdec_ext.ops"]
+    assert {"specdec_ext.reference", "specdec_ext.reference_tree", "specdec_ext._triton_tree"} <= graph["specdec_ext._dispatch"]  # the table's modules
     assert "specdec_ext" not in graph["specdec_ext._cpp_backend"]  # `from . import _C` is the extension, not the package
 
 
