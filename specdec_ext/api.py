@@ -52,6 +52,41 @@ def available_backends(device: torch.device | str = "cpu", entry: str = "verify"
     return _dispatch.available(device, entry, interpreted)
 
 
+_recent: tuple = (None, None)  # (key, plan) of the last plan looked up: a loop repeats its call signature
+
+
+def _lookup(key: tuple) -> ChainPlan | None:
+    """The plan of a call signature: the last one looked up when it is the same signature (one
+    comparison, no hashing), else the one kept for it, else None."""
+    global _recent
+    recent = _recent
+    if recent[0] == key:
+        return recent[1]
+    try:
+        plan = PLANS.get(key)
+    except TypeError:
+        return None
+    if plan is not None:
+        _recent = (key, plan)
+    return plan
+
+
+def _hashable(key: tuple) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
+
+
+def _forget_recent() -> None:
+    global _recent
+    _recent = (None, None)
+
+
+_dispatch.FORGET.append(_forget_recent)
+
+
 def _remember(key, plan: ChainPlan, device: torch.device) -> None:
     """Keep the plan of a cacheable call once its backend is resolved (not one made while a graph
     is built: its tensors belong to the graph)."""
@@ -163,10 +198,9 @@ def verify(
                None if draft_logits is None else (draft_logits.shape, draft_logits.dtype, draft_logits.device),
                draft_tokens.shape, draft_tokens.dtype, draft_tokens.device, temperature, top_k, top_p, return_logprobs, return_accept_probs, backend,
                check, method)
-        try:
-            plan = PLANS.get(key)
-        except TypeError:  # an unhashable argument: the validation names it
-            plan = key = None
+        plan = _lookup(key)
+        if plan is None and not _hashable(key):
+            key = None  # an unhashable argument: the validation names it
         if plan is not None:
             if num_draft_tokens is not None:
                 num_draft_tokens = row_counts(num_draft_tokens, "num_draft_tokens", plan.batch, plan.num_positions, plan.device, plan.check, CHAIN)
@@ -215,10 +249,9 @@ def sample(
     if (type(logits) is _Tensor and type(temperature) in _NUMBERS and type(top_k) in _INTEGERS and type(top_p) in _NUMBERS
             and not torch.compiler.is_compiling()):
         key = ("sample", _cpp_backend._C, logits.shape, logits.dtype, logits.device, temperature, top_k, top_p, backend, check)
-        try:
-            plan = PLANS.get(key)
-        except TypeError:
-            plan = key = None
+        plan = _lookup(key)
+        if plan is None and not _hashable(key):
+            key = None
         if plan is not None:
             if seeds is not None or offsets is not None or generator is not None:
                 plan.check_keys(generator, seeds, offsets)
