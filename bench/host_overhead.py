@@ -23,6 +23,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -49,15 +50,18 @@ def _per_call_us(fn, calls: int) -> float:
 
 
 def side_by_side(cases: dict, rounds: int, calls: int) -> dict[str, tuple[float, float]]:
-    """(median, best) µs per call of every case over the rounds, the cases taking turns (one block of
-    ``calls`` each per round). The best block is the figure least disturbed by other jobs."""
+    """(median, best) µs per call of every case over the rounds, the cases taking turns in a shuffled
+    order (one block of ``calls`` each per round). The best block is the one least disturbed by other jobs."""
     for fn in cases.values():
         for _ in range(50):  # caches, plans, templates, workspace
             fn()
     samples = {name: [] for name in cases}
+    order = list(cases)
+    shuffle = random.Random(0).shuffle
     for _ in range(rounds):
-        for name, fn in cases.items():
-            samples[name].append(_per_call_us(fn, calls))
+        shuffle(order)  # no case always runs right after the same other one (caches, branch predictors)
+        for name in order:
+            samples[name].append(_per_call_us(cases[name], calls))
     return {name: (statistics.median(values), min(values)) for name, values in samples.items()}
 
 
@@ -121,7 +125,7 @@ def cases() -> tuple[dict, dict]:
     return found, {name: ref for name, ref in references.items() if ref is not None}
 
 
-def measure(rounds: int = 30, calls: int = 200) -> dict:
+def measure(rounds: int = 300, calls: int = 50) -> dict:
     calls_by_name, references = cases()
     us = side_by_side(calls_by_name, rounds, calls)
     rows = [{"call": name, "reference": ref, "median_us": round(us[name][0], 2), "reference_median_us": round(us[ref][0], 2),
@@ -129,14 +133,14 @@ def measure(rounds: int = 30, calls: int = 200) -> dict:
              "best_ratio": round(us[name][1] / us[ref][1], 2)}
             for name, ref in references.items()]
     return {"tiny": dict(zip(("batch", "k", "vocab"), TINY, strict=True)), "model": dict(zip(("batch", "k", "vocab"), MODEL, strict=True)), "rows": rows,
-            "method": f"{rounds} rounds, every case {calls} calls per round in turn; per case the median and the best of the rounds' means; one thread"}
+            "method": f"{rounds} rounds, every case {calls} calls per round, in a shuffled order; per case the median and the best of the rounds' means; one thread"}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--calls", type=int, default=50)
     options = parser.parse_args(argv)
     load_before = os.getloadavg()
     result = measure(options.rounds, options.calls)

@@ -492,12 +492,14 @@ def prepare(args: VerifyArgs) -> VerifyArgs:
     )
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (CUDA builds of torch)
+
+
 def _stream_id(device: torch.device) -> int:
     """The current CUDA stream of ``device`` (0 elsewhere), without building a Stream object."""
     if device.type != "cuda":
         return 0
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    return _RAW_STREAM(device.index) if _RAW_STREAM is not None else torch.cuda.current_stream(device).cuda_stream
 
 
 def _strides(args: VerifyArgs) -> tuple:

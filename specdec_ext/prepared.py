@@ -166,7 +166,8 @@ class ChainPlan:
         if self.method == "token":
             out = compiled_verify(args, base_key)
         else:
-            out = self._block(args, base_key) if self.backend is not None else (*resolve(self.backend_asked, self.device, "verify_block")[1](args, base_key), None)
+            self.resolve()  # (a plan made while tracing is not kept: what it makes belongs to the graph)
+            out = self._block(args, base_key)
         if self.check:
             raise_if_blanked(out[0], self._problems, args, self.logits_name)
         return out
