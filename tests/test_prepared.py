@@ -40,8 +40,9 @@ def _same(a, b) -> None:
 @pytest.mark.parametrize("backend", all_cpu_backends())
 @pytest.mark.parametrize("params", [{}, FILTERED, PER_ROW], ids=["plain", "filtered", "per-row"])
 def test_verifier_gives_the_default_calls_tokens(backend, params):
-    """Same keys, same tokens, logprobs and accept_probs as verify(): seeds and offsets, a generator,
-    ragged lengths, one-hot drafts, a smaller draft vocabulary, block verification."""
+    """Same keys, same tokens, logprobs and accept_probs as verify(): seeds and offsets, a generator
+    with ragged lengths; and (plain parameters: the interpreter is slow) torch's default generator,
+    one-hot drafts, a smaller draft vocabulary, block verification."""
     target, draft, drafts, seeds, offsets = _inputs()
     ragged = torch.tensor([3, 0, 2])
     outputs = {"return_logprobs": "processed", "return_accept_probs": True}
@@ -52,6 +53,8 @@ def test_verifier_gives_the_default_calls_tokens(backend, params):
     expected = specdec_ext.verify(target, draft, drafts, num_draft_tokens=ragged, generator=torch.Generator().manual_seed(4), backend=backend,
                                   **params, **outputs)
     _same(verifier(target, draft, drafts, num_draft_tokens=ragged, generator=torch.Generator().manual_seed(4)), expected)
+    if params and backend == "triton":
+        return
     torch.manual_seed(8)  # no generator: torch's default one, as for verify()
     got = verifier(target, draft, drafts)
     torch.manual_seed(8)
@@ -72,7 +75,7 @@ def test_verifier_gives_the_default_calls_tokens(backend, params):
 def test_sampler_gives_the_default_calls_tokens(backend):
     target, _, _, seeds, offsets = _inputs(seed=1)
     logits = target[:, 0]
-    for params in ({}, FILTERED, PER_ROW):
+    for params in ({}, FILTERED, PER_ROW) if backend != "triton" else ({}, FILTERED):
         sampler = specdec_ext.Sampler(B, V, backend=backend, **params)
         assert torch.equal(sampler(logits, seeds=seeds, offsets=offsets), specdec_ext.sample(logits, seeds=seeds, offsets=offsets, backend=backend, **params))
         g1, g2 = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
@@ -302,3 +305,21 @@ def test_a_triton_verifier_takes_logits_of_other_strides():
     assert wide[:, :, :V].stride() != target.stride()
     assert torch.equal(first.tokens, sliced.tokens)
     assert torch.equal(first.tokens, specdec_ext.verify(target, draft, drafts, seeds=seeds, backend="eager").tokens)
+
+
+@pytest.mark.skipif("cpp" not in specdec_ext.available_backends("cpu"), reason="the C++ extension is not built")
+def test_a_sampler_draws_what_the_generation_loops_direct_draw_draws():
+    """generate.py's draft draw calls the C++ kernel directly with sample()'s validated rows
+    (api._sample_args) and a key from the loop's generator; a Sampler built once for the loop's
+    parameters draws the same tokens from the same generator state, so it can replace that path."""
+    from specdec_ext import _cpp_backend, api
+    from specdec_ext._philox import draw_base_key
+
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(3)) * 3
+    for params in ({"temperature": 0.8, "top_k": 20, "top_p": None}, {"temperature": 1.0, "top_k": None, "top_p": 0.9}):
+        args = api._sample_args(logits, generator=None, check=False, **params)
+        loop, prepared = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+        sampler = specdec_ext.Sampler(5, 300, check=False, **params)
+        for _ in range(3):
+            direct = _cpp_backend._C.sample(logits, args.temperature, args.top_k, args.top_p, None, None, draw_base_key(loop))
+            assert torch.equal(sampler(logits, generator=prepared), direct)
