@@ -23,6 +23,7 @@ that cannot run the call raises ValueError listing those that can. Importing thi
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from types import ModuleType
@@ -81,6 +82,16 @@ def available(device: torch.device | str = "cpu", entry: str = "verify", interpr
     return [name for name in order if unavailable(name, entry, device) is None]
 
 
+def _callers_level() -> int:
+    """The ``stacklevel`` of the first frame outside this package, for a warning raised by the caller
+    of this function: the warning names the user's line, whichever entry point led here."""
+    frame, level = sys._getframe(2), 2  # frame 2 is what stacklevel=2 names: the caller of the function that warns
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _WARNED: set[tuple[str, str]] = set()
 _RESOLVED: dict[tuple, tuple[str, Callable]] = {}
 
@@ -104,7 +115,7 @@ def resolve(backend: str, device: torch.device, entry: str) -> tuple[str, Callab
                 return name, _function(*TABLE[name][entry])
             _WARNED.add((device.type, entry))
             warnings.warn(f"specdec_ext: no fused {_CALLS[entry]} kernel for {device.type} tensors ({reason}); using the slower eager backend",
-                          RuntimeWarning, stacklevel=4)
+                          RuntimeWarning, stacklevel=_callers_level())
     else:
         reason = unavailable(backend, entry, device)
         if reason is not None:

@@ -72,6 +72,7 @@ def test_auto_falls_back_the_same_way_for_every_entry_point(monkeypatch, fresh_r
         chain = specdec_ext.verify(target, draft, tokens, seeds=torch.arange(3))  # the chain kernel is still there: no warning
     messages = [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
     assert len(messages) == 2, messages  # once per entry point
+    assert all(w.filename == __file__ for w in record), [w.filename for w in record]  # the caller's line
     assert any("block verification" in m and "_C_tree" in m for m in messages) and any("tree verification" in m for m in messages)
     assert torch.equal(block.tokens, specdec_ext.verify(target, draft, tokens, method="block", seeds=torch.arange(3), backend="eager").tokens)
     assert torch.equal(tree.tokens, specdec_ext.verify_tree(target, tree_draft, tokens, parents, seeds=torch.arange(3), backend="eager").tokens)
