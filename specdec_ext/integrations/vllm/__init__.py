@@ -20,6 +20,7 @@ import functools
 import inspect
 import logging
 import os
+import sys
 
 # The vLLM releases these patches were written against and tested with (tests/vllm/).
 TESTED_VLLM_VERSIONS = ("0.33.0",)
@@ -47,14 +48,13 @@ def register() -> None:
     if problem is not None:
         if ("refused", problem) not in _noted:
             _noted.add(("refused", problem))
-            _logger().warning("specdec_ext: %s=1 is set but the plugin refuses to patch vLLM: %s. vLLM's own verification stays in use.",
-                           ENABLE_VARIABLE, problem)
+            _say(logging.WARNING, f"specdec_ext: {ENABLE_VARIABLE}=1 is set but the plugin refuses to patch vLLM: {problem}. "
+                                  "vLLM's own verification stays in use.")
         return
     replaced = [f"{cls.__module__}.{cls.__name__}.{name}" for cls, name, make in _replacements() if _patch(cls, name, make)]
     if replaced:
-        _logger().info("specdec_ext: speculative-decoding verification now runs through specdec_ext's fused exact kernels (temperature, "
-                    "top-k, top-p after vLLM's own penalties, bias, bad words, allowed ids and min-p); replaced %s",
-                    ", ".join(replaced))
+        _say(logging.INFO, "specdec_ext: speculative-decoding verification now runs through specdec_ext's fused exact kernels (temperature, "
+                           "top-k, top-p after vLLM's own penalties, bias, bad words, allowed ids and min-p); replaced " + ", ".join(replaced))
 
 
 def installed() -> list[str]:
@@ -111,15 +111,20 @@ def _patch(cls, name: str, make) -> bool:
     return True
 
 
-def _logger() -> logging.Logger:
-    # Looked up when used, after vLLM configured logging (its dictConfig disables loggers created earlier).
-    return logging.getLogger(LOGGER_NAME)
+def _say(level: int, message: str) -> None:
+    """Log on vLLM's logger; straight to stderr where no handler is set up yet (vLLM configures logging when
+    its engine starts, and may load plugins before that), so the one message per process is never lost."""
+    log = logging.getLogger(LOGGER_NAME)
+    if log.hasHandlers():
+        log.log(level, message)
+    else:
+        print(f"{logging.getLevelName(level)} {message}", file=sys.stderr, flush=True)
 
 
 def _note_passthrough(runner: str, reason: str) -> None:
     if (runner, reason) not in _noted:
         _noted.add((runner, reason))
-        _logger().info("specdec_ext: %s verification with %s is not implemented by specdec_ext; vLLM's own code verifies it", runner, reason)
+        _say(logging.INFO, f"specdec_ext: {runner} verification with {reason} is not implemented by specdec_ext; vLLM's own code verifies it")
 
 
 def _v2_verify(original):
