@@ -274,3 +274,34 @@ def test_what_specdec_ext_does_not_implement_goes_to_vllm_once(plugin, monkeypat
     assert calls == [True, True, True]  # vLLM's own rejection_sample ran
     notes = [r.getMessage() for r in records if "not implemented by specdec_ext" in r.getMessage()]
     assert len(notes) == 1 and "synthetic" in notes[0]
+
+
+def test_placeholder_drafts_end_verification_and_that_position_draws_from_the_target(plugin):
+    # vLLM marks drafts that must not be accepted with -1 (a grammar's rejection, a step inside the prefill).
+    g = torch.Generator().manual_seed(13)
+    num_reqs = 10000
+    target = torch.randn(K + 1, V, generator=g) * 1.5
+    argmax = target.argmax(dim=-1).tolist()
+    params = [SamplingParams(temperature=0.0) if b % 10 == 0 else SamplingParams(temperature=1.0, top_k=8, seed=b) for b in range(num_reqs)]
+    rejection_sampler, _ = batch_of(num_reqs, params)
+    drafts = [[argmax[0], 3, argmax[2]]] * num_reqs
+    step = v2_step(list(range(num_reqs)), drafts, [0] * num_reqs)
+    verify_drafts = step.draft_sampled.clone()
+    verify_drafts[2::K + 1] = -1  # every request's second draft
+    batch = step.input_batch
+    _, sampled, num_sampled = rejection_sampler._verify(
+        target.repeat(num_reqs, 1), None, step.draft_sampled, step.pos, batch.cu_num_logits, batch.idx_mapping, batch.idx_mapping_np,
+        batch.expanded_idx_mapping, batch.expanded_local_pos, batch.seq_lens_cpu_upper_bound.numpy(), verify_drafts,
+    )
+    assert (num_sampled <= 2).all()  # the placeholder is never accepted
+    greedy = torch.arange(num_reqs) % 10 == 0
+    assert (sampled[greedy, :2] == torch.tensor(argmax[:2])).all()  # greedy rows emit the argmax there
+    law = laws_of(target, 1.0, 8, 1.0)
+    reached = ~greedy & (num_sampled == 2)
+    failed, report = chi_square_fails(torch.bincount(sampled[reached, 1], minlength=V), law[1])
+    assert not failed, report
+    # Wrong variant: the placeholder treated as a rejected draft of some id (here the likeliest), so that
+    # position draws from the residual max(p - q, 0) instead of from p.
+    residual = (law[1] - torch.nn.functional.one_hot(law[1].argmax(), V)).clamp(min=0)
+    wrong = torch.multinomial(residual / residual.sum(), int(reached.sum()), replacement=True, generator=g)
+    assert chi_square_fails(torch.bincount(wrong, minlength=V), law[1])[0]
