@@ -86,6 +86,7 @@ def request_keys(generators: dict[int, torch.Generator], batch: int, device: tor
 
 def forward(rejection_sampler, metadata, draft_probs, logits, sampling_metadata):
     """specdec_ext's ``RejectionSampler.forward`` (same arguments and result as vLLM's)."""
+    from vllm.utils.torch_utils import async_tensor_h2d
     from vllm.v1.outputs import SamplerOutput
 
     sm = sampling_metadata
@@ -95,7 +96,7 @@ def forward(rejection_sampler, metadata, draft_probs, logits, sampling_metadata)
     batch = len(num_draft_list)
     width = metadata.max_spec_len + 1
     num_tokens = metadata.draft_token_ids.shape[0]
-    drafted_counts = torch.as_tensor(np.asarray(num_draft_list, dtype=np.int64)).to(device, non_blocking=True)
+    drafted_counts = async_tensor_h2d(np.asarray(num_draft_list, dtype=np.int64), device)  # pinned: no host wait
     draft_starts = metadata.cu_num_draft_tokens.to(torch.int64) - drafted_counts
 
     # Logits before temperature, flat as [draft positions..., bonus positions...] (raw rows of `logits`
@@ -129,8 +130,9 @@ def forward(rejection_sampler, metadata, draft_probs, logits, sampling_metadata)
     draft = None
     if draft_probs is not None and num_tokens:
         draft = verification.draft_logits_from_probs(draft_probs[draft_slot], temperature[:, None])
-        sampled_rows = temperature > 0
-        if bool(((top_k > 0) | (top_p < 1)).logical_and(sampled_rows).any()):
+        # vLLM drew these drafts without top-k / top-p (see verification.py). Whether a row is filtered is only
+        # known on the device: any filter in the batch takes the masked path, exact either way.
+        if sm.top_k is not None or sm.top_p is not None:
             target = verification.mask_to_filtered_support(target, temperature, top_k, top_p)
             top_k, top_p = torch.zeros_like(top_k), torch.ones_like(top_p)
 
@@ -143,7 +145,7 @@ def forward(rejection_sampler, metadata, draft_probs, logits, sampling_metadata)
     if sm.max_num_logprobs is not None:
         if rejection_sampler.is_processed_logprobs_mode:
             processed = verification.processed_logits(block, vocab)
-            owner = torch.as_tensor(np.repeat(np.arange(batch), num_draft_list)).to(device, non_blocking=True)
+            owner = async_tensor_h2d(np.repeat(np.arange(batch, dtype=np.int64), num_draft_list), device)
             position = torch.arange(num_tokens, device=device) - draft_starts[owner]
             target_lines, bonus_lines = processed[owner, position], processed[torch.arange(batch, device=device), drafted_counts]
         else:
