@@ -6,7 +6,6 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 # Root installs packages directly; anyone else through sudo (CI images run as root).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-# The C++ tests of the extension, run again on the clang build (test-clang).
 # The vLLM plugin's tests run in an environment of their own: vllm==0.33.0 pins the CUDA build of torch 2.14
 # (about 10 GB; it imports and its sampler classes run on CPU), which must never reach .venv.
 VLLM_VENV := .venv-vllm
@@ -15,6 +14,7 @@ VLLM_BIN := $(VLLM_VENV)/bin
 # The package is installed there from a copy of the sources, so the C++ extension is compiled against that
 # torch in a build folder of its own (the source tree keeps .venv's library).
 VLLM_SRC := build/vllm-src
+# The C++ tests of the extension, run again on the clang build (test-clang).
 CPP_TESTS := tests/test_cpp_backend.py tests/test_cpp_runtime.py tests/test_ops.py tests/test_request_keys.py tests/test_penalties_cpp.py
 
 .PHONY: setup demo test test-slow bench lint ci-tools test-kernels test-clang test-vllm
