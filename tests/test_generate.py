@@ -427,7 +427,10 @@ def test_one_output_type_for_every_kind(kind):
     assert type(out) is specdec_ext.SpeculativeOutput and type(out.stats) is SpeculativeStats
     assert out.new_tokens == [10] * len(PROMPTS)
     assert out.stats.trees and len(out.stats.trees) == len(out.stats.draft_lengths) == out.stats.target_forwards - 1
-    assert out.stats.step_seconds >= out.stats.commit_seconds > 0
+    stats = out.stats
+    assert 0 < stats.draft_prefill_seconds < stats.draft_seconds and 0 < stats.target_prefill_seconds < stats.target_seconds
+    in_steps = stats.draft_seconds - stats.draft_prefill_seconds + stats.target_seconds - stats.target_prefill_seconds + stats.verify_seconds
+    assert 0 < stats.commit_seconds and in_steps + stats.commit_seconds < stats.step_seconds
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -466,6 +469,25 @@ def test_backend_is_honoured(kind, monkeypatch):
     assert cpp.sequences.tolist() == out.sequences.tolist()
     with pytest.raises(ValueError, match="backend"):
         specdec_ext.generate(target, draft, input_ids, attention_mask, backend="fastest", **common)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_max_time_ends_every_row_after_the_step_that_crossed_it(kind):
+    target, draft = model_pair("llama-close")
+    input_ids, attention_mask = left_pad(PROMPTS)
+    out = specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=20, max_time=1e-6, generator=torch.Generator().manual_seed(0),
+                               eos_token_id=[], **KINDS[kind])
+    assert len(out.stats.draft_lengths) == 1 and all(1 <= count <= 4 for count in out.new_tokens)
+
+
+def test_block_of_tree_ones_is_the_chain():
+    target, draft = model_pair("llama-close")
+    input_ids, attention_mask = left_pad(PROMPTS)
+    chain = specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=10, num_draft_tokens=3, method="block",
+                                 generator=torch.Generator().manual_seed(6))
+    ones = specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=10, tree=(1, 1, 1), method="block",
+                                generator=torch.Generator().manual_seed(6))
+    assert ones.sequences.tolist() == chain.sequences.tolist() and ones.stats.trees == chain.stats.trees
 
 
 TREE_REFUSED = {

@@ -64,6 +64,24 @@ def test_greedy_equals_target_only_generate(pair, tree):
         assert stats.tokens_per_target_forward > 1.5  # trees were entered: the test exercises kept paths
 
 
+LINE_PROCESSORS = {
+    "suppress": {"suppress_tokens": [4, 10]},
+    "bad_words, one token": {"bad_words_ids": [[3], [9]]},
+    "sequence_bias, one token": {"sequence_bias": [[[3], 2.0], [[4], -1.5]]},
+}
+
+
+@pytest.mark.parametrize("case", list(LINE_PROCESSORS))
+def test_greedy_tree_with_line_processors_equals_target_only(case):
+    target, draft = _pair("llama-close")
+    input_ids, attention_mask = left_pad(PROMPTS)
+    eos = eos_ending_some_rows(target, input_ids, attention_mask, 20)
+    expected = target_only(target, input_ids, attention_mask, 20, eos, 0, **LINE_PROCESSORS[case])
+    out = specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=20, do_sample=False, tree=(2, 1, 1), eos_token_id=eos,
+                               pad_token_id=0, **LINE_PROCESSORS[case])
+    assert out.sequences.tolist() == expected.tolist()
+
+
 def test_greedy_equals_target_only_on_the_embedded_pair():
     from specdec_ext.demo.assets import load_pair
     from specdec_ext.demo.corpus import DEMO_PROMPTS
@@ -269,8 +287,13 @@ def test_demo_rows_for_block_and_tree(capsys, monkeypatch):
 
     target, draft = _pair("llama-close")
     input_ids, attention_mask = left_pad(PROMPTS[:2])
-    rows = tree_and_block_rows(target, draft, input_ids, attention_mask, max_new_tokens=8, temperature=1.0, num_draft_tokens=3, eos_ids=[], pad_id=0)
+    rows = tree_and_block_rows(target, draft, input_ids, attention_mask, max_new_tokens=8, temperature=1.0, num_draft_tokens=3, eos_ids=[], pad_id=0,
+                               rounds=2)
     assert [r["method"] for r in rows] == ["chain K=3, token-wise", "chain K=3, block verification", f"tree {DEMO_TREE}, {sum_nodes(DEMO_TREE)} nodes"]
-    assert all(r["new_tokens"] == 16 and r["tokens_per_target_forward"] >= 1 for r in rows)
+    assert all(r["new_tokens"] == 16 and r["tokens_per_target_forward"] >= 1 and len(r["rounds"]) == 2 for r in rows)
+    for r in rows:  # the phases of a step, measured by the loop's clocks, fit in the step
+        phases = r["ms_per_step"]
+        assert all(phases[name] > 0 for name in ("draft", "target", "verify", "commit"))
+        assert phases["draft"] + phases["target"] + phases["verify"] + phases["commit"] <= phases["step"]
     print_rows(rows)
     assert "block verification" in capsys.readouterr().out and sum_nodes((2, 2, 1)) == 10

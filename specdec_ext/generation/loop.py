@@ -128,8 +128,7 @@ def speculate(target_model, draft_model, input_ids: torch.Tensor, attention_mask
         target_prefill, draft_prefill = run.clock.spans(marks)
     if streamer is not None:
         streamer.end()
-    run.tally.seconds[0] += draft_prefill
-    run.tally.seconds[1] += target_prefill
+    run.tally.prefill_seconds = [draft_prefill, target_prefill]
     scores = logits = None
     if recorder is not None:
         scores = recorder.assemble(recorder.scores, pad, run.vocab, run.verify_device)

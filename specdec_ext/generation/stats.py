@@ -62,10 +62,11 @@ class SpeculativeStats:
     tokens_per_target_forward_stderr: standard error of ``tokens_per_target_forward`` (from the spread
         of the tokens each row emitted per step), to tell a difference between runs from noise.
     trees: the branching of each step's draft ((1,) * K for a chain of K).
+    draft_prefill_seconds / target_prefill_seconds: the prefills' part of draft_seconds / target_seconds.
     commit_seconds: wall time of the cache bookkeeping after each step's sync (keeping the accepted
         entries, dropping finished rows, squeezing holes).
-    step_seconds: wall time of the steps, prefills excluded; what the phases above leave of it is the
-        loop's own host work (the sync, stop criteria, tallies).
+    step_seconds: wall time of the steps, prefills excluded; what the phases (less the prefills) leave
+        of it is the loop's own host work (the sync, stop criteria, tallies).
     """
 
     acceptance_per_position: list[float]
@@ -80,6 +81,8 @@ class SpeculativeStats:
     draft_lengths: list[int]
     tokens_per_target_forward_stderr: float = float("nan")
     trees: list[tuple[int, ...]] = field(default_factory=list)
+    draft_prefill_seconds: float = 0.0
+    target_prefill_seconds: float = 0.0
     commit_seconds: float = 0.0
     step_seconds: float = 0.0
 
@@ -97,6 +100,7 @@ class Tally:
     draft_lengths: list[int] = field(default_factory=list)
     trees: list[tuple[int, ...]] = field(default_factory=list)
     seconds: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # draft, target, verify
+    prefill_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0])  # draft, target
     commit_seconds: float = 0.0
     step_seconds: float = 0.0
 
@@ -124,7 +128,9 @@ class Tally:
             mean_accepted_per_step=self.accepted / steps,
             tokens_per_target_forward=self.emitted / steps,
             target_forwards=target.forwards, draft_forwards=draft.forwards if draft is not None else 0,
-            draft_seconds=self.seconds[0], target_seconds=self.seconds[1], verify_seconds=self.seconds[2],
-            draft_lengths=self.draft_lengths, tokens_per_target_forward_stderr=stderr_of_mean(self.emitted, self.emitted_squares, self.row_steps),
-            trees=self.trees, commit_seconds=self.commit_seconds, step_seconds=self.step_seconds,
+            draft_seconds=self.seconds[0] + self.prefill_seconds[0], target_seconds=self.seconds[1] + self.prefill_seconds[1],
+            verify_seconds=self.seconds[2], draft_lengths=self.draft_lengths,
+            tokens_per_target_forward_stderr=stderr_of_mean(self.emitted, self.emitted_squares, self.row_steps), trees=self.trees,
+            draft_prefill_seconds=self.prefill_seconds[0], target_prefill_seconds=self.prefill_seconds[1], commit_seconds=self.commit_seconds,
+            step_seconds=self.step_seconds,
         )
