@@ -211,15 +211,14 @@ def generate(
             raise ValueError(f"siblings must be 'iid' or 'without_replacement', got {siblings!r}")
         if not is_tree:
             raise ValueError("siblings applies to trees (tree=..., method='token'); a chain has one draft per position")
-    if tree is not None:
-        if num_draft_tokens is not None:
-            raise ValueError(f"num_draft_tokens: the tree fixes the drafts per step (tree={tree!r}); give one or the other")
-        if is_tree:
-            for name, given in (("seeds", seeds is not None), ("draft", draft != "model")):
-                if given:
-                    raise ValueError(f"{name}: not available with a tree ("
-                                     + ("tree drafts are drawn from generator; per-row keys cover chains" if name == "seeds"
-                                        else "prompt lookup proposes one chain: use tree=None") + ")")
+    if tree is not None and num_draft_tokens is not None:
+        raise ValueError(f"num_draft_tokens: the tree fixes the drafts per step (tree={tree!r}); give one or the other")
+    if is_tree:
+        # A tree draws its siblings by a race on the generator, and proposes from a model.
+        if seeds is not None:
+            raise ValueError("seeds: not available with a tree (tree drafts are drawn from generator; per-row keys cover chains)")
+        if draft != "model":
+            raise ValueError("draft: not available with a tree (prompt lookup proposes one chain: use tree=None)")
     check_models(target_model, draft_model)
     device = target_model.device
     input_ids, attention_mask = check_inputs(input_ids, attention_mask, device)
