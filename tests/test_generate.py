@@ -286,7 +286,15 @@ def _redraw_after_rejecting_every_child(target_logits, draft_logits, tokens, par
     return specdec_ext.TreeResult(out, result.num_accepted, result.accepted_nodes)
 
 
-@pytest.mark.parametrize("case", list(LAW_CASES))
+#: Cases that repeat a kind the default suite already covers: run with ``-m slow``.
+SLOW_CASES = {"tree-padded-target", "block lookup+frequency"}
+
+
+def _cases(names):
+    return [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_CASES else name for name in names]
+
+
+@pytest.mark.parametrize("case", _cases(LAW_CASES))
 def test_joint_law_of_new_tokens_is_the_targets(case, monkeypatch):
     results, stats = _sample_counts(case, generator_seed=1)
     for statistic, threshold in results:
@@ -602,7 +610,7 @@ def _processor_samples(case: str, rows: int = 8000):
     return fits(out.sequences[:, len(prompt):], target, prompt, LogitsProcessorList(_reference_processors(case)), eos), out.stats
 
 
-@pytest.mark.parametrize("case", list(PROCESSOR_CASES))
+@pytest.mark.parametrize("case", _cases(PROCESSOR_CASES))
 def test_law_with_processors_is_target_only_sampling_with_them(case, monkeypatch):
     (ok, statistic, threshold), stats = _processor_samples(case)
     assert ok, (statistic, threshold)
@@ -672,7 +680,7 @@ def test_a_seeded_row_is_the_same_in_any_batch(processors, method):
     assert other.tolist() != whole.tolist()  # the seed decides
 
 
-@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.parametrize("method", ["token", pytest.param("block", marks=pytest.mark.slow)])
 def test_seeded_rows_follow_the_target_law(method, monkeypatch):
     """One seed per row: the joint law is exact; reusing a row's random numbers at every step (offsets
     not advanced) is caught by the same check."""
