@@ -179,10 +179,9 @@ def generate(
         siblings: how a tree node's sampled children are drawn: "without_replacement" (distinct
             children, the default) or "iid". Trees only.
 
-    Drafts are drawn from the processed draft law with ``sample`` for token-wise chains (at each
-    row's position with ``seeds``); trees draw a node's children by one exponential race per level
-    on ``generator``, and block verification draws its chain the same way (with ``sample`` under
-    ``seeds``). Every way keeps the output exact.
+    Drafts are drawn from the processed draft law with ``sample`` for chains, token-wise or block (at
+    each row's position with ``seeds``); trees draw a node's children by one exponential race per
+    level on ``generator``. Every way keeps the output exact.
 
     Returns:
         :class:`SpeculativeOutput` (sequences (B, L_in + max_new_tokens), stats, new_tokens, scores,

@@ -1,10 +1,9 @@
 """The one place the loop draws draft tokens, from the law verification is told they come from.
 
-* :func:`draw_draft` -- a chain's next draft per row, from its processed draft line:
-  with per-row keys (``seeds``), ``sample`` at the row's absolute position (the same number decides
-  it in any batch); with a generator, ``sample`` too for token-wise chains (on the C++ backend by
-  :func:`_cpp_sample`, the loop's direct call of the kernel), and the exponential race of
-  :func:`draw_children` for block verification (the tree (1, ..., 1), drawn as trees are);
+* :func:`draw_draft` -- a chain's next draft per row (token-wise or block verification), from its
+  processed draft line: with per-row keys (``seeds``), ``sample`` at the row's absolute position (the
+  same number decides it in any batch); with a generator, ``sample`` too (on the C++ backend by
+  :func:`_cpp_sample`, the loop's direct call of the kernel);
 * :func:`draw_children` -- a tree node's children, by one exponential race per level on the generator
   (draws without replacement are the race's first places, which ``sample`` does not return).
 
@@ -36,8 +35,6 @@ def draw_draft(raw: torch.Tensor, processed: torch.Tensor, run, keys: dict) -> t
     """
     if keys:
         return sample(processed, check=False, backend=run.backend, **keys, **run.sampling)
-    if run.race_drafts:
-        return draw_children(processed, 1, run)[:, 0]
     if _direct_draw(processed, run):
         return _cpp_sample(processed, run)
     return sample(processed, generator=run.generator, check=False, backend=run.backend, **run.sampling)

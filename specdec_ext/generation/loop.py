@@ -45,7 +45,6 @@ class Run:
     vocab: int  # the target's output vocabulary
     clock: Clock
     siblings: str = "without_replacement"
-    race_drafts: bool = False  # chain drafts drawn by the exponential race (block verification with a generator)
     streamer: object | None = None
     recorder: Recorder | None = None
     ngram: int = 0  # > 0: prompt-lookup drafting with this longest n-gram
@@ -111,8 +110,8 @@ def speculate(target_model, draft_model, input_ids: torch.Tensor, attention_mask
     sequences[:, :width] = input_ids
     recorder = Recorder(batch, output_scores, output_logits) if (output_scores or output_logits) else None
     run = Run(pipeline, stopping, chooser, generator, seeds, backend, eos, pad, sequences, width, max_new_tokens, output_vocab(target_model),
-              Clock(device), siblings=siblings, race_drafts=isinstance(kind, TreeSteps) or (method == "block" and seeds is None),
-              streamer=streamer, recorder=recorder, ngram=ngram, first_token=(attention_mask == 0).sum(1), new_tokens=[0] * batch)
+              Clock(device), siblings=siblings, streamer=streamer, recorder=recorder, ngram=ngram, first_token=(attention_mask == 0).sum(1),
+              new_tokens=[0] * batch)
     draft = None
     with torch.no_grad():
         marks = [run.clock.mark()]
