@@ -6,10 +6,18 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 # Root installs packages directly; anyone else through sudo (CI images run as root).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# The vLLM plugin's tests run in an environment of their own: vllm==0.33.0 pins the CUDA build of torch 2.14
+# (about 10 GB; it imports and its sampler classes run on CPU), which must never reach .venv.
+VLLM_VENV := .venv-vllm
+VLLM_SPEC ?= vllm==0.33.0
+VLLM_BIN := $(VLLM_VENV)/bin
+# The package is installed there from a copy of the sources, so the C++ extension is compiled against that
+# torch in a build folder of its own (the source tree keeps .venv's library).
+VLLM_SRC := build/vllm-src
 # The C++ tests of the extension, run again on the clang build (test-clang).
 CPP_TESTS := tests/test_cpp_backend.py tests/test_cpp_runtime.py tests/test_ops.py tests/test_request_keys.py tests/test_penalties_cpp.py
 
-.PHONY: setup demo test test-slow bench lint ci-tools test-kernels test-clang
+.PHONY: setup demo test test-slow bench lint ci-tools test-kernels test-clang test-vllm
 
 setup: $(VENV)/.installed
 
@@ -61,3 +69,21 @@ test-clang: setup
 		print('clang build:', c._C.compiler(), c.isa(), 'on a', cpu, 'CPU')"
 	! readelf -d specdec_ext/_C*.so | grep -E 'NEEDED.*lib(omp|iomp5)\.'
 	$(BIN)/python -m pytest -q $(CPP_TESTS) -k "not triton"; status=$$?; cp build/gcc-so/_C*.so specdec_ext/; exit $$status
+
+# vLLM's environment, then this package built and installed into it, then tests/vllm/ on CPU tensors.
+$(VLLM_VENV)/.vllm-installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet --upgrade pip setuptools wheel ninja
+	$(VLLM_BIN)/pip install --quiet "$(VLLM_SPEC)" "pytest>=8" "scipy>=1.11" "hypothesis>=6.100" "matplotlib>=3.8"
+	touch $@
+
+$(VLLM_VENV)/.installed: $(VLLM_VENV)/.vllm-installed pyproject.toml setup.py README.md $(wildcard csrc/*.cpp csrc/*.h specdec_ext/*.py specdec_ext/*/*.py specdec_ext/*/*/*.py triton_kernels/*.py)
+	rm -rf $(VLLM_SRC) && mkdir -p $(VLLM_SRC)
+	cp -r pyproject.toml setup.py README.md csrc specdec_ext triton_kernels $(VLLM_SRC)/
+	find $(VLLM_SRC) \( -name '*.so' -o -name __pycache__ \) -prune -exec rm -rf {} +
+	$(VLLM_BIN)/pip install --quiet --no-build-isolation --no-deps --force-reinstall $(VLLM_SRC)
+	touch $@
+
+# The pytest script (not `python -m pytest`) keeps the repository root off sys.path: the installed copy is tested.
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_BIN)/pytest -q -p no:cacheprovider --durations=10 tests/vllm

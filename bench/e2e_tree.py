@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from specdec_ext import tree_generate
 from specdec_ext.generate import generate
+from specdec_ext.generation.shapes import candidate_trees
 from specdec_ext.measure import count_new_tokens
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -42,7 +42,7 @@ DEFAULT_SETTINGS = ("trained@1", "trained@2", "early-exit@1", "early-exit@1.5")
 def trees_with(nodes: int) -> list[tuple[int, ...]]:
     """Branchings of exactly ``nodes`` nodes that are wider than a chain somewhere (stars included)."""
     found = []
-    for tree in tree_generate.candidate_trees(max_nodes=nodes):
+    for tree in candidate_trees(max_nodes=nodes):
         if tree.num_nodes == nodes and any(w > 1 for w in tree.branching):
             found.append(tree.branching)
     return found
@@ -98,7 +98,7 @@ def run(target, draft, ids, mask, eos, pad, *, temperature: float, nodes: list[i
                        acceptance_per_depth=stats.acceptance_per_position, target_forwards=stats.target_forwards,
                        draft_forwards=stats.draft_forwards, draft_seconds=stats.draft_seconds, target_seconds=stats.target_seconds,
                        verify_seconds=stats.verify_seconds)
-            if getattr(stats, "trees", None):  # tree="auto": the shapes it chose
+            if method == "tree-auto":  # the shapes it chose
                 row["trees_chosen"] = [[list(t), c] for t, c in collections.Counter(tuple(t) for t in stats.trees).most_common()]
                 row["mean_nodes"] = sum(stats.draft_lengths) / len(stats.draft_lengths)
         rows.append(row)
@@ -131,7 +131,7 @@ def run(target, draft, ids, mask, eos, pad, *, temperature: float, nodes: list[i
         if best is not None:
             best["best_tree"] = True
     # tree="auto": a shape per step from the running acceptance and the measured costs (up to
-    # tree_generate.AUTO_MAX_NODES nodes), chains included.
+    # specdec_ext.generation.shapes.AUTO_MAX_NODES nodes), chains included.
     record("tree-auto", 0, None, lambda: generate(target, draft, ids, mask, tree="auto", generator=generator(), **common))
     return rows
 

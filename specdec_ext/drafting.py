@@ -1,6 +1,6 @@
 """Where drafts come from: prompt lookup (n-gram matching in each row's own tokens, one-hot q).
 
-A draft model's proposals are drawn in ``generate._draft`` (they need its KV cache). Prompt lookup
+A draft model's proposals are drawn in ``generation.chain_steps`` (they need its KV cache). Prompt lookup
 needs no model: each row proposes the tokens that followed the first earlier occurrence of its
 last n tokens (n from ``ngram`` down to 1), as transformers'
 ``PromptLookupCandidateGenerator`` does. Drafts are a deterministic function of the committed

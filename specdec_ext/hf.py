@@ -259,7 +259,7 @@ def _target_only(model, arguments: dict, model_kwargs: dict):
 
 def _plan(model, arguments: dict, model_kwargs: dict) -> dict:
     """Everything the loop needs from what transformers prepared, or _Unsupported naming what it cannot honour."""
-    from .generate import _check_attention_span, _check_models
+    from .generation.inputs import check_attention_span, check_models
     from .processors import LogitsPipeline, UnsupportedProcessor
     from .stopping import Stopping
 
@@ -317,12 +317,12 @@ def _plan(model, arguments: dict, model_kwargs: dict) -> dict:
     if _settings["num_draft_tokens"] is not None:
         k = _settings["num_draft_tokens"]
     try:
-        _check_models(model, draft_model)
+        check_models(model, draft_model)
         for name, each in (("target_model", model), ("draft_model", draft_model)):
             if each is not None:
                 if "position_ids" not in inspect.signature(each.forward).parameters:
                     raise ValueError(f"{type(each).__name__}.forward takes no position_ids")
-                _check_attention_span(each, name, input_ids.shape[1] + max_new_tokens * ((k if isinstance(k, int) else 8) + 1))
+                check_attention_span(each, name, input_ids.shape[1] + max_new_tokens * ((k if isinstance(k, int) else 8) + 1))
     except ValueError as error:
         raise _Unsupported("assistant_model" if "draft" in str(error) or "vocabulary" in str(error) else "model", str(error)) from None
     return {"pipeline": pipeline, "stopping": stopping, "eos": eos, "pad": pad, "max_new_tokens": max_new_tokens, "draft_model": draft_model,
@@ -330,7 +330,7 @@ def _plan(model, arguments: dict, model_kwargs: dict) -> dict:
 
 
 def _run_loop(model, arguments: dict, plan: dict):
-    from .generate import speculate
+    from .generation.loop import speculate
 
     config = arguments["generation_config"]
     input_ids = arguments["input_ids"].to(model.device)
@@ -372,7 +372,7 @@ def speculative_generate(model, input_ids, logits_processor=None, stopping_crite
     lengths, EOS and padding come from what transformers prepared. Returns the (B, L_in + max_new_tokens)
     sequences, or a ``GenerateDecoderOnlyOutput`` when ``return_dict_in_generate`` is set.
     """
-    from .generate import speculate
+    from .generation.loop import speculate
     from .processors import LogitsPipeline
     from .stopping import Stopping
 

@@ -17,7 +17,9 @@ import torch
 
 from . import hf
 from .api import verify
-from .generate import expected_speedup, generate, new_cache
+from .generate import generate
+from .generation.adaptive import expected_speedup
+from .generation.cache import new_cache
 
 
 @dataclass
@@ -276,21 +278,23 @@ def _timed(owner, name: str, bucket: dict, key):
 
 
 def step_breakdown(target, draft, input_ids, attention_mask, *, max_new_tokens: int, num_draft_tokens: int, sampling: dict,
-                   extra: dict | None = None, repeats: int = 3, seed: int = 0) -> dict:
+                   extra: dict | None = None, repeats: int = 3, seed: int = 0, method: str = "token") -> dict:
     """Where a speculative step's time goes, against what Leviathan et al.'s prediction assumes.
 
-    Runs :func:`specdec_ext.generate` with each phase timed (wall clock; CPU, so there are no
-    asynchronous kernels to wait for) and measures the model forwards the prediction is built on:
-    K single-token draft forwards plus one single-token target forward per step. Returns milliseconds
-    per step: each phase as run, the same forwards run plainly, and the gaps between them.
+    Runs :func:`specdec_ext.generate` (a chain of ``num_draft_tokens``, verified by ``method``: "token"
+    or "block") with each phase timed (wall clock; CPU, so there are no asynchronous kernels to wait
+    for) and measures the model forwards the prediction is built on: K single-token draft forwards
+    plus one single-token target forward per step. Returns milliseconds per step: each phase as run,
+    the same forwards run plainly, and the gaps between them.
     """
-    import importlib
+    from .generation import chain_steps, draws, loop
+    from .generation.cache import ModelCache
 
-    gen = importlib.import_module("specdec_ext.generate")  # the module (specdec_ext.generate is the function)
     k = num_draft_tokens
     plain_target_1 = forward_seconds(target, input_ids, width=1, repeats=20)
     plain_target_block = forward_seconds(target, input_ids, width=k + 1, repeats=20)
     plain_draft_1 = forward_seconds(draft, input_ids, width=1, repeats=20)
+    verify_label = "verify (+ processors, EOS, write)"
     best = None
     for _ in range(repeats):
         bucket: dict = {}
@@ -302,28 +306,28 @@ def step_breakdown(target, draft, input_ids, attention_mask, *, max_new_tokens: 
                 return "prefill"
             return "draft forwards" if args[0].model is draft else "target forward"
 
-        def step_label(args, state=state):
-            state["in_step"] = False  # called when the step returns
-            return "step total"
+        inner_step = loop._step
 
-        inner_speculate = gen._speculate
-
-        def speculate(*args, state=state, inner=inner_speculate):
+        def step(*args, state=state, inner=inner_step):
             state["in_step"] = True
-            return inner(*args)
+            try:
+                return inner(*args)
+            finally:
+                state["in_step"] = False
 
         with contextlib.ExitStack() as stack:
-            stack.enter_context(_timed(gen._Cache, "forward", bucket, which))
-            stack.enter_context(_timed(gen, "_draw_draft", bucket, lambda args: "draft sampling"))
-            stack.enter_context(_timed(gen, "_verify_and_write", bucket, lambda args: "verify (+ processors, EOS, write)"))
-            stack.enter_context(_timed(gen, "_advance", bucket, lambda args: "cache bookkeeping (settle, crop, rows)"))
-            gen._speculate = speculate
-            stack.callback(setattr, gen, "_speculate", inner_speculate)
-            stack.enter_context(_timed(gen, "_speculate", bucket, step_label))
+            stack.enter_context(_timed(ModelCache, "forward", bucket, which))
+            stack.enter_context(_timed(draws, "draw_draft", bucket, lambda args: "draft sampling"))
+            stack.enter_context(_timed(chain_steps.ChainSteps, "verify", bucket, lambda args: verify_label))
+            stack.enter_context(_timed(loop, "_write", bucket, lambda args: verify_label))
+            stack.enter_context(_timed(loop, "_commit", bucket, lambda args: "cache bookkeeping (settle, crop, rows)"))
+            loop._step = step
+            stack.callback(setattr, loop, "_step", inner_step)
+            stack.enter_context(_timed(loop, "_step", bucket, lambda args: "step total"))
             temperature = sampling.get("temperature", 1.0)
-            out = gen.generate(target, draft, input_ids, attention_mask, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                               temperature=temperature if temperature > 0 else 1.0, num_draft_tokens=k, generator=generator,
-                               eos_token_id=[], **(extra or {}))
+            out = generate(target, draft, input_ids, attention_mask, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
+                           temperature=temperature if temperature > 0 else 1.0, num_draft_tokens=k, method=method, generator=generator,
+                           eos_token_id=[], **(extra or {}))
         steps = len(out.stats.draft_lengths)
         if best is None or bucket["step total"] < best[0]["step total"]:
             best = (bucket, steps, out.stats)
@@ -334,8 +338,8 @@ def step_breakdown(target, draft, input_ids, attention_mask, *, max_new_tokens: 
     predicted_step = 1000 * (k * plain_draft_1 + plain_target_1)
     expected_tokens = expected_speedup(stats.mean_acceptance, 0.0, k)  # (1 - a^(K+1)) / (1 - a): tokens per step the formula counts
     return {
-        "num_draft_tokens": k, "steps": steps, "tokens_per_step": stats.tokens_per_target_forward, "acceptance": stats.mean_acceptance,
-        "ms_per_step": per_step,
+        "method": method, "num_draft_tokens": k, "steps": steps, "tokens_per_step": stats.tokens_per_target_forward,
+        "acceptance": stats.mean_acceptance, "ms_per_step": per_step,
         "plain_forwards_ms": {"target, 1 token": 1000 * plain_target_1, f"target, {k + 1} tokens": 1000 * plain_target_block,
                               "draft, 1 token": 1000 * plain_draft_1},
         "predicted_step_ms": predicted_step,
@@ -349,7 +353,7 @@ def step_breakdown(target, draft, input_ids, attention_mask, *, max_new_tokens: 
             "target forward as run over plain": per_step.get("target forward", 0.0) - 1000 * plain_target_block,
             "draft forwards as run over plain": per_step.get("draft forwards", 0.0) - 1000 * k * plain_draft_1,
             "draft sampling": per_step.get("draft sampling", 0.0),
-            "verify (+ processors, EOS, write)": per_step.get("verify (+ processors, EOS, write)", 0.0),
+            verify_label: per_step.get(verify_label, 0.0),
             "cache bookkeeping": per_step.get("cache bookkeeping (settle, crop, rows)", 0.0),
             "loop Python": per_step["loop Python (sync, tallies, stops)"],
         },

@@ -2,7 +2,7 @@
 after that token is emitted (what target-only decoding, which checks after every token, would do).
 
 * EOS ids and the length budget are checked on the device, for every row and position at once
-  (see ``generate._verify_and_write``);
+  (see ``generation.loop._write``);
 * ``max_time`` (``MaxTimeCriteria``) is checked on the host once per step: every row stops after the
   step that crossed the deadline, as transformers stops after the token that crossed it;
 * any other ``StoppingCriteria`` (``StopStringCriteria`` from ``stop_strings``, user criteria) is

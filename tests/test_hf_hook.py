@@ -9,10 +9,9 @@ import pytest
 import torch
 import transformers.generation.utils as hf_utils
 from scipy.stats import chi2
-from sequence_laws import fits
+from sequence_laws import RecordingStreamer, fits
 from tiny_models import left_pad, perturbed_copy, tiny_gpt2, tiny_llama
 from transformers.generation.logits_process import LogitsProcessorList, MinPLogitsWarper, RepetitionPenaltyLogitsProcessor
-from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import GenerationMixin
 from transformers.utils import logging as hf_logging
 
@@ -297,9 +296,8 @@ def test_several_eos_ids_and_scores_through_the_hook(close_pair):
 def test_sampled_law_through_the_hook_at_batch_8000(monkeypatch):
     """Sampling with processors through generate(assistant_model=...): one batch of identical prompts,
     the joint law of three new tokens against transformers' processors by enumeration."""
-    import importlib
+    from specdec_ext.generation import draws
 
-    gen = importlib.import_module("specdec_ext.generate")
     target, draft = tiny_llama(8, seed=11, logit_scale=1.0), tiny_gpt2(8, seed=1, logit_scale=1.0)
     draft.generation_config.num_assistant_tokens = 2
     draft.generation_config.num_assistant_tokens_schedule = "constant"
@@ -317,29 +315,18 @@ def test_sampled_law_through_the_hook_at_batch_8000(monkeypatch):
     ok, statistic, threshold = run()
     assert ok, (statistic, threshold)
 
-    def raw_draws(raw, processed, run):  # drafts from the raw draft logits while verify() is told q is the processed line
-        return specdec_ext.sample(gen._pad_vocab(raw, run.vocab), check=False)
+    def raw_draws(raw, processed, run, keys):  # drafts from the raw draft logits while verify() is told q is the processed line
+        return specdec_ext.sample(draws.pad_vocab(raw, run.vocab), check=False)
 
-    monkeypatch.setattr(gen, "_draw_draft", raw_draws)
+    monkeypatch.setattr(draws, "draw_draft", raw_draws)
     ok, statistic, threshold = run()
     assert not ok, (statistic, threshold)
-
-
-class _Recording(BaseStreamer):
-    def __init__(self):
-        self.puts, self.ended = [], 0
-
-    def put(self, value):
-        self.puts.append(value.reshape(-1).tolist())
-
-    def end(self):
-        self.ended += 1
 
 
 def test_streamer_receives_each_accepted_block(close_pair):
     target, draft = close_pair
     input_ids = torch.tensor([PROMPTS[2]])
-    streamer = _Recording()
+    streamer = RecordingStreamer()
     with hf.fused_verification(num_draft_tokens=4):
         out = target.generate(input_ids, assistant_model=draft, do_sample=False, max_new_tokens=20, streamer=streamer)
     assert streamer.puts[0] == PROMPTS[2] and streamer.ended == 1  # transformers puts the prompt first

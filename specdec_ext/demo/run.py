@@ -145,7 +145,7 @@ def run_demo(*, quick: bool = False, max_new_tokens: int | None = None, temperat
     from .tree_rows import print_rows, tree_and_block_rows
 
     beyond = tree_and_block_rows(target, draft, b_ids, b_mask, max_new_tokens=max_new_tokens, temperature=temperature,
-                                 num_draft_tokens=num_draft_tokens, eos_ids=eos, pad_id=pad, seed=seed)
+                                 num_draft_tokens=num_draft_tokens, eos_ids=eos, pad_id=pad, seed=seed, rounds=1 if quick else 3)
     print_rows(beyond)
     return {
         "temperature": temperature, "num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens, "tree_and_block": beyond,
