@@ -85,6 +85,7 @@ def _combine(lane_max, lane_sum):
 
 @triton.jit
 def _load_tile(base, start, width, block, MASKED: tl.constexpr):
+    """Values ``start + block`` of a line (a tile's (ROWS, LANES) block, or one row's lanes)."""
     if MASKED:
         idx = start + block
         return tl.load(base + idx, mask=idx < width, other=float("-inf")).to(tl.float32)
@@ -130,15 +131,6 @@ def _sampled_part(base, first, whole, last, width, block, inv_t, tau, lane_max, 
 
 
 @triton.jit
-def _load_row(base, start, width, lanes, MASKED: tl.constexpr):
-    if MASKED:
-        idx = start + lanes
-        return tl.load(base + idx, mask=idx < width, other=float("-inf")).to(tl.float32)
-    else:
-        return tl.load(base + start + lanes).to(tl.float32)
-
-
-@triton.jit
 def _insert(t1, t2, t3, x):
     """Insert x into the per-lane multiset top three t1 >= t2 >= t3."""
     below1 = tl.minimum(t1, x)
@@ -157,7 +149,7 @@ def _candidate_tiles(base, first, last, width, lanes, inv_t, lane_max, lane_sum,
         tile_max = lane_max
         tile_raw_max = raw_max
         for r in tl.static_range(ROWS):
-            raw = _load_row(base, start + r * LANES, width, lanes, MASKED)
+            raw = _load_tile(base, start + r * LANES, width, lanes, MASKED)
             s = raw * inv_t
             tile_max = tl.maximum(tile_max, s)
             t1, t2, t3 = _insert(t1, t2, t3, s)
@@ -169,7 +161,7 @@ def _candidate_tiles(base, first, last, width, lanes, inv_t, lane_max, lane_sum,
         if RAW_STATS:
             raw_sum = raw_sum * exp(raw_max - raw_ref)
         for r in tl.static_range(ROWS):
-            raw = _load_row(base, start + r * LANES, width, lanes, MASKED)
+            raw = _load_tile(base, start + r * LANES, width, lanes, MASKED)
             lane_sum += exp(raw * inv_t - ref)
             if RAW_STATS:
                 raw_sum += exp(raw - raw_ref)
