@@ -483,6 +483,9 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
     sc = layout["select_chunks"]
     # A fixed number of programs drawing work items (not one per line or chunk): enough for the
     # whole-line search of every line, and each exits after one more draw when none is listed.
+    # ptxas's register cap ("maxnreg", a compile option passed with the constexprs) keeps two
+    # programs per multiprocessor: Triton 3.6 gives the sort's straight-line code 199 registers
+    # uncapped (no spill at 128 with 3.6 or 3.9: tests/triton_compile_check.py).
     programs = max(1, min(lines * sc, geo.select_programs))
     cutoff = Template(
         "cutoff", k.cutoff_kernel, (programs,),
@@ -490,7 +493,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
                            b.search_mass, b.search_counters, b.cutoff_control, b.searching, b.search_list, a.temperature, a.top_k, a.top_p,
                            a.num_draft_tokens, b.cand, b.cand_count, b.cand_floor, b.sort, *sh.shape_args, sh.t_parts, sh.d_parts),
         {"HAS_DRAFT": sh.has_draft, "PARTS": tiles, "PP": _next_power_of_2(tiles), "LINE_SLOTS": geo.line_slots, "SORT": geo.sort,
-         "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES},
+         "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES, "maxnreg": 128},
         CUTOFF_WARPS,
     )
     return [line_stats(1), cutoff, line_stats(2)]
