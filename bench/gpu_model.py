@@ -68,10 +68,9 @@ ASSUMPTIONS = {
     # takes 2.5 us against about 1 us on a fast host; scaled by that ratio.
     "python_call_overhead_us": 34.0,
     "python_launch_us": 4.0,  # Triton 3.x JIT launcher per kernel from Python (argument specialisation, cache lookup, cuLaunchKernel)
-    "threshold_search_bits": 24,
     # Global reductions (RED.ADD) to distinct addresses served by the L2, per second: a conservative
     # figure (no measurement here); values piling into one bin would serialise on its address.
-    "l2_atomics_per_s": 5e11,  # order-key bits each top-k / top-p search resolves (candidate floor to line max)
+    "l2_atomics_per_s": 5e11,
     "rejected_rows": "every row rejects at its last draft position: the race reads a target and a draft line (the heavier loop)",
     "sampled_rows": "every row samples (temperature > 0); greedy rows would skip the race and read no draft line",
 }
@@ -151,21 +150,26 @@ def _cold_addresses(body: list[Instruction]) -> set[int]:
 
 @dataclass
 class Loop:
+    """One loop of the compiled code: a backward branch and the range it closes."""
+
     start: int
     end: int
-    instructions: int  # executed per iteration (slow paths and NOPs left out)
+    instructions: int  # its own body per trip (slow paths, NOPs and the bodies of nested loops left out)
     by_pipe: dict
     by_opcode: dict
+    parent: int | None = None  # start of the innermost loop around it
+    after_wait: bool = False  # after the kernel's first acquire (CCTL.IVALL): the cut-offs kernel's search phase
+    after_atomic: bool = False  # after the kernel's first global atomic (the race kernel's finalisation)
 
     def has(self, opcode: str) -> int:
         return sum(n for name, n in self.by_opcode.items() if name == opcode or name.startswith(opcode + "."))
 
 
 def longest_path(body: list[Instruction], cold: set[int]) -> int:
-    """Instructions on the longest path from entry to exit through the main body, each loop body
-    counted once (the back edges a depth-first search finds are dropped) and slow paths left out:
-    what one program executes at most outside its hot loop's extra trips (an if/else counts its
-    longer branch, not both)."""
+    """Instructions on the longest path from entry to exit through the main body, the addresses in
+    ``cold`` (slow paths, loop bodies) weighing nothing and the back edges a depth-first search finds
+    dropped: what one program executes at most outside its loops (an if/else counts its longer
+    branch, not both)."""
     if not body:
         return 0
     index = {ins.address: n for n, ins in enumerate(body)}
@@ -241,15 +245,15 @@ class KernelCode:
     spill_bytes: int
     shared_bytes: int
     instructions: int  # in the main body
-    loops: list[Loop]
-    path: int  # longest entry-to-exit path, loop bodies once (see longest_path)
+    loops: list[Loop]  # every loop, outer ones included, in address order
+    path: int  # longest entry-to-exit path outside the loops (see longest_path)
     straight: int  # main-body instructions outside every loop
     straight_by_pipe: dict
     barriers_outside_loops: int
     opcode_counts: dict = field(default_factory=dict)
     # Phases of a kernel that first works on its own items, then waits (an acquire: the first
     # L1 invalidation, CCTL.IVALL) and works on items that depend on other programs' (the cut-offs
-    # kernel): (path, barriers outside loops) of the code before and from that point.
+    # kernel): (path outside loops, barriers outside loops) of the code before and from that point.
     phases: dict = field(default_factory=dict)
 
 
@@ -261,54 +265,47 @@ def _mix(instructions: list[Instruction]) -> tuple[dict, dict]:
     return dict(pipes), dict(opcodes)
 
 
-def _rare_race_addresses(body: list[Instruction], ranges: list[tuple[int, int]]) -> set[int]:
-    """The race kernel's zero-residual fallback: race loops (MUFU.LG2) after the arrival atomic run
-    only when every residual of a rejected row rounds to zero; they are not on the expected path."""
-    atomic = next((i.address for i in body if i.base in ("ATOM", "ATOMG", "RED", "REDG")), None)
-    if atomic is None:
-        return set()
-    rare = set()
-    for start, end in ranges:
-        inside = [i for i in body if start <= i.address <= end]
-        if start > atomic and any(i.opcode.startswith("MUFU.LG2") for i in inside):
-            rare.update(i.address for i in inside)
-    return rare
+def loop_ranges(body: list[Instruction]) -> list[tuple[int, int]]:
+    """(first, last) address of every loop: a backward branch before the kernel's last EXIT (the
+    branches back from the out-of-line warp-divergence paths placed after it are no loops)."""
+    exits = [i.address for i in body if i.base == "EXIT"]
+    last_exit = max(exits) if exits else body[-1].address if body else 0
+    ranges = set()
+    for ins in body:
+        if ins.base == "BRA" and ins.address < last_exit:
+            target = _branch_target(ins)
+            if target is not None and target <= ins.address:
+                ranges.add((target, ins.address))
+    return sorted(ranges)
 
 
 def analyse(sass: str, resources: str) -> KernelCode:
     body = [i for i in _main_body(parse_sass(sass)) if i.base != "NOP"]
     cold = _cold_addresses(body)
     hot = [i for i in body if i.address not in cold]
-    ranges = []
-    for ins in body:
-        if ins.base == "BRA":
-            target = _branch_target(ins)
-            if target is not None and target <= ins.address:
-                ranges.append((target, ins.address))
-    # Innermost loops only: a backward branch whose range holds another one is an outer loop (or
-    # a block the assembler placed before its predecessor), not a hot loop body.
-    innermost = [r for r in ranges if not any(o != r and r[0] <= o[0] and o[1] <= r[1] for o in ranges)]
+    ranges = loop_ranges(body)
+    wait = next((i.address for i in body if i.opcode.startswith("CCTL.IVALL")), None)
+    atomic = next((i.address for i in body if i.base in ("ATOM", "ATOMG", "RED", "REDG")), None)
     loops = []
-    for start, end in innermost:
-        inside = [i for i in hot if start <= i.address <= end]
-        by_pipe, by_opcode = _mix(inside)
-        loops.append(Loop(start, end, len(inside), by_pipe, by_opcode))
-    rare = _rare_race_addresses(body, innermost)
-    loops = [loop for loop in loops if loop.start not in rare]
-    cold |= rare
-    hot = [i for i in hot if i.address not in rare]
-    in_loops = {i.address for i in hot for loop in loops if loop.start <= i.address <= loop.end}
+    for start, end in ranges:
+        inner = [r for r in ranges if r != (start, end) and start <= r[0] and r[1] <= end]
+        outer = [r for r in ranges if r != (start, end) and r[0] <= start and end <= r[1]]
+        own = [i for i in hot if start <= i.address <= end and not any(a <= i.address <= b for a, b in inner)]
+        by_pipe, by_opcode = _mix(own)
+        parent = min(outer, key=lambda r: r[1] - r[0])[0] if outer else None
+        loops.append(Loop(start, end, len(own), by_pipe, by_opcode, parent, wait is not None and start > wait, atomic is not None and start > atomic))
+    in_loops = {i.address for i in hot if any(a <= i.address <= b for a, b in ranges)}
     straight = [i for i in hot if i.address not in in_loops]
     straight_pipes, _ = _mix(straight)
     usage = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", resources)
     registers, shared, local = (int(usage.group(k)) for k in (1, 2, 3)) if usage else (0, 0, 0)
+    outside = cold | in_loops
     phases = {}
-    wait = next((i.address for i in body if i.opcode.startswith("CCTL.IVALL")), None)
     if wait is not None:
         for name, part in (("before_wait", [i for i in body if i.address < wait]), ("from_wait", [i for i in body if i.address >= wait])):
-            phases[name] = (longest_path(part, cold), sum(1 for i in straight if i.base == "BAR" and (i.address < wait) == (name == "before_wait")))
+            phases[name] = (longest_path(part, outside), sum(1 for i in straight if i.base == "BAR" and (i.address < wait) == (name == "before_wait")))
     return KernelCode(
-        registers, local, shared, len(body), loops, longest_path(body, cold), len(straight), straight_pipes, sum(1 for i in straight if i.base == "BAR"),
+        registers, local, shared, len(body), loops, longest_path(body, outside), len(straight), straight_pipes, sum(1 for i in straight if i.base == "BAR"),
         dict(Counter(i.opcode for i in hot)), phases,
     )
 
@@ -355,7 +352,15 @@ class Call:
     stream: int = 1
     draft_dtype: str | None = None  # default: the target's
     draft_vocab: int | None = None  # default: the target's
-    whole_line: bool = False  # the cut is not among the candidates: every line runs the whole-line search (cutoff_kernel)
+    # Lines whose cut the candidates do not settle (the whole-line search in cutoff_kernel, then the
+    # second statistics launch), and the search passes each takes: a data-dependent count, from
+    # the measured distribution (MEASURED) or 1.0 for the whole-line fallback rows.
+    search_fraction: float = 0.0
+    search_passes: float | None = None  # None: PASSES // 2 (one search, top-k or top-p)
+
+    @property
+    def whole_line(self) -> bool:
+        return self.search_fraction > 0
 
     @property
     def filtered(self) -> bool:
@@ -432,6 +437,7 @@ class LaunchEstimate:
     hot_loop_instructions: int
     values_per_iteration: int
     instructions_per_value: float
+    loops: list  # every loop of the compiled code: [kind, own instructions per trip, trips per program]
     warp_instructions: float
     bytes: float
     issue_us: float
@@ -457,37 +463,91 @@ def _pipe_cycles(by_pipe: dict, warps: float) -> float:
     return max((count * 32 * warps / rates.get(pipe, 64) for pipe, count in by_pipe.items()), default=0.0)
 
 
-def _pick_loop(code: KernelCode, name: str, call: Call) -> tuple[Loop | None, str]:
-    """The loop each kernel spends its time in, recognised by what it executes."""
-    loads = [loop for loop in code.loops if loop.has("LDG")]
-    if name == "line_stats":
-        sampled = [loop for loop in loads if loop.has("MUFU.EX2")]
-        if not sampled:
-            return None, ""
-        most = max(loop.has("MUFU.EX2") for loop in sampled)
-        # Unmasked and masked (ragged last tile) copies: the unmasked one is the shorter.
-        return min((loop for loop in sampled if loop.has("MUFU.EX2") == most), key=lambda loop: loop.instructions), "sampled-line tile"
-    if name == "race":
-        races = [loop for loop in loads if loop.has("MUFU.LG2")]
-        if not races:
-            return None, ""
-        # The residual race reads two lines; of its unmasked and masked (last tile) copies, the
-        # unmasked one is the shorter and runs on every tile but the last.
-        most_loads = max(loop.has("LDG") for loop in races)
-        residual = min((loop for loop in races if loop.has("LDG") == most_loads), key=lambda loop: loop.instructions)
-        return residual, "residual race tile"
-    if name == "candidates":
-        return None, "per-thread selection (no loop)"
-    if name == "cutoff":  # the phase of its work items over the candidates (the search steps hold no global load)
-        searches = [loop for loop in code.loops if not loop.has("LDG") and not loop.has("ATOMG")]
-        return (max(searches, key=lambda loop: loop.instructions) if searches else None), "candidate search step"
-    if name == "cutoff:search":
-        # The whole-line search's histogram loop (its loads and atomics tell it from the spin waits).
-        binning = [loop for loop in loads if loop.has("RED") + loop.has("REDG") + loop.has("ATOM") + loop.has("ATOMG")]
-        if not binning:
-            return None, ""
-        return max(binning, key=lambda loop: loop.instructions), "whole-line histogram tile"
-    return None, ""
+# ---------------------------------------------------------------------------------------------
+# Every loop of every kernel, by kind. The kinds are told apart by what their bodies execute; a
+# kind the code has twice (the target's and the draft's inlined copies, or an unmasked and a
+# masked copy) is numbered in address order. tests/triton_compile_check.py fails on a loop of any
+# compiled variant that gets no kind, and _work gives every kind its trip count.
+
+
+# Every loop kind the kernels have, and where its trip count comes from (_work).
+LOOP_KINDS = {
+    "greedy tile": "statistics tiles of a greedy line: 0 (the modelled rows sample)",
+    "sampled tile": "statistics tiles of a sampled line: the line's tiles over its parts (phase 0; phase 2 for the searched lines only)",
+    "candidate tile": "statistics tiles of a filtered line with its top three per lane: the line's tiles over its parts (phase 1)",
+    "residual race tile": "race tiles of a rejected row: the vocabulary over the row's chunks (every row rejects, ASSUMPTIONS)",
+    "bonus race tile": "race tiles of an accepted row: 0 (every row rejects)",
+    "zero-residual race (rare)": "the finalising program's race on p when every residual is zero: 0 (rounding corner)",
+    "finalising block": "the last program of a row reads the chunk results: ceil(chunks / FINAL_BLOCK), once per row",
+    "threshold ticket loop": "one work item per line over the candidates (the sort unrolled: no inner loop)",
+    "spin wait": "waits for other programs' items: no instructions of its own beyond the wait (latency of what it waits for)",
+    "search ticket loop": "whole-line search items: searched lines x chunks per pass over the programs (search_fraction, search_passes: MEASURED)",
+    "histogram tile": "CHUNK / TILE steps per search item",
+    "histogram sum": "the last item of a line's pass sums the chunks' histograms, four chunks per step",
+}
+
+
+def unknown_loops(kernel: str, code: KernelCode) -> list[Loop]:
+    """Loops of the compiled code that the model has no kind (and so no trip count) for."""
+    return [loop for loop, kind in zip(code.loops, loop_kinds(kernel, code), strict=True)
+            if kind is None or kind.replace(" (masked)", "") not in LOOP_KINDS]
+
+
+def _paired(loops: list[Loop], kind: str) -> list[str]:
+    """Kinds of loops that come as (unmasked, masked) pairs in address order (whole tiles, then the
+    ragged last tile)."""
+    return [kind + (" (masked)" if n % 2 else "") for n in range(len(loops))]
+
+
+def _atomics(loop: Loop) -> int:
+    return sum(loop.has(op) for op in ("RED", "REDG", "ATOM", "ATOMG"))
+
+
+def loop_kinds(kernel: str, code: KernelCode) -> list[str | None]:
+    """The kind of each of ``code.loops`` (None: a loop the model does not know)."""
+    kinds: list[str | None] = [None] * len(code.loops)
+    index = {id(loop): n for n, loop in enumerate(code.loops)}
+
+    def name(loops: list[Loop], labels: list[str]) -> None:
+        for loop, label in zip(loops, labels, strict=True):
+            kinds[index[id(loop)]] = label
+
+    if kernel == "line_stats":
+        groups: dict = {"greedy tile": [], "sampled tile": [], "candidate tile": []}
+        for loop in code.loops:
+            if not loop.has("LDG") or loop.parent is not None:
+                continue
+            ex2 = loop.has("MUFU.EX2")
+            if not ex2 or loop.has("IMNMX") or loop.has("VIMNMX"):
+                groups["greedy tile"].append(loop)  # the argmax keeps an index (integer min); raw sums only with logprobs
+            elif loop.has("FMNMX") >= 3 * ex2:
+                groups["candidate tile"].append(loop)  # five min / max per value for the top three
+            else:
+                groups["sampled tile"].append(loop)
+        for kind, loops in groups.items():
+            name(loops, _paired(loops, kind))
+    elif kernel == "race":
+        tiles = [loop for loop in code.loops if loop.has("MUFU") and not loop.after_atomic]
+        name(tiles[:2], _paired(tiles[:2], "residual race tile"))  # the rejected rows' race comes first in the code,
+        name(tiles[2:4], _paired(tiles[2:4], "bonus race tile"))  # then the accepted rows' (p only)
+        rare = [loop for loop in code.loops if loop.has("MUFU") and loop.after_atomic]
+        name(rare, ["zero-residual race (rare)"] * len(rare))
+        final = [loop for loop in code.loops if loop.has("LDG") and not loop.has("MUFU") and loop.after_atomic]
+        name(final, ["finalising block"] * len(final))
+    elif kernel == "cutoff":
+        parents = {loop.parent for loop in code.loops if loop.parent is not None}
+        for n, loop in enumerate(code.loops):
+            if loop.start in parents:
+                kinds[n] = "search ticket loop" if loop.after_wait else None
+            elif loop.has("CCTL") and loop.instructions < 64 and not loop.has("MUFU"):
+                kinds[n] = "spin wait"
+            elif loop.after_wait and _atomics(loop) and loop.has("MUFU"):
+                kinds[n] = "histogram tile"
+            elif loop.after_wait and loop.has("LDG") and not loop.has("MUFU") and not _atomics(loop):
+                kinds[n] = "histogram sum"
+            elif not loop.after_wait and loop.parent is None:
+                kinds[n] = "threshold ticket loop"
+    return kinds
 
 
 def _logits_bytes(call: Call) -> int:
@@ -495,34 +555,50 @@ def _logits_bytes(call: Call) -> int:
     return lines * call.vocab * call.itemsize
 
 
+def _search_passes(call: Call, launch) -> float:
+    """Passes of the whole-line search per searched line: one search (top-k or top-p) takes
+    PASSES // 2 over a full key range; MEASURED's mean when the call names it."""
+    return call.search_passes if call.search_passes is not None else launch.constexprs["PASSES"] // 2
+
+
 def _work(launch, call: Call, phase: str) -> dict:
-    """What each program of a launch executes: hot-loop trip count, values per trip, bytes, and
-    the dependent memory round trips on its critical path."""
+    """What each program of a launch (or phase) executes: the trips of each loop kind per program
+    (averaged over the programs) with the values one trip handles, bytes, and the dependent memory
+    round trips on its critical path."""
     from specdec_ext import _triton_backend
 
     args = launch.args
     c = launch.constexprs
     lines_t = call.batch * (call.k + 1)
     lines_d = call.batch * call.k if call.draft == "logits" else 0
-    if phase == "line_stats":
-        tiles_per_part = args[-1]
+    lines = lines_t + lines_d
+    if phase in ("line_stats", "line_stats:cut"):
         tile = c["T_LANES"] * c["T_ROWS"]
-        used_lines = lines_t + lines_d
-        programs_used = used_lines * launch.grid[1]
-        if call.filtered and not call.whole_line and call.logprobs != 2:
-            # The threshold kernel wrote these lines' statistics from the candidates: the programs
-            # only gather the draft token's logit.
-            return {"trips": 0, "values": tile, "programs_used": programs_used, "bytes": used_lines * 4, "rounds": ["l2", "l2"]}
+        parts = launch.grid[1]
+        programs_used = lines * parts
+        # Per line: its whole tiles unmasked, its ragged last tile masked, spread over its parts.
+        whole, ragged = call.vocab // tile / parts, (1 if call.vocab % tile else 0) / parts
+        if phase == "line_stats":
+            kind = "candidate tile" if c["PHASE"] == 1 else "sampled tile"
+            read = 1.0
+        else:  # only the lines the whole-line search cut; the others read a flag and exit
+            kind, read = "sampled tile", call.search_fraction
         return {
-            "trips": tiles_per_part, "values": tile, "programs_used": programs_used, "bytes": used_lines * call.vocab * call.itemsize,
-            "rounds": ["dram", "l2"],  # the tiles' loads (issued together), then the partials' stores
+            "loops": {kind: (whole * read, tile), kind + " (masked)": (ragged * read, tile)}, "programs_used": programs_used,
+            "bytes": read * lines * call.vocab * call.itemsize + lines * 4,
+            # the tiles' loads (issued together), then the partials' and candidates' stores
+            "rounds": (["dram", "l2"] if read else []) + ["l2"],
         }
     if phase == "race":
-        tiles_per_chunk, chunks = args[-2], args[-1]
+        chunks = args[-1]
         block = c["BLOCK"]
         raced = 2 if call.draft == "logits" else 1
+        ragged = 1 if call.vocab % block else 0
         return {
-            "trips": tiles_per_chunk, "values": block, "programs_used": call.batch * chunks,
+            # every row rejects at its last draft position (ASSUMPTIONS): the residual race
+            "loops": {"residual race tile": (call.vocab // block / chunks, block), "residual race tile (masked)": (ragged / chunks, block),
+                      "finalising block": (math.ceil(chunks / _triton_backend.FINAL_BLOCK) / chunks, c["FINAL_BLOCK"])},
+            "programs_used": call.batch * chunks,
             "bytes": call.batch * raced * call.vocab * call.itemsize + call.batch * (2 * lines_t + 2 * lines_d) * 4 * c["PARTS"],
             # row parameters, partials and the drafts' logits (one round: no load waits for
             # another); the chunk's logits (still in L2 when the call's logits fit in half of it);
@@ -531,45 +607,54 @@ def _work(launch, call: Call, phase: str) -> dict:
             "rounds": ["l2", "l2" if _logits_bytes(call) < ASSUMPTIONS["l2_bytes"] / 2 else "dram", "l2", "l2"] + (["l2"] if call.logprobs else []),
             "final_trips": math.ceil(chunks / _triton_backend.FINAL_BLOCK),
         }
-    if phase == "candidates":
-        chunk = c["CHUNK"]
-        filtered_lines = lines_t + lines_d
-        return {
-            "trips": 0, "values": chunk, "programs_used": filtered_lines * c["NUM_CHUNKS"], "bytes": filtered_lines * call.vocab * call.itemsize,
-            "rounds": ["dram", "l2"],
-        }
     if phase == "cutoff":
-        # Work items over the candidates, one per line, drawn by the programs in turn (modelled as
-        # one program per line: the waves of the resident programs). Two searches (top-k, top-p)
-        # over the candidates, each PROBES keys per step: the range between the candidates' floor
-        # and the line max spans about 2**24 order keys (logits within a factor 4 of each other),
-        # ceil(24 / log2(PROBES + 1)) steps each. A line the candidates cannot settle stops after
-        # the first test and leaves the cut to the whole-line search.
-        steps = 2 * math.ceil(ASSUMPTIONS["threshold_search_bits"] / math.log2(c["PROBES"] + 1))
+        # One work item per line (modelled as one program per line: the resident programs' waves):
+        # its candidates, sorted (tl.sort: no loop in the compiled code), the cut and the normaliser.
+        programs = min(lines, launch.grid[0])
         return {
-            "trips": 0 if call.whole_line else steps, "values": c["CANDS_POW2"], "programs_used": lines_t + lines_d,
-            "bytes": (lines_t + lines_d) * c["CANDS_POW2"] * 4,
-            # the ticket; the candidates; the release of the item; then every program's acquire
-            # that sees the last item finished, its read of the (empty) list and its exit atomic.
-            "rounds": ["l2", "l2", "l2", "l2", "l2", "l2"],
+            "loops": {"threshold ticket loop": (math.ceil(lines / programs), c["SORT"]), "spin wait": (0.0, 0)},
+            "programs_used": programs,
+            "bytes": lines * (c["LINE_SLOTS"] * 4 + 2 * c["SORT"] * 4 + c["PARTS"] * 16),
+            # the ticket; the candidates' counts and floors with the partials; the candidates;
+            # the packed candidates through the workspace; the release of the item; then every
+            # program's acquire that sees the last item finished, its read of the list and its exit.
+            "rounds": ["l2"] * 8,
         }
     if phase == "cutoff:search":
-        # One pass of the whole-line search (call.whole_line: every line searches; one search,
-        # top-k or top-p, takes half of the launch's PASSES).
-        lines = lines_t + lines_d
+        # One pass of the whole-line search over the searched lines, in the same launch.
+        searched = lines * call.search_fraction
         programs = launch.grid[0]
-        slots = lines * c["NUM_CHUNKS"] * (c["BINS"] + 1)
-        items = lines * c["NUM_CHUNKS"]  # (line, chunk) work items, taken in turn by the programs
+        slots = searched * c["NUM_CHUNKS"] * (c["BINS"] + 1)
+        items = searched * c["NUM_CHUNKS"]  # (line, chunk) work items, taken in turn by the programs
+        per_program = math.ceil(items / programs)
         return {
-            "trips": c["CHUNK"] // c["TILE"] * math.ceil(items / programs), "values": c["TILE"], "programs_used": programs,
-            "bytes": lines * call.vocab * call.itemsize + slots * 12 * 2,  # the lines; the histograms zeroed, then read
+            "loops": {"search ticket loop": (per_program, c["CHUNK"]), "histogram tile": (c["CHUNK"] // c["TILE"] * per_program, c["TILE"]),
+                      "histogram sum": (searched * math.ceil(c["NUM_CHUNKS"] / 4) / programs, 4 * (c["BINS"] + 1)), "spin wait": (0.0, 0)},
+            "programs_used": programs,
+            "bytes": searched * call.vocab * call.itemsize + slots * 12 * 2,  # the lines; the histograms zeroed, then read
             # the ticket and the acquire of the previous pass; the state; the zeroing stores before
             # the barrier; the chunk's logits (loads issued together); the arrival atomic; the last
             # item's read of the chunks' histograms and its release of the pass.
             "rounds": ["l2", "l2", "l2", "l2", "dram", "l2", "l2", "l2"],
-            "atomics": 2 * lines * call.vocab,  # a count and a mass per value
+            "atomics": 2 * searched * call.vocab,  # a count and a mass per value
         }
     raise ValueError(phase)
+
+
+def loop_trips(launch, call: Call, phase: str, code: KernelCode) -> list[tuple[Loop, str, float, int]]:
+    """(loop, kind, trips per program, values per trip) of every loop of the launch's code in this
+    phase: a kind the phase does not run takes 0 trips; copies of one kind share its trips."""
+    work = _work(launch, call, phase)
+    kinds = loop_kinds(launch.name.split(":")[0], code)
+    base = lambda kind: kind.replace(" (masked)", "") if kind else kind  # noqa: E731
+    copies = Counter(kinds)
+    found = []
+    for loop, kind in zip(code.loops, kinds, strict=True):
+        if kind is None:
+            raise ValueError(f"{launch.name}: a loop the model does not know at {loop.start:#x}-{loop.end:#x} ({loop.instructions} instructions)")
+        trips, values = work["loops"].get(kind, (0.0, 0))
+        found.append((loop, kind, trips / copies[kind], values or work["loops"].get(base(kind), (0, 0))[1]))
+    return found
 
 
 def estimate_launch(launch, call: Call, phase: str | None = None) -> LaunchEstimate:
@@ -580,28 +665,22 @@ def estimate_launch(launch, call: Call, phase: str | None = None) -> LaunchEstim
     code = compiled_code(launch)
     warps = launch.num_warps
     work = _work(launch, call, phase)
-    loop, loop_name = _pick_loop(code, phase, call)
-    loop_instructions = loop.instructions if loop else 0
-    per_thread_values = work["values"] / (32 * warps)
-    # Instructions per warp: the longest path through the kernel (loop bodies once), plus the hot
-    # loop's further trips.
-    # A masked copy of the hot loop (the ragged last tile) is on the path too: it stands for one trip.
-    twin = loop is not None and any(other is not loop and other.instructions > loop.instructions and other.has("LDG") == loop.has("LDG")
-                                    and other.has("MUFU.EX2") == loop.has("MUFU.EX2") for other in code.loops)
-    trips = max(work["trips"] - 1, 0) if twin else work["trips"]
-    # The cut-offs kernel's phases run their own part of the code (its items over the candidates
-    # before the first wait, the search passes from it).
+    loops = loop_trips(launch, call, phase, code)
+    # Instructions per warp: the longest path outside the loops, plus every loop's trips.
     path, barriers = code.path, code.barriers_outside_loops
     if phase in ("cutoff", "cutoff:search") and code.phases:
         path, barriers = code.phases["before_wait" if phase == "cutoff" else "from_wait"]
-    per_warp = max(path - loop_instructions, 0) + loop_instructions * trips
-    # The pipes of what runs outside the hot loop: the straight-line mix, scaled to the path.
-    outside = max(0, path - loop_instructions)
-    scale = outside / code.straight if code.straight else 0.0
+    per_warp = path + sum(loop.instructions * trips for loop, _, trips, _ in loops)
+    # The pipes of what runs outside the loops: the straight-line mix, scaled to the path.
+    scale = path / code.straight if code.straight else 0.0
     pipes = Counter({pipe: n * scale for pipe, n in code.straight_by_pipe.items()})
-    if loop:
+    for loop, _, trips, _ in loops:
         for pipe, n in loop.by_pipe.items():
-            pipes[pipe] += n * work["trips"]
+            pipes[pipe] += n * trips
+        barriers += loop.has("BAR") * trips
+    hot = max(loops, key=lambda entry: entry[0].instructions * entry[2], default=None)
+    if hot is not None and hot[2] == 0:
+        hot = None
     programs = work["programs_used"]
     ctas = _occupancy(code, warps)
     sms = a["multiprocessors"]
@@ -628,9 +707,12 @@ def estimate_launch(launch, call: Call, phase: str | None = None) -> LaunchEstim
     latency_us = full_waves * wave_us + rest_us
     time_us = max(pipe_us, memory_us, latency_us)
     bound = "memory" if time_us == memory_us else "pipe" if time_us == pipe_us else ("issue" if latency_us > program_us * math.ceil(waves) * 1.01 or full_waves else "latency")
+    hot_values = hot[3] if hot else 0
+    per_thread_values = hot_values / (32 * warps) if hot_values else 0
     return LaunchEstimate(
-        phase, list(launch.grid), programs, warps, code.registers, code.spill_bytes, code.shared_bytes, ctas, round(waves, 2), loop_name,
-        loop_instructions, work["values"], round(loop_instructions / per_thread_values, 2) if per_thread_values else 0.0,
+        phase, list(launch.grid), programs, warps, code.registers, code.spill_bytes, code.shared_bytes, ctas, round(waves, 2), hot[1] if hot else "",
+        hot[0].instructions if hot else 0, hot_values, round(hot[0].instructions / per_thread_values, 2) if per_thread_values else 0.0,
+        [[kind, loop.instructions, round(trips, 4)] for loop, kind, trips, _ in loops],
         round(total_warps * per_warp), work["bytes"], round(issue_us, 3), round(pipe_us, 3), round(memory_us, 3), round(latency_us, 3), round(time_us, 3), bound,
     )
 
@@ -648,15 +730,21 @@ class CallEstimate:
     goals: dict
 
 
-def estimate_call(call: Call, goals: dict | None = None) -> CallEstimate:
+def estimate_call(call: Call, goals: dict | None = None, baseline: CallEstimate | None = None) -> CallEstimate:
+    """The call's estimate; ``baseline`` (the unfiltered call of the same shape) for the goals on
+    ``x_unfiltered``."""
     a = ASSUMPTIONS
     planned = launches(call, a["multiprocessors"])
     estimates = []
     for launch in planned:
         if launch.name == "cutoff":
             estimates.append(estimate_launch(launch, call, "cutoff"))
-            if call.whole_line:  # the passes of one search (half of PASSES), one after another in the same launch
-                estimates += [estimate_launch(launch, call, "cutoff:search")] * (launch.constexprs["PASSES"] // 2)
+            if call.whole_line:  # the passes of the searches, one after another in the same launch
+                passes = _search_passes(call, launch)
+                search = estimate_launch(launch, call, "cutoff:search")
+                estimates += [search] * math.floor(passes)
+                if passes % 1:
+                    estimates.append(LaunchEstimate(**(asdict(search) | {"time_us": round(search.time_us * (passes % 1), 3)})))
         else:
             estimates.append(estimate_launch(launch, call))
     kernels = sum(e.time_us for e in estimates)
@@ -668,33 +756,226 @@ def estimate_call(call: Call, goals: dict | None = None) -> CallEstimate:
     floor = call.floor_bytes / a["floor_bytes_per_s"] * 1e6
     judged = {}
     for goal, limit in (goals or {}).items():
-        value = {"replayed_us": replayed, "launched_us": launched, "x_floor_replayed": replayed / floor, "launches": n}[goal]
+        value = {"replayed_us": replayed, "launched_us": launched, "x_floor_replayed": replayed / floor, "launches": n,
+                 "x_unfiltered": replayed / baseline.replayed_us if baseline else float("nan")}[goal]
         judged[goal] = {"limit": limit, "estimate": round(value, 2), "met": value <= limit}
     return CallEstimate(asdict(call), n, [asdict(e) for e in estimates], round(kernels, 2), round(replayed, 2), round(launched, 2), round(floor, 2),
                         round(replayed / floor, 3), judged)
 
 
+_B64 = {"batch": 64, "k": 8, "vocab": 128256, "dtype": "bf16"}
+_B1 = {"batch": 1, "k": 4, "vocab": 128256, "dtype": "fp32"}
+
+# (call, goals, the unfiltered call its x_unfiltered goal compares with)
 GOAL_CALLS = [
-    (Call("B=1 K=4 V=128256 fp32", 1, 4, 128256, "fp32"), {"replayed_us": 8.0, "launched_us": 15.0, "launches": 2}),
-    (Call("B=64 K=8 V=128256 bf16", 64, 8, 128256, "bf16"), {"x_floor_replayed": 1.3, "launches": 2}),
-    (Call("B=1 K=4 V=128256 fp32 T=0.7 top-k 50 top-p 0.9", 1, 4, 128256, "fp32", temperature=0.7, top_k=50, top_p=0.9), {"replayed_us": 25.0, "launches": 4}),
+    (Call("B=1 K=4 V=128256 fp32", **_B1), {"replayed_us": 8.0, "launched_us": 15.0, "launches": 2}, None),
+    (Call("B=64 K=8 V=128256 bf16", **_B64), {"x_floor_replayed": 1.3, "launches": 2}, None),
+    (Call("B=1 K=4 fp32 T=0.7 top-k 50 top-p 0.9", **_B1, temperature=0.7, top_k=50, top_p=0.9), {"replayed_us": 20.0, "launches": 4}, None),
+    (Call("B=64 K=8 bf16 T=0.7 top-k 50 top-p 0.9", **_B64, temperature=0.7, top_k=50, top_p=0.9), {"x_unfiltered": 2.0}, "B=64 K=8 V=128256 bf16"),
+    (Call("B=64 K=8 bf16 top-p 0.95", **_B64, top_p=0.95), {"x_unfiltered": 2.0}, "B=64 K=8 V=128256 bf16"),
+    (Call("B=64 K=8 bf16 top-k 1000 (whole-line search)", **_B64, top_k=1000, search_fraction=1.0), {"x_unfiltered": 2.5}, "B=64 K=8 V=128256 bf16"),
+    (Call("B=64 K=8 bf16 flat top-p 0.99 (whole-line search)", **_B64, top_p=0.99, search_fraction=1.0), {"x_unfiltered": 2.5}, "B=64 K=8 V=128256 bf16"),
+    (Call("B=1 K=4 fp32 top-k 1000 (whole-line search)", **_B1, temperature=0.7, top_k=1000, search_fraction=1.0), {"x_unfiltered": 2.5},
+     "B=1 K=4 V=128256 fp32"),
+    (Call("B=1 K=4 fp32 flat top-p 0.99 (whole-line search)", **_B1, temperature=0.7, top_p=0.99, search_fraction=1.0), {"x_unfiltered": 2.5},
+     "B=1 K=4 V=128256 fp32"),
 ]
 
 
 def sweep_calls() -> list[Call]:
-    """Filtered calls across top-k and top-p: the cut among the candidates, and the whole-line
-    fallback the threshold kernel makes when it is not (a large k, a flat distribution)."""
+    """Other calls: filters whose cut the candidates settle, and the other flags."""
     calls = []
-    base = {"batch": 1, "k": 4, "vocab": 128256, "dtype": "fp32", "temperature": 0.7}
-    for top_k, whole in ((1, False), (50, False), (1000, True), (128256, False)):
-        calls.append(Call(f"B=1 K=4 top-k {top_k}" + (" (whole-line search)" if whole else ""), top_k=top_k, whole_line=whole, **base))
-    for top_p, whole in ((0.5, False), (0.9, False), (0.99, True)):
-        calls.append(Call(f"B=1 K=4 top-p {top_p}" + (" (flat: whole-line search)" if whole else ""), top_p=top_p, whole_line=whole, **base))
-    calls.append(Call("B=64 K=8 bf16 T=0.7 top-k 50 top-p 0.9", 64, 8, 128256, "bf16", temperature=0.7, top_k=50, top_p=0.9))
-    calls.append(Call("B=64 K=8 bf16 logprobs raw + accept_probs + seeds/offsets", 64, 8, 128256, "bf16", logprobs=2, accept_probs=True, seeds=True, offsets=True))
+    base = dict(_B1, temperature=0.7)
+    for top_k in (1, 50, 128256):
+        calls.append(Call(f"B=1 K=4 top-k {top_k}", top_k=top_k, **base))
+    for top_p in (0.5, 0.9):
+        calls.append(Call(f"B=1 K=4 top-p {top_p}", top_p=top_p, **base))
+    calls.append(Call("B=64 K=8 bf16 logprobs raw + accept_probs + seeds/offsets", **_B64, logprobs=2, accept_probs=True, seeds=True, offsets=True))
     calls.append(Call("B=8 K=4 V=32000 bf16", 8, 4, 32000, "bf16"))
     calls.append(Call("sample B=1 V=128256 fp32", 1, 0, 128256, "fp32", draft="one-hot", stream=2))
     return calls
+
+
+# ---------------------------------------------------------------------------------------------
+# Data-dependent trips, measured on LM logits
+#
+# What the data decides in a filtered call: whether a line's cut settles among its candidates
+# (stats.py, thresholds.py) or needs the whole-line search, and how many search passes that takes.
+# ``candidate_outcome`` follows the kernels' rules on one line (the lanes of each statistics part,
+# their top three, the part floors with their quota, the line floor and the sort's limit);
+# tests/test_triton_identity.py checks it against the kernels' own ``resolved`` flags.
+
+
+def candidate_outcome(scaled, parts: int, lanes: int, rows: int, tiles_per_part: int, line_slots: int, sort: int, top_k: int, top_p: float) -> dict:
+    """What the candidates of one float32 line ``scaled`` (a numpy vector) settle: ``resolved``,
+    the values above the line floor, and the levels the part floors took (3, 2 or 1)."""
+    import numpy as np
+
+    vocab = scaled.shape[0]
+    tile = rows * lanes
+    padded = np.full(parts * tiles_per_part * tile, -np.inf, dtype=np.float32)
+    padded[:vocab] = scaled
+    # (part, value of the lane, lane): value i lies in lane i % lanes of part i // (tile * tiles_per_part)
+    units = -np.sort(-padded.reshape(parts, tiles_per_part * rows, lanes), axis=1)[:, :3, :]
+    quota = line_slots // parts
+    floors, floors2, entries, levels = [], [], [], []
+    for t1, t2, t3 in units:
+        f3, f2 = t3.max(), t2.max()
+        if (t1 > f3).sum() + (t2 > f3).sum() <= quota:
+            floor, level = f3, 3
+        elif (t1 > f2).sum() <= quota:
+            floor, level = f2, 2
+        else:
+            floor, level = t1.max(), 1
+        entries.append(np.concatenate([t1[t1 > floor], t2[t2 > floor]]))
+        floors.append(floor)
+        floors2.append(max(f2, floor))
+        levels.append(level)
+    entries = np.concatenate(entries)
+    floor = max(floors)
+    above = np.sort(entries[entries > floor])[::-1]
+    if above.size > sort:
+        above = np.sort(entries[entries > max(floors2)])[::-1]
+    fits = above.size <= sort
+    finite = scaled[np.isfinite(scaled)]
+    use_k = 0 < top_k < vocab
+    resolved = fits and (not use_k or above.size >= top_k)
+    if resolved and top_p < 1 and not use_k:
+        weights = np.exp(above.astype(np.float64) - finite.max())
+        resolved = weights.sum() >= top_p * np.exp(finite.astype(np.float64) - finite.max()).sum()
+    return {"resolved": bool(resolved), "above_floor": int(above.size) if fits else -1, "levels": levels}
+
+
+def search_passes(keys_from: int, keys_to: int, cut: int) -> int:
+    """Passes of select.py's radix search (BINS = 256) narrowing [keys_from, keys_to] to ``cut``."""
+    lo, hi, passes = keys_from, keys_to, 0
+    while lo < hi:
+        shift = max((hi - lo).bit_length(), 8) - 8
+        lo = lo + ((cut - lo) >> shift << shift)
+        hi = min(hi, lo + (1 << shift) - 1)
+        passes += 1
+    return passes
+
+
+def _order_key(value: float) -> int:
+    import numpy as np
+
+    bits = int(np.array([value + 0.0], dtype=np.float32).view(np.int32)[0])
+    return bits if bits >= 0 else bits ^ 0x7FFFFFFF
+
+
+def _demo_lines(dtype) -> tuple[str, object]:
+    """The embedded target's logits over documents of the demo corpus (specdec_ext/demo)."""
+    import torch
+
+    from specdec_ext.demo import assets, corpus
+
+    target, _, tokenizer = assets.load_pair()
+    documents = corpus.generate_corpus(24, seed=11)
+    lines = []
+    with torch.no_grad():
+        for text in documents:
+            ids = tokenizer(text, return_tensors="pt").input_ids[:, :96]
+            lines.append(target(ids).logits[0].to(dtype).float())
+    return f"embedded target (V={lines[0].shape[-1]}) on 24 demo-corpus documents, {str(dtype).split('.')[-1]}", torch.cat(lines)
+
+
+def _tiny_lines(vocab: int) -> list[tuple[str, object]]:
+    """bf16 logits of the tiny architectures the tests build (tests/tiny_models.py), at ``vocab``."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("tiny_models", Path(__file__).resolve().parent.parent / "tests" / "tiny_models.py")
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    found = []
+    ids = torch.randint(0, vocab, (4, 24), generator=torch.Generator().manual_seed(3))
+    for name, build in (("tiny_llama", tiny.tiny_llama), ("tiny_gpt2", tiny.tiny_gpt2)):
+        model = build(vocab_size=vocab)
+        with torch.no_grad():
+            found.append((f"{name} (V={vocab}, logit_scale 2, random inputs), bf16", model(ids).logits.reshape(-1, vocab).to(torch.bfloat16).float()))
+    return found
+
+
+MEASURE_SETTINGS = [(0.7, 50, 0.9), (1.0, 0, 0.95), (1.0, 1000, 1.0), (1.0, 0, 0.99)]
+
+
+def measure_trips() -> dict:
+    """The data-dependent trips of filtered calls on LM logits, for the goal geometries."""
+    import numpy as np
+    import torch
+
+    from specdec_ext import _triton_backend
+    from specdec_ext.reference import filter_thresholds
+
+    sources = [_demo_lines(torch.float32), _demo_lines(torch.bfloat16)] + _tiny_lines(128256)
+    found = []
+    for source, logits in sources:
+        vocab = logits.shape[-1]
+        for label, shape in (("B=64 K=8 bf16", _B64), ("B=1 K=4 fp32", _B1)):
+            call = Call(label, **(shape | {"vocab": vocab}), top_k=50)
+            stats = next(launch for launch in launches(call, ASSUMPTIONS["multiprocessors"]) if launch.name == "line_stats")
+            c = stats.constexprs
+            parts, tiles_per_part = stats.grid[1], stats.args[-1]
+            for temperature, top_k, top_p in MEASURE_SETTINGS:
+                scaled = logits / temperature
+                outcomes = [candidate_outcome(line.numpy(), parts, c["T_LANES"], c["T_ROWS"], tiles_per_part, c["LINE_SLOTS"], _triton_backend.SORT,
+                                              top_k, top_p) for line in scaled]
+                resolved = np.array([o["resolved"] for o in outcomes])
+                tau = filter_thresholds(scaled, torch.full((len(scaled),), top_k), torch.full((len(scaled),), top_p))
+                passes = []
+                for line, cut, outcome in zip(scaled, tau.tolist(), outcomes, strict=True):
+                    if outcome["resolved"]:
+                        continue
+                    top = _order_key(float(line.max()))
+                    if 0 < top_k < vocab:
+                        k_cut = _order_key(float(line.sort(descending=True).values[top_k - 1]))
+                        n = search_passes(-(2**31), top, k_cut) + (search_passes(k_cut, top, _order_key(cut)) if top_p < 1 else 0)
+                    else:
+                        n = search_passes(-(2**31), top, _order_key(cut))
+                    passes.append(n)
+                above = np.array([o["above_floor"] for o in outcomes])
+                found.append({
+                    "source": source, "geometry": f"{label} ({parts} statistics parts of {tiles_per_part} tiles x {c['T_ROWS']} rows x {c['T_LANES']} lanes)",
+                    "temperature": temperature, "top_k": top_k, "top_p": top_p, "lines": len(outcomes),
+                    "resolved_fraction": round(float(resolved.mean()), 4), "search_fraction": round(1 - float(resolved.mean()), 4),
+                    "search_passes_mean": round(float(np.mean(passes)), 2) if passes else 0.0,
+                    "values_above_floor": {"median": float(np.median(above)), "p1": float(np.percentile(above, 1)), "overflow_fraction": float(np.mean(above < 0))},
+                    "part_levels": dict(Counter(level for o in outcomes for level in o["levels"])),
+                })
+                print(f"  {source} | {label}: T={temperature} top-k {top_k} top-p {top_p}: resolved {found[-1]['resolved_fraction']}, "
+                      f"search passes {found[-1]['search_passes_mean']}, above floor {found[-1]['values_above_floor']}")
+    return {"method": "bench.gpu_model.candidate_outcome on every line (the kernels' rules; tests/test_triton_identity.py checks them against the "
+                      "kernels), reference cut-offs for the search passes", "results": found}
+
+
+def _measured(options) -> dict:
+    """The data-dependent trips: measured now (--measure, in this process's CPU time), or the
+    newest stored measurement of bench/results/gpu-model-*.json."""
+    if options.measure:
+        print("measuring the data-dependent trips on LM logits (candidate_outcome, every line)")
+        return measure_trips() | {"measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
+    for path in sorted(RESULTS_DIR.glob("gpu-model-*.json"), reverse=True):
+        stored = json.loads(path.read_text()).get("measured_trips")
+        if stored:
+            return stored | {"from": path.name}
+    return {}
+
+
+def _measured_calls(measured: dict) -> list:
+    """The B=64 filtered goal calls again, with the search fraction and passes measured on the
+    tiny architectures' bf16 logits at V=128256 (the only LM logits of that vocabulary here)."""
+    found = []
+    rows = [r for r in measured.get("results", []) if r["source"].startswith("tiny_llama") and r["geometry"].startswith("B=64")]
+    for row in rows:
+        if row["top_k"] == 1000 or row["top_p"] == 0.99:
+            continue
+        call = Call(f"B=64 K=8 bf16 T={row['temperature']} top-k {row['top_k']} top-p {row['top_p']}, as measured on tiny_llama logits "
+                    f"(searched {row['search_fraction']})", **_B64, temperature=row["temperature"], top_k=row["top_k"], top_p=row["top_p"],
+                    search_fraction=row["search_fraction"], search_passes=row["search_passes_mean"] or None)
+        found.append((call, {"x_unfiltered": 2.0}, "B=64 K=8 V=128256 bf16"))
+    return found
 
 
 def _versions() -> dict:
@@ -722,6 +1003,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-sweep", action="store_true", help="only the goal shapes")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--tag", default=None, help="suffix of the file name: gpu-model-<date>-<tag>.json")
+    parser.add_argument("--measure", action="store_true", help="measure the data-dependent trips on LM logits first (minutes; stored in the JSON)")
+    parser.add_argument("--only", nargs="*", default=None, help="only the calls whose names contain one of these words (and their baselines)")
     options = parser.parse_args(argv)
     os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU, never interpret
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -730,18 +1013,24 @@ def main(argv: list[str] | None = None) -> int:
     print("H200 performance model (ESTIMATE: compiled sm_90 SASS and stated assumptions, no GPU measurement)")
     for name, value in ASSUMPTIONS.items():
         print(f"  assume {name} = {value}")
+    measured = _measured(options)
     results = []
-    calls = [(c, g) for c, g in GOAL_CALLS] + ([] if options.no_sweep else [(c, {}) for c in sweep_calls()])
-    for call, goals in calls:
-        result = estimate_call(call, goals)
+    by_name: dict = {}
+    calls = [(c, g, base) for c, g, base in GOAL_CALLS] + _measured_calls(measured) + ([] if options.no_sweep else [(c, {}, None) for c in sweep_calls()])
+    if options.only:
+        calls = [entry for entry in calls if any(word in entry[0].name for word in options.only) or entry[0].name in {e[2] for e in calls}]
+    for call, goals, base in calls:
+        result = estimate_call(call, goals, by_name.get(base))
+        by_name[call.name] = result
         results.append(result)
         print(f"\n{call.name}: {result.num_launches} launches, kernels {result.kernels_us} µs, replayed {result.replayed_us} µs, "
               f"launched {result.launched_us} µs, floor {result.floor_us} µs ({result.x_floor_replayed}x)")
         for e in result.launches:
-            print(f"  {e['name']:<11} grid {e['grid']} ({e['programs']} programs x {e['warps_per_program']} warps, {e['registers']} regs, "
+            print(f"  {e['name']:<14} grid {e['grid']} ({e['programs']} programs x {e['warps_per_program']} warps, {e['registers']} regs, "
                   f"{e['spill_bytes']} B spilled, {e['ctas_per_sm']} CTAs/SM, {e['waves']} waves): {e['hot_loop'] or '-'} "
                   f"{e['hot_loop_instructions']} instr / {e['values_per_iteration']} values = {e['instructions_per_value']} per value; "
                   f"issue {e['issue_us']} pipe {e['pipe_us']} memory {e['memory_us']} latency {e['latency_us']} -> {e['time_us']} µs ({e['bound']})")
+            print("      loops: " + "; ".join(f"{kind} {n} instr x {trips}" for kind, n, trips in e["loops"]))
         for goal, verdict in result.goals.items():
             print(f"  goal {goal} <= {verdict['limit']}: {'met' if verdict['met'] else 'MISSED'} (estimate {verdict['estimate']})")
     table = markdown_table(results)
@@ -751,6 +1040,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
         "versions": _versions(),
         "assumptions": ASSUMPTIONS,
+        "loop_kinds": LOOP_KINDS,
+        "measured_trips": measured,
         "results": [asdict(r) for r in results],
         "elapsed_s": round(time.time() - started, 1),
     }

@@ -179,6 +179,60 @@ run_stage cuda_identity "$(stage_limit 90)" "$TESTS_LOG" "$PY" -m pytest -q -p n
 # Stream v2 on CUDA (seeds, offsets, logprobs, accept_probs), graph replay, allocations, ops.
 run_stage tests_gpu "$(stage_limit 110)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests -rs
 
+# 3b. The GPU model's goal rows (bench/gpu_model.py: unfiltered, top-k 50 + top-p 0.9, top-p 0.95,
+# the whole-line fallback's top-k 1000 and flat top-p 0.99, at B=64 K=8 bf16 and B=1 K=4 fp32),
+# each captured once in a CUDA graph and replayed: the median replay in µs and the ratio to the
+# unfiltered row of its shape, to set beside the model's estimates. A dry run times the same
+# calls eagerly, on CPU and small shapes.
+run_stage goal_rows "$(stage_limit 120)" "$BENCH_LOG" "$PY" - "$DRY" <<'EOF'
+import statistics, sys, time
+import torch
+import specdec_ext
+
+dry = sys.argv[1] == "1"
+device = "cpu" if dry else "cuda"
+shapes = {"B=64 K=8 V=128256 bf16": (64, 8, 128256, torch.bfloat16), "B=1 K=4 V=128256 fp32": (1, 4, 128256, torch.float32)}
+rows = [("unfiltered", {}, 2.0), ("T=0.7 top-k 50 top-p 0.9", {"temperature": 0.7, "top_k": 50, "top_p": 0.9}, 2.0),
+        ("top-p 0.95", {"top_p": 0.95}, 2.0), ("top-k 1000 (whole-line search)", {"top_k": 1000}, 2.5),
+        ("flat top-p 0.99 (whole-line search)", {"top_p": 0.99, "flat": True}, 2.5)]
+if dry:  # the interpreter: two rows of a small shape, to check the stage runs
+    shapes, rows = {"B=2 K=2 V=3000 bf16 (dry run)": (2, 2, 3000, torch.bfloat16)}, rows[:2]
+for shape, (batch, k, vocab, dtype) in shapes.items():
+    g = torch.Generator(device=device).manual_seed(0)
+    base = None
+    for name, params, limit in rows:
+        params = dict(params)
+        scale = 0.2 if params.pop("flat", False) else 3.0  # flat lines put the top-p cut below the candidates
+        target = (torch.randn(batch, k + 1, vocab, device=device, generator=g) * scale).to(dtype)
+        draft = (target[:, :k].float() + torch.randn(batch, k, vocab, device=device, generator=g)).to(dtype)
+        tokens = torch.randint(0, vocab, (batch, k), device=device, generator=g)
+        seeds = torch.arange(batch, device=device) + 7
+        call = lambda: specdec_ext.verify(target, draft, tokens, seeds=seeds, backend="triton", check=False, **params)  # noqa: E731
+        for _ in range(1 if dry else 3):  # the first call compiles the kernels' variants
+            call()
+        times = []
+        if dry:
+            for _ in range(1):
+                start = time.perf_counter()
+                call()
+                times.append((time.perf_counter() - start) * 1e6)
+        else:
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                call()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            for _ in range(50):
+                begin.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times.append(begin.elapsed_time(end) * 1e3)
+        median = statistics.median(times)
+        base = base or median
+        print(f"goal row | {shape} | {name}: {'eager' if dry else 'graph replay'} median {median:.1f} us, {median / base:.2f}x unfiltered (goal <= {limit}x)")
+EOF
+
 # 4. The microbenchmark grid. Its own time budget ends before the stage limit, so it writes its
 # JSON and plot itself; SIGTERM from timeout also makes it write what it has.
 limit=$(stage_limit 200)

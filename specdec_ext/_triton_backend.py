@@ -1,14 +1,16 @@
 """Launchers for the fused Triton verification kernels (triton_kernels/, installed as specdec_ext.kernels).
 
-A call is planned (:func:`plan`) as a short list of :class:`Launch` records, then launched. The
-plan is a pure function of the call's shapes, dtypes, flags and the device's geometry, so
-``tests/triton_compile_check.py`` and ``bench/gpu_model.py`` compile exactly what a launch
-compiles from the same records (with tensors that only carry shapes).
+A call is a short list of launch templates (:func:`templates`), a pure function of the call's
+shapes, dtypes, flags and the device's geometry; :func:`launches_for` fills them in as
+:class:`Launch` records without running them, so ``tests/triton_compile_check.py`` and
+``bench/gpu_model.py`` compile exactly what a launch compiles (with tensors that only carry shapes).
 
 What a call costs on the device: two launches without top-k / top-p (line statistics, then the
-race with its own finalisation), two more with top-k / top-p (candidates, then the cut-offs: the
-search over the candidates and, in the same launch, the whole-line search of the lines they do not
-settle); no allocation besides the outputs (the partial results live in a workspace cached per
+race with its own finalisation). With top-k / top-p: the line statistics also leave each line's
+candidates, the cut-offs launch settles each cut from them (and runs, in the same launch, the
+whole-line search of the lines they do not settle), a second statistics launch reads only those
+lines with their cut, then the race: four launches, and the lines the candidates settle are read
+once. No allocation besides the outputs (the partial results live in a workspace cached per
 device and CUDA stream, whose arrival counters reset themselves, so a captured CUDA graph replays
 the launches as they are); no host synchronisation; the row keys come in as a scalar (``base_key``) or a tensor
 (``seeds``), never from a launch.
@@ -24,14 +26,19 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._params import LOGPROBS_NONE, LOGPROBS_RAW, VerifyArgs
+from ._params import LOGPROBS_NONE, VerifyArgs
 
 # Line statistics: values per tile (one block reduction each) and warps per program. A thread
 # holds TILE / (32 * warps) values; 16-byte loads give each row of the tile 4 (fp32) or 8 (16-bit)
-# consecutive values per thread.
+# consecutive values per thread. A filtered call's tiles have FILTERED_STATS_ROWS rows: the lanes
+# of a line over its parts (each lane keeps its top three values for the candidates, stats.py)
+# are then about 2048 to 4096 whatever the batch size, which keeps the values above the line's
+# floor to a few hundred (a tile of 16-bit values with 16 rows would take the registers of two
+# CTAs per SM and the batch's lines in twice the programs: slower, bench/gpu_model.py).
 STATS_TILE = 8192
 STATS_WARPS = 8
 STATS_PROGRAMS_PER_SM = 16
+FILTERED_STATS_ROWS = 32
 # The race: ids per loop step and warps per program on a GPU (one warp: the walk's reductions over
 # positions stay in the warp, no block barriers); programs per multiprocessor wanted at any batch
 # size (chunks per row = that many programs over B, at most one per tile).
@@ -39,12 +46,10 @@ RACE_BLOCK = 256
 RACE_WARPS = 1
 RACE_PROGRAMS_PER_SM = 16
 FINAL_BLOCK = 1024  # chunk results the finalising program reads per step
-# Top-k / top-p: values per candidates program (held in registers), candidate slots per chunk
-# (1/64 of the line) and the tile of the whole-line fallback search.
-CANDIDATE_CHUNK = 4096
-CANDIDATE_WARPS = 4
-CANDIDATES = 64
-THRESHOLD_PROBES = 4  # keys tested per search step over the candidates
+# Top-k / top-p: candidate slots per line (shared by its statistics parts) and the candidates a
+# threshold item sorts at most (thresholds.py).
+LINE_SLOTS = 2048
+SORT = 1024
 # The cut-offs launch (cutoff_kernel): warps and programs per multiprocessor (each program draws
 # work items in turn: a line's search over its candidates, then whole-line search chunks).
 CUTOFF_WARPS = 8
@@ -60,7 +65,6 @@ assert SELECT_BINS == 256  # select.py's _shift resolves 8 bits per pass
 # The interpreter runs programs one after another, paying per program and per loop step, not per
 # lane: one race chunk per row and large tiles there.
 _INTERPRETER_RACE_BLOCK = 8192
-_INTERPRETER_CANDIDATE_CHUNK = 2048
 _INTERPRETER_SELECT_CHUNK = 2048
 
 
@@ -91,6 +95,32 @@ class _DirectCall:
         return self.interpreted.rewrite()(*args, **kwargs)
 
 
+def _numpy_xor_reductions() -> None:
+    """Triton's interpreter reduces ``xor_sum`` element by element in Python (it has numpy paths
+    for sum, max and min only), and ``tl.sort`` exchanges its partners with one xor_sum per
+    compare-and-swap step: a 1024-value sort took seconds per program. Give the interpreter
+    numpy's xor reduction for that combine function (the same integers; nothing changes when
+    compiling for a GPU)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    ops = getattr(interpreter, "ReduceOps", None)
+    xor = getattr(tl.standard, "_xor_combine", None)
+    if ops is None or xor is None or getattr(ops, "numpy_xor", False):
+        return
+    generic = ops.apply_impl
+
+    def apply_impl(self, input):
+        if self.combine_fn is xor and len(input) == 1 and self.axis is not None:
+            data = input[0].handle.data
+            return self.to_tensor(np.bitwise_xor.reduce(data, axis=self.axis, keepdims=self.keep_dims), input[0].dtype)
+        return generic(self, input)
+
+    ops.apply_impl = apply_impl
+    ops.numpy_xor = True
+
+
 def _direct_interpreted_helpers(package) -> None:
     """Under TRITON_INTERPRET, Triton's interpreter re-patches triton.language on every call of a
     nested ``@triton.jit`` helper (milliseconds each), although the launching kernel has patched
@@ -102,6 +132,7 @@ def _direct_interpreted_helpers(package) -> None:
         from triton.runtime.interpreter import InterpretedFunction
     except ImportError:
         return
+    _numpy_xor_reductions()
     launched = {getattr(package, name) for name in getattr(package, "__all__", ())}
     modules = [m for name, m in sys.modules.items() if name.startswith(package.__name__ + ".") and m is not None]
     for module in modules:
@@ -142,11 +173,12 @@ class Geometry(NamedTuple):
 
     interpret: bool
     multiprocessors: int
-    stats_tile: int
+    stats_tile: int | None  # None: STATS_TILE, or FILTERED_STATS_ROWS rows for a filtered call
     stats_parts: int | None  # None: from the multiprocessors and the line count
     race_block: int
     race_chunks: int | None  # None: from the multiprocessors and B
-    candidate_chunk: int
+    line_slots: int
+    sort: int
     select_chunk: int
     select_tile: int
     select_programs: int
@@ -154,13 +186,13 @@ class Geometry(NamedTuple):
 
 def geometry(
     device: torch.device, *, race_chunks: int | None = None, race_block: int | None = None, stats_tile: int | None = None, stats_parts: int | None = None,
-    candidate_chunk: int | None = None, select_chunk: int | None = None, select_programs: int | None = None,
+    line_slots: int | None = None, sort: int | None = None, select_chunk: int | None = None, select_programs: int | None = None,
     sm_count: int | None = None,
 ) -> Geometry:
     """The geometry a call on ``device`` uses (arguments override it: tests cover several chunks per
-    row, ragged tiles and the candidate search on small vocabularies; the model sets sm_count)."""
+    row, ragged tiles and each way of the candidates on small vocabularies; the model sets sm_count)."""
     interpret = device.type != "cuda" and sm_count is None
-    for name, value in (("race_block", race_block), ("stats_tile", stats_tile), ("candidate_chunk", candidate_chunk), ("select_chunk", select_chunk)):
+    for name, value in (("race_block", race_block), ("stats_tile", stats_tile), ("line_slots", line_slots), ("sort", sort), ("select_chunk", select_chunk)):
         if value is not None and (value < 16 or value & (value - 1)):
             raise ValueError(f"{name} must be a power of two >= 16, got {value}")
     if sm_count is None:
@@ -169,11 +201,12 @@ def geometry(
     return Geometry(
         interpret=interpret,
         multiprocessors=sm_count,
-        stats_tile=stats_tile or STATS_TILE,
+        stats_tile=stats_tile,
         stats_parts=stats_parts,
         race_block=race_block or (_INTERPRETER_RACE_BLOCK if interpret else RACE_BLOCK),
         race_chunks=race_chunks,
-        candidate_chunk=candidate_chunk or (_INTERPRETER_CANDIDATE_CHUNK if interpret else CANDIDATE_CHUNK),
+        line_slots=line_slots or LINE_SLOTS,
+        sort=sort or SORT,
         select_chunk=select_chunk,
         select_tile=select_chunk if interpret else min(SELECT_TILE, select_chunk),  # the interpreter pays per loop step: one per chunk
         # The interpreter runs programs one after another: the first takes every work item.
@@ -182,7 +215,8 @@ def geometry(
 
 
 class Launch(NamedTuple):
-    """One kernel launch: ``kernel[grid](*args, **constexprs, num_warps=..., enable_fp_fusion=False)``."""
+    """One kernel launch as :func:`verify` makes it: ``kernel[grid](*args, **constexprs, num_warps=...,
+    num_stages=1, enable_fp_fusion=False)`` (compiled, not run, by the compile check and the model)."""
 
     name: str
     kernel: Any
@@ -190,9 +224,6 @@ class Launch(NamedTuple):
     args: tuple
     constexprs: dict
     num_warps: int
-
-    def run(self) -> None:
-        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=1, enable_fp_fusion=False)
 
 
 _ALIGN = 64  # workspace buffers start on multiples of 64 elements (256 bytes)
@@ -211,7 +242,8 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
     batch, k, vocab = args.batch, args.num_positions, args.vocab
     has_draft = args.draft_logits is not None and k > 0
     lines = batch * (k + 1) + (batch * k if has_draft else 0)
-    tiles = _cdiv(vocab, geo.stats_tile)  # statistics tiles per line, and partial slots per line
+    stats_tile = geo.stats_tile or (FILTERED_STATS_ROWS * _lanes(args.target_logits.dtype, 1 << 30)[0] if args.filtered else STATS_TILE)
+    tiles = _cdiv(vocab, stats_tile)  # statistics tiles per line, and partial slots per line
     if geo.interpret:
         tiles_per_part = 1
     else:  # enough programs to fill the device several times over, then longer ones
@@ -227,23 +259,22 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
         wanted = _cdiv(RACE_PROGRAMS_PER_SM * geo.multiprocessors, max(batch, 1))
     tiles_per_chunk = _cdiv(race_tiles, max(1, min(wanted, race_tiles)))
     chunks = _cdiv(race_tiles, tiles_per_chunk)
-    candidate_chunks = _cdiv(vocab, geo.candidate_chunk) if args.filtered else 0
     select_chunks = _cdiv(vocab, geo.select_chunk) if args.filtered else 0
     stats = lines * tiles
 
     def padded(*sizes: int) -> int:
         return sum(_ALIGN * _cdiv(n, _ALIGN) for n in sizes)
 
-    cand = lines * candidate_chunks
     searched = lines if args.filtered else 0
     stats += _next_power_of_2(tiles)  # the race reads whole power-of-two rows of partials
     histograms = searched * select_chunks * (SELECT_BINS + 1)
-    floats = padded(stats, stats, stats, stats, lines, lines, batch * chunks, cand * CANDIDATES, cand, cand, searched * 2)
-    ints = padded(stats, batch * chunks, cand * CANDIDATES, cand, cand, lines, searched * 4, histograms, 2 * histograms, searched, 1 if searched else 0,
-                  searched)
+    floats = padded(stats, stats, stats, stats, lines, lines, batch * chunks, searched * geo.line_slots, searched * 2)
+    ints = padded(stats, batch * chunks, searched * tiles, 2 * searched * tiles, searched * geo.sort, lines, searched * 4, histograms, 2 * histograms,
+                  searched, 1 if searched else 0, searched)
     return {
-        "has_draft": has_draft, "lines": lines, "tiles": tiles, "tiles_per_part": tiles_per_part, "chunks": chunks, "tiles_per_chunk": tiles_per_chunk,
-        "candidate_chunks": candidate_chunks, "select_chunks": select_chunks, "sizes": Sizes(floats, ints, padded(batch) + (padded(searched) + 3 if searched else 0)),
+        "has_draft": has_draft, "lines": lines, "stats_tile": stats_tile, "tiles": tiles, "tiles_per_part": tiles_per_part, "chunks": chunks,
+        "tiles_per_chunk": tiles_per_chunk, "filtered": args.filtered, "select_chunks": select_chunks,
+        "sizes": Sizes(floats, ints, padded(batch) + (padded(searched) + 3 if searched else 0)),
     }
 
 
@@ -296,12 +327,10 @@ class Buffers(NamedTuple):
     race_val: torch.Tensor
     race_idx: torch.Tensor
     counters: torch.Tensor
-    cand: torch.Tensor
-    cand_max: torch.Tensor
-    cand_sum: torch.Tensor
-    cand_mult: torch.Tensor
-    cand_count: torch.Tensor
-    cand_floor: torch.Tensor
+    cand: torch.Tensor  # (lines, line slots) float32: each statistics part's candidates
+    cand_count: torch.Tensor  # (lines, tiles) int32
+    cand_floor: torch.Tensor  # (lines, tiles, 2) int32
+    sort: torch.Tensor  # (lines, sort) int32: a threshold item's packed candidates
     resolved: torch.Tensor
     search: torch.Tensor  # (lines, 4) int32: the whole-line search's state
     search_f: torch.Tensor  # (lines, 2) float32
@@ -317,15 +346,15 @@ class Buffers(NamedTuple):
 _BUFFERS: dict[tuple, Buffers] = {}
 
 
-def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tensor, layout: dict, batch: int) -> Buffers:
+def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tensor, layout: dict, batch: int, line_slots: int, sort: int) -> Buffers:
     """Carve a call's buffers out of the workspace (views, cached per workspace and layout)."""
     key = (ws_floats.device, ws_floats.data_ptr(), ws_floats.numel(), ws_ints.data_ptr(), ws_ints.numel(), counters.data_ptr(), layout["lines"],
-           layout["tiles"], layout["chunks"], layout["candidate_chunks"], layout["select_chunks"], batch)
+           layout["tiles"], layout["chunks"], layout["filtered"], layout["select_chunks"], line_slots, sort, batch)
     found = _BUFFERS.get(key) if ws_floats.device.type != "meta" else None
     if found is not None:
         return found
-    lines, tiles, chunks, cc, sc = layout["lines"], layout["tiles"], layout["chunks"], layout["candidate_chunks"], layout["select_chunks"]
-    searched = lines if cc else 0
+    lines, tiles, chunks, sc = layout["lines"], layout["tiles"], layout["chunks"], layout["select_chunks"]
+    searched = lines if layout["filtered"] else 0
     position = {"f": 0, "i": 0}
 
     def take(kind: str, n: int) -> torch.Tensor:
@@ -340,8 +369,8 @@ def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tens
     found = Buffers(
         part_m=take("f", stats), part_z=take("f", stats), part_rm=take("f", stats), part_rz=take("f", stats), part_i=take("i", stats),
         gathered=take("f", lines), tau=take("f", lines), race_val=take("f", batch * chunks), race_idx=take("i", batch * chunks), counters=counters,
-        cand=take("f", lines * cc * CANDIDATES), cand_max=take("f", lines * cc), cand_sum=take("f", lines * cc),
-        cand_mult=take("i", lines * cc * CANDIDATES), cand_count=take("i", lines * cc), cand_floor=take("i", lines * cc), resolved=take("i", lines),
+        cand=take("f", searched * line_slots), cand_count=take("i", searched * tiles), cand_floor=take("i", 2 * searched * tiles),
+        sort=take("i", searched * sort), resolved=take("i", lines),
         search_f=take("f", searched * 2), search=take("i", searched * 4), search_count=take("i", searched * sc * (SELECT_BINS + 1)),
         search_mass=take("i", 2 * searched * sc * (SELECT_BINS + 1)).view(torch.int64), search_list=take("i", searched),
         searching=take("i", 1 if searched else 0), search_progress=take("i", searched),
@@ -393,72 +422,100 @@ class Template(NamedTuple):
     num_warps: int
 
 
-def templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict) -> list[Template]:
-    """The launches of a call as templates (see the module docstring): everything that depends on
-    shapes, strides, flags and the workspace, computed once per call signature."""
-    k = kernels()
-    target, draft, tokens = args.target_logits, args.draft_logits, args.draft_tokens
-    batch, num_positions, vocab, draft_vocab = args.batch, args.num_positions, args.vocab, args.draft_vocab
+class _Shape(NamedTuple):
+    """What every launch template of a call reads of its shapes."""
+
+    has_draft: bool
+    t_strides: tuple
+    d_strides: tuple
+    tok_stride: int
+    shape_args: tuple  # (B, K, V, Vd, target strides, draft strides): the kernels' common arguments
+    t_parts: int  # statistics parts of a target (draft) line
+    d_parts: int
+
+
+def _shape(args: VerifyArgs, layout: dict) -> _Shape:
+    target, draft = args.target_logits, args.draft_logits
     has_draft = layout["has_draft"]
     t_strides = (target.stride(0), target.stride(1))
     d_strides = (draft.stride(0), draft.stride(1)) if has_draft else (0, 0)
-    tok_stride = tokens.stride(0) if num_positions else 0
+    return _Shape(has_draft, t_strides, d_strides, args.draft_tokens.stride(0) if args.num_positions else 0,
+                  (args.batch, args.num_positions, args.vocab, args.draft_vocab, *t_strides, *d_strides), _cdiv(layout["tiles"], layout["tiles_per_part"]),
+                  _cdiv(_cdiv(args.draft_vocab, layout["stats_tile"]), layout["tiles_per_part"]))
+
+
+def _logits(a: VerifyArgs, has_draft: bool) -> tuple:
+    return (a.target_logits, a.draft_logits if has_draft else a.target_logits)  # the target is a placeholder, never read
+
+
+def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict) -> list[Template]:
+    """The launches that process a call's lines (the shared entry point of every Triton path that
+    needs them): unfiltered, ``line_stats``; with top-k / top-p, ``line_stats`` (statistics and
+    candidates), ``cutoff`` (each line's cut: from its candidates, or by the whole-line search) and
+    ``line_stats:cut`` (the searched lines' statistics with their cut). Run in order, they leave in
+    ``bufs``: ``tau`` (lines,) the cut of each line (keep s >= tau), the statistics partials
+    ``part_m`` / ``part_z`` (and ``part_i``, ``part_rm``, ``part_rz``) of each line over
+    ``layout["tiles"]`` slots, and ``gathered``, each draft position's logit at its draft token.
+    Lines are numbered as stats.py's ``line_of`` reads them (the target's B(K+1), then the draft's BK)."""
+    k = kernels()
+    sh = _shape(args, layout)
     lines, tiles, tiles_per_part = layout["lines"], layout["tiles"], layout["tiles_per_part"]
-    shape_args = (batch, num_positions, vocab, draft_vocab, *t_strides, *d_strides)
     b = bufs
-    found = []
+    t_lanes, t_rows = _lanes(args.target_logits.dtype, layout["stats_tile"])
+    d_lanes, d_rows = _lanes((args.draft_logits if sh.has_draft else args.target_logits).dtype, layout["stats_tile"])
 
-    def logits(a: VerifyArgs) -> tuple:
-        return (a.target_logits, a.draft_logits if has_draft else a.target_logits)  # the target is a placeholder, never read
+    def line_stats(phase: int) -> Template:
+        """The statistics launch: phase 0 of an unfiltered call; a filtered call's phase 1 (every
+        line, with the candidates) and phase 2 (the lines the whole-line search cut)."""
+        return Template(
+            "line_stats" if phase < 2 else "line_stats:cut", k.line_stats_kernel, (lines, sh.t_parts),
+            lambda a, key, o: (*_logits(a, sh.has_draft), a.temperature, a.top_k, a.top_p, a.num_draft_tokens, b.tau, b.resolved, b.part_m, b.part_z,
+                               b.part_i, b.part_rm, b.part_rz, b.cand, b.cand_count, b.cand_floor, b.searching, a.draft_tokens, b.gathered, *sh.shape_args,
+                               sh.tok_stride, tiles_per_part),
+            {"PARTS": tiles, "HAS_DRAFT": sh.has_draft, "CHECK": args.check, "PHASE": phase, "LOGPROBS": args.logprobs, "LINE_SLOTS": geo.line_slots,
+             "T_LANES": t_lanes, "T_ROWS": t_rows, "D_LANES": d_lanes, "D_ROWS": d_rows},
+            STATS_WARPS,
+        )
 
-    t_parts = _cdiv(tiles, tiles_per_part)
-    d_parts = _cdiv(_cdiv(draft_vocab, geo.stats_tile), tiles_per_part)
-    if args.filtered:
-        cc = layout["candidate_chunks"]
-        common = {"NUM_CHUNKS": cc, "HAS_DRAFT": has_draft, "CHUNK": geo.candidate_chunk, "CAND": CANDIDATES}
-        candidate_buffers = (b.cand, b.cand_mult, b.cand_count, b.cand_floor, b.cand_max, b.cand_sum)
-        candidates_out = (*candidate_buffers, b.searching)
-        warps = CANDIDATE_WARPS
-        vectors = {"T_VEC": 16 // target.dtype.itemsize, "D_VEC": 16 // (draft if has_draft else target).dtype.itemsize, "THREADS": 32 * warps}
-        if geo.candidate_chunk < vectors["THREADS"] * max(vectors["T_VEC"], vectors["D_VEC"]):
-            raise ValueError(f"candidate_chunk must hold at least one 16-byte vector per thread, got {geo.candidate_chunk}")
-        found.append(Template(
-            "candidates", k.candidates_kernel, (lines, cc),
-            lambda a, key, o: (*logits(a), a.temperature, a.top_k, a.top_p, a.num_draft_tokens, *candidates_out, *shape_args),
-            common | vectors, warps,
-        ))
-        sc = layout["select_chunks"]
-        # A fixed number of programs drawing work items (not one per line or chunk): enough for the
-        # whole-line search of every line, and each exits after one more draw when none is listed.
-        programs = max(1, min(lines * sc, geo.select_programs))
-        found.append(Template(
-            "cutoff", k.cutoff_kernel, (programs,),
-            lambda a, key, o: (*logits(a), b.tau, b.resolved, b.part_m, b.part_z, b.search, b.search_f, b.search_progress, b.search_count, b.search_mass,
-                               b.search_counters, b.cutoff_control, b.searching, b.search_list, a.temperature, a.top_k, a.top_p, a.num_draft_tokens,
-                               *candidate_buffers, *shape_args, t_parts, d_parts),
-            {"HAS_DRAFT": has_draft, "NUM_CANDIDATE_CHUNKS": cc, "CANDIDATE_CHUNK": geo.candidate_chunk, "CHUNKS_POW2": _next_power_of_2(cc),
-             "CAND": CANDIDATES, "CANDS_POW2": _next_power_of_2(cc * CANDIDATES), "PARTS": tiles, "PP": _next_power_of_2(tiles),
-             "RESOLVE": args.logprobs != LOGPROBS_RAW, "PROBES": THRESHOLD_PROBES,
-             "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES},
-            CUTOFF_WARPS,
-        ))
-    t_lanes, t_rows = _lanes(target.dtype, geo.stats_tile)
-    d_lanes, d_rows = _lanes((draft if has_draft else target).dtype, geo.stats_tile)
-    found.append(Template(
-        "line_stats", k.line_stats_kernel, (lines, _cdiv(tiles, tiles_per_part)),
-        lambda a, key, o: (*logits(a), a.temperature, a.num_draft_tokens, b.tau, b.resolved, b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz,
-                           a.draft_tokens, b.gathered, *shape_args, tok_stride, tiles_per_part),
-        {"PARTS": tiles, "HAS_DRAFT": has_draft, "CHECK": args.check, "FILTERED": args.filtered, "LOGPROBS": args.logprobs,
-         "T_LANES": t_lanes, "T_ROWS": t_rows, "D_LANES": d_lanes, "D_ROWS": d_rows},
-        STATS_WARPS,
-    ))
+    if not args.filtered:
+        return [line_stats(0)]
+    sc = layout["select_chunks"]
+    # A fixed number of programs drawing work items (not one per line or chunk): enough for the
+    # whole-line search of every line, and each exits after one more draw when none is listed.
+    # ptxas's register cap ("maxnreg", a compile option passed with the constexprs) keeps two
+    # programs per multiprocessor: Triton 3.6 gives the sort's straight-line code 199 registers
+    # uncapped (no spill at 128 with 3.6 or 3.9: tests/triton_compile_check.py).
+    programs = max(1, min(lines * sc, geo.select_programs))
+    cutoff = Template(
+        "cutoff", k.cutoff_kernel, (programs,),
+        lambda a, key, o: (*_logits(a, sh.has_draft), b.tau, b.resolved, b.part_m, b.part_z, b.search, b.search_f, b.search_progress, b.search_count,
+                           b.search_mass, b.search_counters, b.cutoff_control, b.searching, b.search_list, a.temperature, a.top_k, a.top_p,
+                           a.num_draft_tokens, b.cand, b.cand_count, b.cand_floor, b.sort, *sh.shape_args, sh.t_parts, sh.d_parts),
+        {"HAS_DRAFT": sh.has_draft, "PARTS": tiles, "PP": _next_power_of_2(tiles), "LINE_SLOTS": geo.line_slots, "SORT": geo.sort,
+         "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES, "maxnreg": 128},
+        CUTOFF_WARPS,
+    )
+    return [line_stats(1), cutoff, line_stats(2)]
+
+
+def templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict) -> list[Template]:
+    """The launches of a call as templates (see the module docstring): everything that depends on
+    shapes, strides, flags and the workspace, computed once per call signature. The lines'
+    launches (:func:`line_templates`), then the race."""
+    k = kernels()
+    batch, num_positions, vocab, draft_vocab = args.batch, args.num_positions, args.vocab, args.draft_vocab
+    sh = _shape(args, layout)
+    has_draft, t_strides, d_strides, tok_stride, t_parts, d_parts = sh.has_draft, sh.t_strides, sh.d_strides, sh.tok_stride, sh.t_parts, sh.d_parts
+    tiles = layout["tiles"]
+    b = bufs
+    found = line_templates(args, geo, bufs, layout)
     race_tail = (batch, num_positions, vocab, draft_vocab, *t_strides, *d_strides, tok_stride, t_parts, d_parts, layout["tiles_per_chunk"], layout["chunks"])
     stats_buffers = (b.tau, b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz, b.gathered, b.race_val, b.race_idx, b.counters)
 
     def race_arguments(a: VerifyArgs, key: int, o: Outputs) -> tuple:
         placeholder = a.num_draft_tokens  # for the optional tensors: never read when absent
         return (
-            *logits(a), a.draft_tokens, a.temperature, a.top_k, a.top_p, a.num_draft_tokens,
+            *_logits(a, has_draft), a.draft_tokens, a.temperature, a.top_k, a.top_p, a.num_draft_tokens,
             a.seeds if a.seeds is not None else placeholder, a.offsets if a.offsets is not None else placeholder, *stats_buffers,
             o.tokens, o.num_accepted, o.logprobs if o.logprobs is not None else b.tau, o.accept_probs if o.accept_probs is not None else b.tau,
             key, *race_tail,
@@ -473,11 +530,6 @@ def templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict) -> l
         RACE_WARPS if not geo.interpret else 4,
     ))
     return found
-
-
-def plan(args: VerifyArgs, base_key: int, geo: Geometry, bufs: Buffers, layout: dict, out: Outputs) -> list[Launch]:
-    """The launches of one call."""
-    return [Launch(t.name, t.kernel, t.grid, t.arguments(args, base_key, out), t.constexprs, t.num_warps) for t in templates(args, geo, bufs, layout)]
 
 
 def prepare(args: VerifyArgs) -> VerifyArgs:
@@ -571,7 +623,7 @@ def _setup(args: VerifyArgs, device: torch.device, overrides: dict) -> Runner:
     geo = geometry(device, **overrides)
     layout = _layout(args, geo)
     ws.reserve(layout["sizes"])
-    run = Runner(args, overrides, templates(args, geo, buffers(ws.floats, ws.ints, ws.counters, layout, args.batch), layout))
+    run = Runner(args, overrides, templates(args, geo, buffers(ws.floats, ws.ints, ws.counters, layout, args.batch, geo.line_slots, geo.sort), layout))
     if len(_SETUPS) > 256:
         _SETUPS.clear()
     _SETUPS[key] = (ws.counters, run)
@@ -589,9 +641,9 @@ def verify(args: VerifyArgs, base_key: int, **overrides) -> tuple[torch.Tensor, 
     """Run the fused kernels; returns (tokens (B, K+1) int64, num_accepted (B,) int64, logprobs
     (B, K+1) float32 or None, accept_probs (B, K) float32 or None). No host sync.
 
-    ``overrides`` (race_chunks, race_block, stats_tile, stats_parts, candidate_chunk,
-    select_chunk, select_programs) change the launch geometry, never the result: tests use them to cover several
-    chunks per row, ragged last tiles and the candidate search on small vocabularies.
+    ``overrides`` (race_chunks, race_block, stats_tile, stats_parts, line_slots, sort, select_chunk,
+    select_programs) change the launch geometry, never the result: tests use them to cover several
+    chunks per row, ragged last tiles and each way of the candidates on small vocabularies.
     """
     args = prepare(args)
     return _setup(args, args.target_logits.device, overrides).launch(args, base_key)
@@ -612,8 +664,9 @@ def launches_for(args: VerifyArgs, base_key: int = 0, **geometry_overrides) -> l
         ws = workspace(device)
         ws.reserve(layout["sizes"])
         floats, ints, counters = ws.floats, ws.ints, ws.counters
-    bufs = buffers(floats, ints, counters, layout, args.batch)
-    return plan(args, base_key, geo, bufs, layout, allocate_outputs(args, device))
+    bufs = buffers(floats, ints, counters, layout, args.batch, geo.line_slots, geo.sort)
+    out = allocate_outputs(args, device)
+    return [Launch(t.name, t.kernel, t.grid, t.arguments(args, base_key, out), t.constexprs, t.num_warps) for t in templates(args, geo, bufs, layout)]
 
 
 def compile_launch(launch: Launch, arch: int = 90):
@@ -634,4 +687,5 @@ def compile_launch(launch: Launch, arch: int = 90):
     return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
 
 
-__all__ = ["Geometry", "Launch", "Runner", "allocate_outputs", "compile_launch", "geometry", "is_available", "kernels", "launches_for", "plan", "runner", "verify"]
+__all__ = ["Geometry", "Launch", "Runner", "allocate_outputs", "compile_launch", "geometry", "is_available", "kernels", "launches_for", "line_templates", "runner",
+           "verify"]

@@ -24,3 +24,26 @@ def test_every_kernel_variant_compiles_for_hopper():
         pytest.skip(result.stdout.strip().splitlines()[-1])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert result.stdout.strip().splitlines()[-1].startswith("ok ")
+
+
+_SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDG.E R2, desc[UR4][R4.64] ;
+        /*0020*/                   FMNMX R3, R2, R3, !PT ;
+        /*0030*/               @P0 BRA 0x10 ;
+        /*0040*/                   EXIT ;
+        /*0050*/                   BRA 0x30 ;
+        /*0060*/                   BRA 0x60 ;
+"""
+
+
+def test_the_model_finds_every_backward_branch():
+    """A backward branch before the last EXIT is a loop the model must know; one after it (the
+    return from an out-of-line warp-divergence path) is none. A kernel the model has no kinds for
+    leaves its loop unknown, which fails the compile check."""
+    from bench.gpu_model import analyse, unknown_loops
+
+    code = analyse(_SASS, "REG:8 STACK:0 SHARED:0 LOCAL:0")
+    assert [(loop.start, loop.end, loop.instructions) for loop in code.loops] == [(0x10, 0x30, 3)]
+    assert unknown_loops("line_stats", code) == []  # a statistics tile (a load, no exp: greedy)
+    assert unknown_loops("no such kernel", code) == code.loops

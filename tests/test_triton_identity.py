@@ -89,7 +89,7 @@ _GEOMETRIES = [
     {"race_chunks": 3, "race_block": 128, "stats_tile": 512},
     {"race_chunks": 1, "race_block": 256, "stats_tile": 512, "stats_parts": 1},  # one statistics program loops over both tiles
     {"race_chunks": 8, "race_block": 64},
-    {"race_chunks": 2, "race_block": 512, "stats_tile": 512, "candidate_chunk": 512},
+    {"race_chunks": 2, "race_block": 512, "stats_tile": 128, "stats_parts": 2},  # candidates from 2 parts of 4 values per lane
 ]
 
 
@@ -215,52 +215,58 @@ def _reference_thresholds(args) -> torch.Tensor:
     return torch.where(used, tau, float("-inf"))
 
 
-def _triton_thresholds(args, **geometry) -> torch.Tensor:
-    """tau of every target line from the candidates and cut-offs launches of a call's plan (the cut-offs
-    launch runs the whole-line search too)."""
+def _triton_thresholds(args, **geometry) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tau, resolved) of every target line after a whole call (the cut-offs launch settles each cut
+    from the candidates or by the whole-line search; resolved 0 marks a line the search cut), read
+    from the call's workspace."""
+    _triton_backend.verify(args, 0, **geometry)
     args = _triton_backend.prepare(args)
     geo = _triton_backend.geometry(args.target_logits.device, **geometry)
     layout = _triton_backend._layout(args, geo)
     ws = _triton_backend.workspace(args.target_logits.device)
-    ws.reserve(layout["sizes"])
-    bufs = _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch)
-    launches = _triton_backend.plan(args, 0, geo, bufs, layout, _triton_backend.allocate_outputs(args, args.target_logits.device))
-    assert [launch.name for launch in launches[:2]] == ["candidates", "cutoff"]
-    for launch in launches[:2]:
-        launch.run()
-    return bufs.tau[: args.batch * args.target_logits.shape[1]].clone()
+    bufs = _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch, geo.line_slots, geo.sort)
+    lines = args.batch * args.target_logits.shape[1]
+    return bufs.tau[:lines].clone(), bufs.resolved[:lines].clone()
+
+
+# Several statistics parts per line (ragged last tile), six values per lane: candidates from each part.
+_PARTS = {"stats_tile": 256, "stats_parts": 2}
 
 
 @pytest.mark.parametrize(
-    "name,logits_fn,params",
+    "name,logits_fn,params,path",
     [
-        # top-k found among the candidates (k well below the 64 slots per chunk) ...
+        # top-k found among the candidates (k well below the values above the line's floor) ...
         # (the candidate-path cases alone also run inside "top-k + top-p": CI's slow step repeats them)
-        pytest.param("top-k small", lambda g: 2 * torch.randn(2, 3, 3000, generator=g), {"top_k": torch.tensor([5, 40])}, marks=pytest.mark.slow),
+        pytest.param("top-k small", lambda g: 2 * torch.randn(2, 3, 3000, generator=g), {"top_k": torch.tensor([5, 40])}, "candidates", marks=pytest.mark.slow),
         # ... and on the whole line (k beyond what the candidates above the floor cover).
-        ("top-k large", lambda g: 2 * torch.randn(2, 3, 3000, generator=g), {"top_k": 900}),
+        ("top-k large", lambda g: 2 * torch.randn(2, 3, 3000, generator=g), {"top_k": 900}, "search"),
         # top-p alone: peaked logits put the cut among the candidates, flat ones below their floor.
-        pytest.param("top-p peaked", lambda g: 6 * torch.randn(2, 3, 3000, generator=g), {"top_p": 0.9}, marks=pytest.mark.slow),
-        ("top-p flat", lambda g: 0.3 * torch.randn(2, 3, 3000, generator=g), {"top_p": 0.95}),
-        ("top-k + top-p", lambda g: 2 * torch.randn(2, 3, 3000, generator=g), {"temperature": 0.7, "top_k": 50, "top_p": 0.8}),
-        # Ties at the chunks' floors (slots overflow), and -inf entries (chunks with few finite values).
-        ("ties", lambda g: torch.round(2 * torch.randn(2, 3, 3000, generator=g)), {"top_k": 30, "top_p": 0.9}),
-        ("ties top-p", lambda g: torch.round(torch.randn(2, 3, 3000, generator=g)), {"top_p": 0.6}),
-        ("-inf", lambda g: torch.where(torch.rand(2, 3, 3000, generator=g) < 0.97, float("-inf"), torch.randn(2, 3, 3000, generator=g)), {"top_k": 20, "top_p": 0.9}),
-        ("greedy and ragged", lambda g: torch.randn(2, 3, 3000, generator=g), {"temperature": torch.tensor([0.0, 1.0]), "top_k": 10, "num_draft_tokens": torch.tensor([2, 1])}),
+        pytest.param("top-p peaked", lambda g: 6 * torch.randn(2, 3, 3000, generator=g), {"top_p": 0.9}, "candidates", marks=pytest.mark.slow),
+        ("top-p flat", lambda g: 0.3 * torch.randn(2, 3, 3000, generator=g), {"top_p": 0.95}, "search"),
+        ("top-k + top-p", lambda g: 2 * torch.randn(2, 3, 3000, generator=g), {"temperature": 0.7, "top_k": 50, "top_p": 0.8}, "candidates"),
+        # Ties at the parts' floors, and -inf entries (lanes with few finite values).
+        ("ties", lambda g: torch.round(2 * torch.randn(2, 3, 3000, generator=g)), {"top_k": 30, "top_p": 0.9}, None),
+        ("ties top-p", lambda g: torch.round(torch.randn(2, 3, 3000, generator=g)), {"top_p": 0.6}, None),
+        ("-inf", lambda g: torch.where(torch.rand(2, 3, 3000, generator=g) < 0.97, float("-inf"), torch.randn(2, 3, 3000, generator=g)),
+         {"top_k": 20, "top_p": 0.9}, "candidates"),
+        ("greedy and ragged", lambda g: torch.randn(2, 3, 3000, generator=g), {"temperature": torch.tensor([0.0, 1.0]), "top_k": 10,
+                                                                              "num_draft_tokens": torch.tensor([2, 1])}, "candidates"),
     ],
 )
-def test_thresholds_match_the_reference(name, logits_fn, params):
-    """The candidate search (several 512-value chunks per line here) finds the reference's cut-offs
-    exactly, whether it resolves among the candidates or falls back to the whole line."""
+def test_thresholds_match_the_reference(name, logits_fn, params, path):
+    """The cut-offs from the candidates (two statistics parts per line here) are the reference's
+    exactly, whether they settle among the candidates or fall back to the whole line."""
     g = torch.Generator().manual_seed(len(name))
     target = logits_fn(g)
     tokens = torch.zeros(target.shape[0], target.shape[1] - 1, dtype=torch.int64)
     kw = {"temperature": 1.0, "top_k": None, "top_p": None, "num_draft_tokens": None} | params
     args = _params.validate_verify(target, None, tokens, generator=None, check=False, **kw)
-    got = _triton_thresholds(args, candidate_chunk=512)
+    got, resolved = _triton_thresholds(args, **_PARTS)
     expected = _reference_thresholds(args)
     assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"
+    if path is not None:  # the case takes the way it is meant to test (resolved 0: the whole-line search)
+        assert bool((resolved == (0 if path == "search" else 1)).any()), (name, resolved.tolist())
 
 
 def _flat_with_ties(g):
@@ -290,7 +296,7 @@ def test_whole_line_search_matches_the_reference(name, logits_fn, params):
     tokens = torch.zeros(target.shape[0], target.shape[1] - 1, dtype=torch.int64)
     kw = {"temperature": 0.9, "top_k": None, "top_p": None, "num_draft_tokens": None} | params
     args = _params.validate_verify(target, None, tokens, generator=None, check=False, **kw)
-    got = _triton_thresholds(args, candidate_chunk=512, select_chunk=128)
+    got, resolved = _triton_thresholds(args, **_PARTS, select_chunk=128)
     expected = _reference_thresholds(args)
     assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"
 
@@ -306,7 +312,7 @@ def test_whole_line_search_does_not_depend_on_the_number_of_programs(programs):
     tokens = torch.zeros(2, 1, dtype=torch.int64)
     args = _params.validate_verify(target, None, tokens, generator=None, check=False, temperature=0.9, top_k=torch.tensor([500, 0]),
                                    top_p=torch.tensor([0.97, 0.99]), num_draft_tokens=None)
-    got = _triton_thresholds(args, candidate_chunk=512, select_chunk=128, select_programs=programs)
+    got, _ = _triton_thresholds(args, **_PARTS, select_chunk=128, select_programs=programs)
     assert torch.equal(got, _reference_thresholds(args)), got.tolist()
     assert int(_triton_backend.workspace(target.device).counters.abs().sum()) == 0
 
@@ -321,4 +327,42 @@ def test_whole_line_search_gives_the_reference_tokens(dtype):
     for params in ({"top_k": torch.tensor([400, 7])}, {"top_p": 0.99, "temperature": 1.3}):
         args = _args(target, draft, tokens, seeds=seeds, offsets=offsets, num_draft_tokens=torch.tensor([2, 1]), return_logprobs="processed",
                      return_accept_probs=True, **params)
-        assert_same(_triton_backend.verify(args, 3, candidate_chunk=1024, select_chunk=128), verify_eager(args, 3))
+        assert_same(_triton_backend.verify(args, 3, **_PARTS, select_chunk=128), verify_eager(args, 3))
+
+
+@pytest.mark.parametrize("geometry,settles", [
+    ({"line_slots": 64}, True),  # a part's quota of 32 slots: its floor rises to the largest second value, or to its max
+    ({"sort": 32}, True),  # more candidates above the line floor than the sort holds: the level-two floor
+    ({"line_slots": 16, "sort": 16}, False),  # too few slots for any cut: every line falls back to the whole-line search
+])
+def test_candidate_limits_keep_the_cut_exact(geometry, settles):
+    """When a part's candidates overflow its slots, or a line's overflow the sort, the floors rise
+    (fewer candidates, the same guarantee) or the line falls back to the whole-line search: the
+    cut stays the reference's."""
+    g = torch.Generator().manual_seed(17)
+    target = 3 * torch.randn(2, 3, 3000, generator=g)
+    tokens = torch.zeros(2, 2, dtype=torch.int64)
+    args = _params.validate_verify(target, None, tokens, generator=None, check=False, temperature=0.8, top_k=torch.tensor([8, 0]),
+                                   top_p=torch.tensor([0.9, 0.5]), num_draft_tokens=None)
+    got, resolved = _triton_thresholds(args, **_PARTS, **geometry)
+    assert torch.equal(got, _reference_thresholds(args)), got.tolist()
+    assert bool((resolved == 1).any()) == settles, resolved.tolist()
+
+
+@pytest.mark.parametrize("params", [{"top_k": 40, "top_p": 0.9}, {"top_p": 0.95}])
+def test_the_gpu_model_follows_the_candidates_rules(params):
+    """bench.gpu_model.candidate_outcome (which measures on LM logits how often the candidates
+    settle a cut) agrees with the kernels' own resolved flags, line by line."""
+    from bench.gpu_model import candidate_outcome
+
+    g = torch.Generator().manual_seed(23)
+    target = torch.randn(2, 3, 3000, generator=g) * torch.tensor([0.5, 2.0, 6.0])[None, :, None]
+    tokens = torch.zeros(2, 2, dtype=torch.int64)
+    args = _params.validate_verify(target, None, tokens, generator=None, check=False, temperature=1.0, num_draft_tokens=None,
+                                   **({"top_k": None, "top_p": None} | params))
+    _, resolved = _triton_thresholds(args, **_PARTS)
+    tiles = -(-3000 // _PARTS["stats_tile"])
+    outcomes = [candidate_outcome(line.numpy(), 2, _PARTS["stats_tile"], 1, -(-tiles // 2), _triton_backend.LINE_SLOTS, _triton_backend.SORT,
+                                  params.get("top_k", 0), params.get("top_p", 1.0))["resolved"] for line in target.reshape(-1, 3000)]
+    assert resolved.tolist() == [int(o) for o in outcomes]
+    assert 0 < sum(outcomes) < len(outcomes) or params.get("top_k")  # both ways are compared where the case allows

@@ -6,12 +6,13 @@ meta tensors of the call's shapes) and compiled with the JIT's own argument spec
 (``_triton_backend.compile_launch``: 16-divisible pointers and integers, the real constexprs), so
 the binaries are the ones a launch would run. The calls together take every constexpr branch.
 Also checked: a call's specialisation is the same at every batch size (no recompilation, no new
-CUDA-graph capture when B changes).
+CUDA-graph capture when B changes), and every loop of every variant's SASS (each backward branch)
+is one the GPU model knows and counts (``bench.gpu_model.unknown_loops``).
 
 Run as a script with TRITON_INTERPRET unset or 0 (the interpreter replaces the compiler):
 ``python tests/triton_compile_check.py`` prints one line per compiled variant (registers, spills)
 and ``ok N`` last. Exit status 0: all compiled; 1: a kernel failed to compile or a batch size
-changed a specialisation; 3: this Triton cannot compile for sm_90 here. Works with Triton 3.6 and
+changed a specialisation, or the model misses a loop; 3: this Triton cannot compile for sm_90 here. Works with Triton 3.6 and
 later. tests/test_triton_compile.py runs it in a subprocess.
 """
 
@@ -64,7 +65,7 @@ def main() -> int:
     except ImportError as error:
         print(f"no ahead-of-time compiler in this Triton: {error}")
         return 3
-    from bench.gpu_model import analyse, disassemble, launches
+    from bench.gpu_model import analyse, disassemble, launches, unknown_loops
     from specdec_ext import _triton_backend
 
     print(f"triton {triton.__version__}")
@@ -95,9 +96,14 @@ def main() -> int:
             code = analyse(*disassemble(compiled.asm["cubin"]))
             seen[key] = code
             count += 1
-            print(f"compiled {launch.name:<10} ({call.name}): {code.registers} registers, {code.spill_bytes} bytes spilled")
+            print(f"compiled {launch.name:<10} ({call.name}): {code.registers} registers, {code.spill_bytes} bytes spilled, {len(code.loops)} loops")
             if code.spill_bytes:
                 print(f"FAILED {launch.name} of {call.name}: registers spill to local memory")
+                return 1
+            missing = unknown_loops(launch.name.split(":")[0], code)
+            if missing:
+                print(f"FAILED {launch.name} of {call.name}: loops the GPU model does not count: "
+                      + ", ".join(f"{loop.start:#x}-{loop.end:#x} ({loop.instructions} instructions, {loop.by_opcode})" for loop in missing))
                 return 1
     print(f"ok {count}")
     return 0

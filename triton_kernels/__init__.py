@@ -1,14 +1,15 @@
 """Triton kernels of specdec_ext (installed as ``specdec_ext.kernels``).
 
 Only ``@triton.jit`` functions live here; launchers are in ``specdec_ext._triton_backend``.
-A verify call is two launches without top-k / top-p (``line_stats_kernel``, ``race_kernel``)
-and with top-k / top-p ``candidates_kernel`` and ``cutoff_kernel`` (the cut-offs: from the
-candidates, or by the whole-line search in the same launch) come first: four.
+A verify call is two launches without top-k / top-p (``line_stats_kernel``, ``race_kernel``).
+With top-k / top-p it is four: ``line_stats_kernel`` (the statistics of every line and each
+line's candidates), ``cutoff_kernel`` (the cut-offs: from the candidates, or by the whole-line
+search in the same launch), ``line_stats_kernel`` again (only the lines the whole-line search
+cut) and ``race_kernel``.
 """
 
 from .cutoffs import cutoff_kernel
 from .race import race_kernel
 from .stats import line_stats_kernel
-from .thresholds import candidates_kernel
 
-__all__ = ["candidates_kernel", "cutoff_kernel", "line_stats_kernel", "race_kernel"]
+__all__ = ["cutoff_kernel", "line_stats_kernel", "race_kernel"]

@@ -30,9 +30,9 @@ def cutoff_kernel(
     target_ptr,  # (B, K+1, V) raw target logits, last dim contiguous
     draft_ptr,  # (B, K, Vd) raw draft logits (unused without HAS_DRAFT)
     tau_ptr,  # (lines,) float32 out: keep s >= tau (-inf = keep all)
-    resolved_ptr,  # (lines,) int32 out: 1 when the line's statistics were written from its candidates (no second read)
-    part_m_ptr,  # (lines, PARTS) float32 out for resolved lines: the line max in slot 0, -inf after
-    part_z_ptr,  # (lines, PARTS) float32 out for resolved lines: the kept mass in slot 0, 0 after
+    resolved_ptr,  # (lines,) int32 out: 0 for the lines listed for the whole-line search (their statistics wait for their cut)
+    part_m_ptr,  # (lines, PARTS) float32: the statistics of the whole line (PHASE 1); out for lines the candidates
+    part_z_ptr,  # settle: the line max and the kept mass in slot 0, -inf and 0 in the line's other parts
     state_ptr,  # (lines, 4) int32 workspace: the search's stage (0 none or ended, 1 top-k, 2 top-p), lo, hi, top-k key
     state_f_ptr,  # (lines, 2) float32 workspace: line max, then the mass of key >= lo (top-k) or the top-p budget
     progress_ptr,  # (lines,) int32 workspace: search passes of the line published (PASSES once its search ended)
@@ -40,18 +40,16 @@ def cutoff_kernel(
     part_mass_ptr,  # (lines, NUM_CHUNKS, BINS + 1) int64 workspace: per-chunk histograms of fixed-point masses
     counter_ptr,  # (lines,) int32, 0 between launches: a line's arrived items in the current pass
     control_ptr,  # (3,) int32, 0 between launches: tickets drawn, threshold items finished, programs exited
-    searching_ptr,  # (1,) int32, 0 on entry (candidates_kernel): lines listed for the whole-line search
+    searching_ptr,  # (1,) int32, 0 on entry (line_stats_kernel): lines listed for the whole-line search
     search_list_ptr,  # (lines,) int32 workspace: the listed lines, slots [0, searching) used (in any order)
     temperature_ptr,  # (B,) float32, 0 = greedy
     top_k_ptr,  # (B,) int64, 0 = off
     top_p_ptr,  # (B,) float32, 1 = off
     num_draft_ptr,  # (B,) int64
-    cand_ptr,  # candidates_kernel's outputs
-    cand_mult_ptr,
-    cand_count_ptr,
-    cand_floor_ptr,
-    chunk_max_ptr,
-    chunk_sum_ptr,
+    cand_ptr,  # (lines, LINE_SLOTS) float32: the statistics launch's candidates (stats.py)
+    cand_count_ptr,  # (lines, PARTS) int32
+    cand_floor_ptr,  # (lines, PARTS, 2) int32
+    sort_ptr,  # (lines, SORT) int32 workspace: a line's candidates packed for the sort
     batch,
     K,
     V,
@@ -63,15 +61,10 @@ def cutoff_kernel(
     t_parts,  # statistics partials of a target (draft) line
     d_parts,
     HAS_DRAFT: tl.constexpr,
-    NUM_CANDIDATE_CHUNKS: tl.constexpr,  # cdiv(V, CANDIDATE_CHUNK): candidate chunks per line
-    CANDIDATE_CHUNK: tl.constexpr,
-    CHUNKS_POW2: tl.constexpr,  # next power of two of NUM_CANDIDATE_CHUNKS
-    CAND: tl.constexpr,  # candidate slots per chunk
-    CANDS_POW2: tl.constexpr,  # next power of two of NUM_CANDIDATE_CHUNKS * CAND: the candidates held in registers
     PARTS: tl.constexpr,  # statistics partial slots per line
     PP: tl.constexpr,  # next power of two of PARTS
-    RESOLVE: tl.constexpr,  # write the statistics of resolved lines (off when raw logprobs need the line read anyway)
-    PROBES: tl.constexpr,  # keys tested per step of the search over the candidates
+    LINE_SLOTS: tl.constexpr,  # candidate slots per line
+    SORT: tl.constexpr,  # candidates sorted per line, at most
     NUM_CHUNKS: tl.constexpr,  # cdiv(V, CHUNK): whole-line search chunks per line
     CHUNK: tl.constexpr,  # values per search item
     TILE: tl.constexpr,  # values per loop step of a search item
@@ -83,8 +76,8 @@ def cutoff_kernel(
     while ticket < lines:
         threshold_line(
             ticket, tau_ptr, resolved_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
-            temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_mult_ptr, cand_count_ptr, cand_floor_ptr, chunk_max_ptr, chunk_sum_ptr,
-            batch, K, V, Vd, t_parts, d_parts, NUM_CANDIDATE_CHUNKS, CANDIDATE_CHUNK, CHUNKS_POW2, CAND, CANDS_POW2, PARTS, PP, RESOLVE, PROBES,
+            temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
+            batch, K, V, Vd, t_parts, d_parts, PARTS, PP, LINE_SLOTS, SORT,
         )
         tl.debug_barrier()  # every thread's stores precede the release
         tl.atomic_add(control_ptr + 1, 1, sem="release", scope="gpu")

@@ -108,3 +108,16 @@ def divide(a, b, b_reciprocal):
     q = a * b_reciprocal
     r = tl.fma(-q, b, a)
     return tl.fma(r, b_reciprocal, q)
+
+
+@triton.jit
+def order_key(s):
+    """int32 key with the order of float32 ``s`` (-0.0 folded onto +0.0)."""
+    bits = (s + 0.0).to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def key_to_float(key):
+    bits = tl.where(key >= 0, key, key ^ 0x7FFFFFFF).to(tl.int32)
+    return bits.to(tl.float32, bitcast=True)

@@ -24,9 +24,8 @@ The cut is the key the search over the candidates defines, so the tokens are the
 import triton
 import triton.language as tl
 
-from .random import exp
+from .random import exp, key_to_float, order_key
 from .stats import line_of
-from .thresholds import key_to_float, order_key
 
 # Masses are summed in fixed point: exp(s - line max) <= 1 times 2**40, as int64 (exact for every
 # weight above 2**-17; a line of 2**23 values cannot overflow). Integer sums do not depend on the

@@ -9,18 +9,32 @@ reduction over ROWS stays inside the thread. Per-lane accumulators carry the lin
 partials go to the workspace, where the race kernel combines a line's parts.
 
 Per line kind, each its own loop:
-* sampled line: m = max of s = raw * inv_t, z = sum of exp(s - m) (over s >= tau when FILTERED);
+* sampled line: m = max of s = raw * inv_t, z = sum of exp(s - m) (over s >= tau in PHASE 2);
   NaN or +inf anywhere makes z NaN (and m +inf), so "bad" needs no per-value test;
+* a sampled line a filter cuts (PHASE 1): the same statistics of the whole line, and the part's
+  candidates for the cut-off (below);
 * greedy line: the raw max and its lowest index, m = NaN when a NaN was seen; with logprobs also z
   of the raw line (greedy rows report the model's log-softmax);
 * RAW_STATS (logprobs "raw"): the max and sum-exp of the raw line next to the processed ones.
 Lines a call never reads (beyond n_b, draft lines of greedy rows unless CHECK) are skipped.
+
+A filtered call launches this kernel twice. PHASE 1 reads every used line (the only read of the
+lines the candidates settle). PHASE 2 runs after the cut-offs launch and reads only the lines whose
+cut needed the whole-line search (``resolved`` 0), with their cut.
+
+Candidates (PHASE 1): every lane keeps the three largest values it read (a multiset: ties are
+separate entries), five min / max per value. A lane's third value bounds every value it dropped,
+so with the part floor F = the largest third value, every value of the part above F is the first
+or second entry of its lane: those entries (at most the part's quota of slots) go to the
+workspace with F. When more would, F rises to the largest second value (then only first entries
+are above it), and past that to the part max (no entry). cutoffs.py's threshold items take the
+line floor T = max F over the parts: the entries above T are then *every* value of the line above T.
 """
 
 import triton
 import triton.language as tl
 
-from .random import exp
+from .random import exp, order_key
 
 
 @triton.jit
@@ -30,6 +44,24 @@ def line_of(line, lines_t, K):
     local = tl.where(is_draft, line - lines_t, line)
     length = tl.where(is_draft, K, K + 1)
     return local // length, local % length, is_draft
+
+
+@triton.jit
+def filter_of(line, lines_t, K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, V, Vd):
+    """(row, position, is_draft, width, inv_t, top_k, top_p, use_k, use_p, active) of one line:
+    active when the line is used, its row samples and a filter cuts it."""
+    row, pos, is_draft = line_of(line, lines_t, K)
+    temperature = tl.load(temperature_ptr + row)
+    inv_t = tl.math.div_rn(1.0, tl.where(temperature > 0, temperature, 1.0))
+    top_k = tl.load(top_k_ptr + row)
+    top_p = tl.load(top_p_ptr + row)
+    width = tl.where(is_draft, Vd, V)
+    use_k = (top_k > 0) & (top_k < width)
+    use_p = top_p < 1.0
+    num_draft = tl.minimum(tl.maximum(tl.load(num_draft_ptr + row), 0), K)
+    used = tl.where(is_draft, pos < num_draft, pos <= num_draft)
+    active = (temperature > 0) & used & (use_k | use_p)
+    return row, pos, is_draft, width, inv_t, top_k, top_p, use_k, use_p, active
 
 
 @triton.jit
@@ -53,6 +85,7 @@ def _combine(lane_max, lane_sum):
 
 @triton.jit
 def _load_tile(base, start, width, block, MASKED: tl.constexpr):
+    """Values ``start + block`` of a line (a tile's (ROWS, LANES) block, or one row's lanes)."""
     if MASKED:
         idx = start + block
         return tl.load(base + idx, mask=idx < width, other=float("-inf")).to(tl.float32)
@@ -89,18 +122,94 @@ def _sampled_tiles(base, first, last, width, block, inv_t, tau, lane_max, lane_s
 
 
 @triton.jit
+def _sampled_part(base, first, whole, last, width, block, inv_t, tau, lane_max, lane_sum, raw_max, raw_sum,
+                  FILTERED: tl.constexpr, RAW_STATS: tl.constexpr, LANES: tl.constexpr, ROWS: tl.constexpr):
+    """Whole tiles [first, whole) unmasked, then [whole, last) masked."""
+    lane_max, lane_sum, raw_max, raw_sum = _sampled_tiles(
+        base, first, whole, width, block, inv_t, tau, lane_max, lane_sum, raw_max, raw_sum, FILTERED, RAW_STATS, False, LANES, ROWS)
+    return _sampled_tiles(base, whole, last, width, block, inv_t, tau, lane_max, lane_sum, raw_max, raw_sum, FILTERED, RAW_STATS, True, LANES, ROWS)
+
+
+@triton.jit
+def _insert(t1, t2, t3, x):
+    """Insert x into the per-lane multiset top three t1 >= t2 >= t3."""
+    below1 = tl.minimum(t1, x)
+    below2 = tl.minimum(t2, below1)
+    return tl.maximum(t1, x), tl.maximum(t2, below1), tl.maximum(t3, below2)
+
+
+@triton.jit
+def _candidate_tiles(base, first, last, width, lanes, inv_t, lane_max, lane_sum, raw_max, raw_sum, t1, t2, t3,
+                     RAW_STATS: tl.constexpr, MASKED: tl.constexpr, LANES: tl.constexpr, ROWS: tl.constexpr):
+    """The sampled-line statistics of tiles [first, last) row by row, each value also inserted into
+    its lane's top three. The tile's rows are read twice (the second time from L1): first for the
+    maxima and the top three, then for the sums at the new maxima (one rescale per lane and tile)."""
+    for tile in range(first, last):
+        start = tile * (ROWS * LANES)
+        tile_max = lane_max
+        tile_raw_max = raw_max
+        for r in tl.static_range(ROWS):
+            raw = _load_tile(base, start + r * LANES, width, lanes, MASKED)
+            s = raw * inv_t
+            tile_max = tl.maximum(tile_max, s)
+            t1, t2, t3 = _insert(t1, t2, t3, s)
+            if RAW_STATS:
+                tile_raw_max = tl.maximum(tile_raw_max, raw)
+        ref = tl.where(tile_max == float("-inf"), 0.0, tile_max)
+        raw_ref = tl.where(tile_raw_max == float("-inf"), 0.0, tile_raw_max)
+        lane_sum = lane_sum * exp(lane_max - ref)
+        if RAW_STATS:
+            raw_sum = raw_sum * exp(raw_max - raw_ref)
+        for r in tl.static_range(ROWS):
+            raw = _load_tile(base, start + r * LANES, width, lanes, MASKED)
+            lane_sum += exp(raw * inv_t - ref)
+            if RAW_STATS:
+                raw_sum += exp(raw - raw_ref)
+        lane_max = tile_max
+        raw_max = tile_raw_max
+    return lane_max, lane_sum, raw_max, raw_sum, t1, t2, t3
+
+
+@triton.jit
+def _store_candidates(t1, t2, t3, line, part, quota, cand_ptr, cand_count_ptr, cand_floor_ptr, PARTS: tl.constexpr, LINE_SLOTS: tl.constexpr):
+    """The part's candidates (see the module docstring): the entries above its floor in slots
+    [part * quota, part * quota + count) of the line's LINE_SLOTS, the count, the floor's order key
+    and that of the level-two floor (the largest second entry, or the floor if higher)."""
+    floor3 = tl.max(t3, axis=0)
+    count3 = tl.sum((t1 > floor3).to(tl.int32) + (t2 > floor3).to(tl.int32), axis=0)
+    floor2 = tl.max(t2, axis=0)
+    count2 = tl.sum((t1 > floor2).to(tl.int32), axis=0)
+    floor = tl.where(count3 <= quota, floor3, tl.where(count2 <= quota, floor2, tl.max(t1, axis=0)))
+    keep1 = t1 > floor
+    keep2 = t2 > floor  # never above the floor once it is the largest second entry or more
+    kept = keep1.to(tl.int32) + keep2.to(tl.int32)
+    slot = line.to(tl.int64) * LINE_SLOTS + part * quota + tl.cumsum(kept, axis=0) - kept
+    tl.store(cand_ptr + slot, t1, mask=keep1)
+    tl.store(cand_ptr + slot + keep1.to(tl.int32), t2, mask=keep2)
+    out = line.to(tl.int64) * PARTS + part
+    tl.store(cand_count_ptr + out, tl.sum(kept, axis=0))
+    tl.store(cand_floor_ptr + out * 2, order_key(floor))
+    tl.store(cand_floor_ptr + out * 2 + 1, order_key(tl.maximum(floor2, floor)))
+
+
+@triton.jit
 def _part(
-    base, first, last, width, inv_t, tau, greedy, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
-    FILTERED: tl.constexpr, GREEDY_SUMS: tl.constexpr, RAW_STATS: tl.constexpr, LANES: tl.constexpr, ROWS: tl.constexpr,
+    base, first, last, width, inv_t, tau, greedy, candidates, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
+    cand_ptr, cand_count_ptr, cand_floor_ptr,
+    FILTERED: tl.constexpr, CANDIDATES: tl.constexpr, GREEDY_SUMS: tl.constexpr, RAW_STATS: tl.constexpr, LANES: tl.constexpr, ROWS: tl.constexpr,
+    PARTS: tl.constexpr, LINE_SLOTS: tl.constexpr,
 ):
     """Statistics of tiles [first, last) of one line into partial slot ``out``: whole tiles
-    unmasked, the line's ragged last tile masked."""
+    unmasked, the line's ragged last tile masked; with ``candidates`` (a runtime flag, only
+    compiled in with CANDIDATES) also the part's candidates."""
     rows = tl.arange(0, ROWS)
     lanes = tl.arange(0, LANES)
     block = rows[:, None] * LANES + lanes[None, :]
     whole = tl.maximum(tl.minimum(last, width // (ROWS * LANES)), first)
     lane_max = tl.full((LANES,), float("-inf"), tl.float32)
     lane_sum = tl.zeros((LANES,), tl.float32)
+    raw_max = tl.full((LANES,), float("-inf"), tl.float32)
+    raw_sum = tl.zeros((LANES,), tl.float32)
     if greedy:
         lane_best = tl.full((LANES,), float("-inf"), tl.float32)
         lane_index = tl.zeros((LANES,), tl.int32)
@@ -120,12 +229,22 @@ def _part(
         tl.store(part_m_ptr + out, tl.where(seen_nan, float("nan"), part_max))
         tl.store(part_z_ptr + out, part_sum)
     else:
-        raw_max = tl.full((LANES,), float("-inf"), tl.float32)
-        raw_sum = tl.zeros((LANES,), tl.float32)
-        lane_max, lane_sum, raw_max, raw_sum = _sampled_tiles(
-            base, first, whole, width, block, inv_t, tau, lane_max, lane_sum, raw_max, raw_sum, FILTERED, RAW_STATS, False, LANES, ROWS)
-        lane_max, lane_sum, raw_max, raw_sum = _sampled_tiles(
-            base, whole, last, width, block, inv_t, tau, lane_max, lane_sum, raw_max, raw_sum, FILTERED, RAW_STATS, True, LANES, ROWS)
+        if CANDIDATES:
+            if candidates:
+                t1 = tl.full((LANES,), float("-inf"), tl.float32)
+                t2 = tl.full((LANES,), float("-inf"), tl.float32)
+                t3 = tl.full((LANES,), float("-inf"), tl.float32)
+                lane_max, lane_sum, raw_max, raw_sum, t1, t2, t3 = _candidate_tiles(
+                    base, first, whole, width, lanes, inv_t, lane_max, lane_sum, raw_max, raw_sum, t1, t2, t3, RAW_STATS, False, LANES, ROWS)
+                lane_max, lane_sum, raw_max, raw_sum, t1, t2, t3 = _candidate_tiles(
+                    base, whole, last, width, lanes, inv_t, lane_max, lane_sum, raw_max, raw_sum, t1, t2, t3, RAW_STATS, True, LANES, ROWS)
+                _store_candidates(t1, t2, t3, line, part, quota, cand_ptr, cand_count_ptr, cand_floor_ptr, PARTS, LINE_SLOTS)
+            else:
+                lane_max, lane_sum, raw_max, raw_sum = _sampled_part(
+                    base, first, whole, last, width, block, inv_t, tau, lane_max, lane_sum, raw_max, raw_sum, FILTERED, RAW_STATS, LANES, ROWS)
+        else:
+            lane_max, lane_sum, raw_max, raw_sum = _sampled_part(
+                base, first, whole, last, width, block, inv_t, tau, lane_max, lane_sum, raw_max, raw_sum, FILTERED, RAW_STATS, LANES, ROWS)
         part_max, part_sum = _combine(lane_max, lane_sum)
         tl.store(part_m_ptr + out, part_max)
         tl.store(part_z_ptr + out, part_sum)
@@ -140,14 +259,20 @@ def line_stats_kernel(
     target_ptr,  # (B, K+1, V) raw target logits, last dim contiguous
     draft_ptr,  # (B, K, Vd) raw draft logits (unused without HAS_DRAFT)
     temperature_ptr,  # (B,) float32, 0 = greedy
+    top_k_ptr,  # (B,) int64, 0 = off (read in PHASE 1)
+    top_p_ptr,  # (B,) float32, 1 = off (read in PHASE 1)
     num_draft_ptr,  # (B,) int64 drafts to verify per row
-    tau_ptr,  # (lines,) float32 cut-offs, keep s >= tau (read only when FILTERED)
-    resolved_ptr,  # (lines,) int32: 1 where cutoff_kernel already wrote the line's partials (read only when FILTERED)
+    tau_ptr,  # (lines,) float32 cut-offs, keep s >= tau (read in PHASE 2)
+    resolved_ptr,  # (lines,) int32: 0 where the line's statistics wait for its cut (read in PHASE 2)
     part_m_ptr,  # (lines, PARTS) float32 out: max of the processed part (raw for greedy lines; NaN = NaN seen)
-    part_z_ptr,  # (lines, PARTS) float32 out: sum of exp(s - max) over the kept part
+    part_z_ptr,  # (lines, PARTS) float32 out: sum of exp(s - max) over the part (its kept values in PHASE 2)
     part_i_ptr,  # (lines, PARTS) int32 out: greedy lines, lowest index of the raw max
     part_rm_ptr,  # (lines, PARTS) float32 out: RAW_STATS, max of the raw part
     part_rz_ptr,  # (lines, PARTS) float32 out: RAW_STATS, sum of exp(raw - raw max)
+    cand_ptr,  # (lines, LINE_SLOTS) float32 out (PHASE 1): each part's candidate values, from slot part * quota
+    cand_count_ptr,  # (lines, PARTS) int32 out (PHASE 1): candidates of each part
+    cand_floor_ptr,  # (lines, PARTS, 2) int32 out (PHASE 1): order keys of the part's floor and level-two floor
+    searching_ptr,  # (1,) int32 out (PHASE 1): 0, the count of lines cutoff_kernel hands to the whole-line search
     tokens_ptr,  # (B, K) int32 / int64 draft tokens
     gathered_ptr,  # (lines,) float32 out: each draft position's line's raw logit at its draft token
     batch,
@@ -163,8 +288,9 @@ def line_stats_kernel(
     PARTS: tl.constexpr,  # partial slots per line (cdiv(V, TILE)): the row stride of part_*
     HAS_DRAFT: tl.constexpr,
     CHECK: tl.constexpr,  # also read greedy rows' draft lines (check=True validates every used line)
-    FILTERED: tl.constexpr,
+    PHASE: tl.constexpr,  # 0 an unfiltered call; a filtered call's 1 (every line, candidates) and 2 (lines waiting for their cut)
     LOGPROBS: tl.constexpr,  # 0 none, 1 processed, 2 raw
+    LINE_SLOTS: tl.constexpr,  # candidate slots per line, shared by its parts
     T_LANES: tl.constexpr,  # target tiles are (T_ROWS, T_LANES); T_ROWS * T_LANES == D_ROWS * D_LANES
     T_ROWS: tl.constexpr,
     D_LANES: tl.constexpr,
@@ -179,9 +305,15 @@ def line_stats_kernel(
     temperature = tl.load(temperature_ptr + row)
     greedy = temperature == 0
     inv_t = tl.math.div_rn(1.0, tl.where(temperature > 0, temperature, 1.0))
-    if FILTERED:
+    candidates = line < 0  # False, as a runtime value
+    if PHASE == 1:
+        if (line == 0) & (part == 0):
+            tl.store(searching_ptr, 0)  # cutoff_kernel, launched next, counts from here
+        _, _, _, _, _, _, _, _, _, active = filter_of(line, lines_t, K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, V, Vd)
+        candidates = active
+    if PHASE == 2:
         tau = tl.where(greedy, float("-inf"), tl.load(tau_ptr + line))
-        done = tl.load(resolved_ptr + line) != 0  # cut found among the candidates: statistics written, no second read
+        done = tl.load(resolved_ptr + line) != 0  # statistics complete (phase 1 or the candidates): no second read
     else:
         tau = float("-inf")
         done = line < 0
@@ -192,28 +324,34 @@ def line_stats_kernel(
     token = tl.minimum(tl.maximum(token, 0), Vd - 1)
     if is_draft:
         if HAS_DRAFT:
-            last = tl.minimum(first + tiles_per_part, tl.cdiv(Vd, D_LANES * D_ROWS))
+            line_tiles = tl.cdiv(Vd, D_LANES * D_ROWS)
+            last = tl.minimum(first + tiles_per_part, line_tiles)
             used = (pos < num_draft) & (first < last)
             if not CHECK:
                 used = used & (temperature != 0)  # a greedy row's walk reads no draft line
             if used:
                 d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
                 # Issued with the tiles' loads; stored when the token lies in this part.
-                mine = (token >= first * (D_LANES * D_ROWS)) & (token < last * (D_LANES * D_ROWS))
+                mine = (token >= first * (D_LANES * D_ROWS)) & (token < last * (D_LANES * D_ROWS)) & (PHASE != 2)
                 at_token = tl.load(d_base + token, mask=mine, other=0.0).to(tl.float32)
                 if done == 0:
-                    _part(d_base, first, last, Vd, inv_t, tau, greedy, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
-                          FILTERED, False, False, D_LANES, D_ROWS)
+                    quota = LINE_SLOTS // tl.cdiv(line_tiles, tiles_per_part)
+                    _part(d_base, first, last, Vd, inv_t, tau, greedy, candidates, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr,
+                          part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
+                          PHASE == 2, PHASE == 1, False, False, D_LANES, D_ROWS, PARTS, LINE_SLOTS)
                 tl.store(gathered_ptr + line, at_token, mask=mine)
     else:
-        last = tl.minimum(first + tiles_per_part, tl.cdiv(V, T_LANES * T_ROWS))
+        line_tiles = tl.cdiv(V, T_LANES * T_ROWS)
+        last = tl.minimum(first + tiles_per_part, line_tiles)
         if (pos <= num_draft) & (first < last):
             t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
             # The race reads the draft token's logit from here, with the partials, instead of
             # gathering it from the line after its other loads.
-            mine = (pos < num_draft) & (token >= first * (T_LANES * T_ROWS)) & (token < last * (T_LANES * T_ROWS))
+            mine = (pos < num_draft) & (token >= first * (T_LANES * T_ROWS)) & (token < last * (T_LANES * T_ROWS)) & (PHASE != 2)
             at_token = tl.load(t_base + token, mask=mine, other=0.0).to(tl.float32)
             if done == 0:
-                _part(t_base, first, last, V, inv_t, tau, greedy, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
-                      FILTERED, LOGPROBS != 0, LOGPROBS == 2, T_LANES, T_ROWS)
+                quota = LINE_SLOTS // tl.cdiv(line_tiles, tiles_per_part)
+                _part(t_base, first, last, V, inv_t, tau, greedy, candidates, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr,
+                      part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
+                      PHASE == 2, PHASE == 1, (LOGPROBS != 0) & (PHASE != 2), (LOGPROBS == 2) & (PHASE != 2), T_LANES, T_ROWS, PARTS, LINE_SLOTS)
             tl.store(gathered_ptr + line, at_token, mask=mine)
