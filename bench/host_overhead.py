@@ -1,10 +1,18 @@
-"""``python -m bench.host_overhead``: what ``specdec_ext.verify(..., backend="triton")`` costs the
-host in Python, without a GPU.
+"""``python -m bench.host_overhead``: what a call costs the host, beside a bare ``torch.empty`` of its output.
 
-The Triton launcher path runs as on a GPU up to the kernel launches (validation, the key, the cached
-launch templates, the outputs), on CPU tensors with every kernel replaced by a launcher that does
-nothing, so only specdec_ext's own Python is timed. An empty ``torch.empty(1)`` is timed beside it:
-the ratio of the two is how the GPU model (``bench/gpu_model.py``, ``python_call_overhead_us``)
+Rows, all timed side by side in one run (the cases take turns, block after block, and each figure is
+the median over the blocks), each beside ``torch.empty`` of the call's output shape:
+
+* **cpp**: ``verify`` / ``sample`` on the C++ backend at the tiny input (B=1, K=4, V=64, where the
+  kernel's own work is negligible), the default calls and the prepared ones (:class:`specdec_ext.Verifier`
+  / :class:`specdec_ext.Sampler`, keyed by the default generator or by seeds);
+* **triton**: the Triton launcher path as it runs for a GPU up to the kernel launches (validation,
+  keys, launch templates, outputs), on CPU tensors with every kernel replaced by a launcher that does
+  nothing, so only specdec_ext's own Python is timed; unfiltered and filtered (T=0.7, top-k 50,
+  top-p 0.9), ``check=False`` (the no-op kernels write no tokens to check), at the tiny input and at
+  the GPU model's B=1, K=4, V=128256.
+
+The ratio to ``torch.empty`` is how the GPU model (``bench/gpu_model.py``, ``python_call_overhead_us``)
 scales this host to a fast one. Writes ``bench/results/host-overhead-<date>.json``.
 """
 
@@ -15,12 +23,16 @@ import datetime
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+TINY = (1, 4, 64)  # B, K, V
+MODEL = (1, 4, 128256)
+FILTERED = {"temperature": 0.7, "top_k": 50, "top_p": 0.9}
 
 
 class _NoLaunch:
@@ -30,62 +42,125 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
-def _median_us(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
+def _per_call_us(fn, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
         fn()
-        times.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(times)
+    return (time.perf_counter() - start) * 1e6 / calls
 
 
-def measure(batch: int = 1, k: int = 4, vocab: int = 128256, reps: int = 3000) -> dict:
+def side_by_side(cases: dict, rounds: int, calls: int) -> dict[str, tuple[float, float]]:
+    """(median, best) µs per call of every case over the rounds, the cases taking turns in a shuffled
+    order (one block of ``calls`` each per round). The best block is the one least disturbed by other jobs."""
+    for fn in cases.values():
+        for _ in range(50):  # caches, plans, templates, workspace
+            fn()
+    samples = {name: [] for name in cases}
+    order = list(cases)
+    shuffle = random.Random(0).shuffle
+    for _ in range(rounds):
+        shuffle(order)  # no case always runs right after the same other one (caches, branch predictors)
+        for name in order:
+            samples[name].append(_per_call_us(cases[name], calls))
+    return {name: (statistics.median(values), min(values)) for name, values in samples.items()}
+
+
+def _inputs(torch, batch: int, k: int, vocab: int):
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(batch, k + 1, vocab, generator=g)
+    draft = torch.randn(batch, k, vocab, generator=g)
+    tokens = torch.randint(0, vocab, (batch, k), generator=g)
+    return target, draft, tokens, target[:, 0].contiguous()
+
+
+def cases() -> tuple[dict, dict]:
+    """(name -> call, name -> the torch.empty it is compared with)."""
     os.environ["TRITON_INTERPRET"] = "1"  # the Triton path on CPU tensors (its kernels are replaced below)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import torch
 
     import specdec_ext
-    from specdec_ext import _triton_backend
+    from specdec_ext import _dispatch, _triton_backend
 
     torch.set_num_threads(1)
     kernels = _triton_backend.kernels()
     for name in kernels.__all__:
         setattr(kernels, name, _NoLaunch())
     _triton_backend._SETUPS.clear()
-    g = torch.Generator().manual_seed(0)
-    target = torch.randn(batch, k + 1, vocab, generator=g)
-    draft = torch.randn(batch, k, vocab, generator=g)
-    tokens = torch.randint(0, vocab, (batch, k), generator=g)
-    found = {}
-    # (check=True adds a read of the token column, which the no-op kernels leave unwritten.)
-    for name, kwargs in (("verify, check=False", {}), ("verify, T=0.7 top-k 50 top-p 0.9, check=False", {"top_k": 50, "top_p": 0.9, "temperature": 0.7})):
-        def call(kwargs=kwargs):
-            return specdec_ext.verify(target, draft, tokens, backend="triton", check=False, **kwargs)
+    _dispatch.forget()  # no plan or runner holds the real kernels
 
-        for _ in range(50):  # templates, workspace
-            call()
-        found[name] = round(_median_us(call, reps), 1)
-    empty_us = round(_median_us(lambda: torch.empty(1), reps), 2)
-    return {"batch": batch, "k": k, "vocab": vocab, "python_us": found, "torch_empty_us": empty_us}
+    found, references = {}, {}
+
+    def add(name, fn, output_shape):
+        found[name] = fn
+        references[name] = f"torch.empty{output_shape}"
+        references.setdefault(f"torch.empty{output_shape}", None)
+        found.setdefault(f"torch.empty{output_shape}", lambda shape=output_shape: torch.empty(shape, dtype=torch.int64))
+
+    batch, k, vocab = TINY
+    target, draft, tokens, logits = _inputs(torch, batch, k, vocab)
+    seeds = torch.arange(batch, dtype=torch.int64)
+    verifier = specdec_ext.Verifier(batch, k, vocab, backend="cpp")
+    sampler = specdec_ext.Sampler(batch, vocab, backend="cpp")
+    add("cpp verify", lambda: specdec_ext.verify(target, draft, tokens), (batch, k + 1))
+    add("cpp sample", lambda: specdec_ext.sample(logits), (batch,))
+    add("cpp Verifier, generator", lambda: verifier(target, draft, tokens), (batch, k + 1))
+    add("cpp Verifier, seeds", lambda: verifier(target, draft, tokens, seeds=seeds), (batch, k + 1))
+    add("cpp Sampler, generator", lambda: sampler(logits), (batch,))
+    add("cpp Sampler, seeds", lambda: sampler(logits, seeds=seeds), (batch,))
+    for label, params in (("", {}), (" filtered", FILTERED)):
+        prepared = specdec_ext.Verifier(batch, k, vocab, backend="triton", check=False, **params)
+        prepared_sampler = specdec_ext.Sampler(batch, vocab, backend="triton", check=False, **params)
+        add(f"triton verify{label}", lambda p=params: specdec_ext.verify(target, draft, tokens, backend="triton", check=False, **p), (batch, k + 1))
+        add(f"triton sample{label}", lambda p=params: specdec_ext.sample(logits, backend="triton", check=False, **p), (batch,))
+        add(f"triton Verifier{label}, generator", lambda v=prepared: v(target, draft, tokens), (batch, k + 1))
+        add(f"triton Verifier{label}, seeds", lambda v=prepared: v(target, draft, tokens, seeds=seeds), (batch, k + 1))
+        add(f"triton Sampler{label}, generator", lambda s=prepared_sampler: s(logits), (batch,))
+        add(f"triton Sampler{label}, seeds", lambda s=prepared_sampler: s(logits, seeds=seeds), (batch,))
+    batch, k, vocab = MODEL
+    big_target, big_draft, big_tokens, _ = _inputs(torch, batch, k, vocab)
+    for label, params in (("", {}), (" filtered", FILTERED)):
+        add(f"triton verify{label}, V={vocab}", lambda p=params: specdec_ext.verify(big_target, big_draft, big_tokens, backend="triton", check=False, **p),
+            (batch, k + 1))
+    return found, {name: ref for name, ref in references.items() if ref is not None}
+
+
+def measure(rounds: int = 300, calls: int = 50) -> dict:
+    calls_by_name, references = cases()
+    us = side_by_side(calls_by_name, rounds, calls)
+    rows = [{"call": name, "reference": ref, "median_us": round(us[name][0], 2), "reference_median_us": round(us[ref][0], 2),
+             "ratio": round(us[name][0] / us[ref][0], 2), "best_us": round(us[name][1], 2), "reference_best_us": round(us[ref][1], 2),
+             "best_ratio": round(us[name][1] / us[ref][1], 2)}
+            for name, ref in references.items()]
+    return {"tiny": dict(zip(("batch", "k", "vocab"), TINY, strict=True)), "model": dict(zip(("batch", "k", "vocab"), MODEL, strict=True)), "rows": rows,
+            "method": f"{rounds} rounds, every case {calls} calls per round, in a shuffled order; per case the median and the best of the rounds' means; one thread"}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--calls", type=int, default=50)
     options = parser.parse_args(argv)
-    result = measure()
+    load_before = os.getloadavg()
+    result = measure(options.rounds, options.calls)
     import torch
     import triton
 
     report = {
-        "kind": "measurement: Python host time per call, kernels replaced by no-op launchers (CPU tensors)",
+        "kind": "measurement: host time per call beside torch.empty of its output (C++ kernel; Triton launcher path with no-op kernels, CPU tensors)",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
         "machine": platform.processor() or platform.machine(),
-        "load_average": os.getloadavg(),
+        "load_average": {"before": load_before, "after": os.getloadavg()},
         "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "triton": triton.__version__},
         **result,
     }
-    print(json.dumps(report, indent=1))
+    width = max(len(row["call"]) for row in result["rows"])
+    print(f"{'call':<{width}}  {'median':>9}  {'ratio':>6}  {'best':>9}  {'ratio':>6}  reference (median / best)")
+    for row in result["rows"]:
+        print(f"{row['call']:<{width}}  {row['median_us']:6.2f} us  {row['ratio']:5.2f}x  {row['best_us']:6.2f} us  {row['best_ratio']:5.2f}x  "
+              f"{row['reference']} ({row['reference_median_us']:.2f} / {row['reference_best_us']:.2f} us)")
+    print(f"load average before {load_before}, after {report['load_average']['after']}")
     if not options.no_write:
         path = RESULTS_DIR / f"host-overhead-{report['date']}.json"
         path.write_text(json.dumps(report, indent=1) + "\n")

@@ -5,8 +5,9 @@
 upgraded or downgraded since the build), :func:`is_available` is False, :func:`unavailable_reason`
 says why and how to rebuild, and ``backend="auto"`` falls back to the eager reference with one
 warning. Loading it registers ``torch.ops.specdec.verify`` / ``torch.ops.specdec.sample`` with their
-CPU kernels, and this module then imports :mod:`specdec_ext.ops`, which adds the fake (meta)
-kernels: after ``import specdec_ext`` the ops trace under FakeTensorMode and torch.compile.
+CPU kernels; :mod:`specdec_ext.ops` (imported by the backend table, :mod:`specdec_ext._dispatch`)
+adds the fake (meta) kernels: after ``import specdec_ext`` the ops trace under FakeTensorMode and
+torch.compile.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch  # libtorch must be loaded before the extension that links against it
 
 if TYPE_CHECKING:
-    from ._params import VerifyArgs
+    from ._params import TreeArgs, VerifyArgs
 
 REBUILD = "rebuild it against the installed torch with `pip install --no-build-isolation -e .` (or `make setup`)"
 
@@ -70,10 +71,36 @@ def verify(args: VerifyArgs, base_key: int):
     return tokens, num_accepted, (logprobs if args.logprobs else None), (accept_probs if args.accept_probs else None)
 
 
+def sampler(temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
+    """``sample`` bound to (B,) per-row parameters (the backend table's sample hook): ``run(logits,
+    seeds, offsets, base_key) -> (B,) int64`` for (B, V) logits, the kernel's verification with
+    K = 0 on the sample stream, without the (B, 1, V) view and (B,) selection a Python caller of
+    :func:`verify` pays for."""
+    if _C is None:
+        raise RuntimeError(f"specdec_ext: the C++ backend is unavailable: {unavailable_reason()}")
+    draw = _C.sample
+
+    def run(logits: torch.Tensor, seeds: torch.Tensor | None, offsets: torch.Tensor | None, base_key: int) -> torch.Tensor:
+        return draw(logits, temperature, top_k, top_p, seeds, offsets, base_key)
+
+    return run
+
+
 def isa() -> str:
     """The instruction-set variant the kernel runs ("avx512", "avx2", "neon" or "base"), or "" when unavailable."""
     return _C.isa() if _C is not None else ""
 
 
-# The op's fake kernels live in ops.py: register them now that the extension defined the schemas.
-from . import ops as _ops  # noqa: E402,F401
+def verify_block(args: VerifyArgs, base_key: int):
+    """Block verification of a validated call (the backend's entry point; the kernel lives in
+    _cpp_tree.py while the tree and block kernels are a second extension)."""
+    from . import _cpp_tree
+
+    return _cpp_tree.verify_block(args, base_key)
+
+
+def verify_tree(args: TreeArgs, base_key: int):
+    """Tree verification of a validated call (see :func:`verify_block`)."""
+    from . import _cpp_tree
+
+    return _cpp_tree.verify_tree(args, base_key)

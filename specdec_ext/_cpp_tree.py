@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import torch  # libtorch must be loaded before the extension that links against it
 
-from ._params import VerifyArgs
+from ._params import TreeArgs, VerifyArgs
 from ._philox import key_per_row
-from ._tree_params import TreeArgs
 from .reference_tree import tree_keys
 
 _C_tree = None

@@ -33,6 +33,8 @@ kernel and the Triton kernels draw the same numbers for the same keys.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 ACCEPT_STREAM = 0
@@ -50,9 +52,23 @@ _MASK32 = 0xFFFFFFFF
 KEY_BOUND = 2**62
 
 
+_KEY_BUFFERS = threading.local()
+_CPU = torch.device("cpu")
+
+
 def draw_base_key(generator: torch.Generator | None) -> int:
-    """One per-call key base in [0, 2**62) from a CPU generator (torch's default one for None)."""
-    return int(torch.randint(0, KEY_BOUND, (1,), generator=generator, dtype=torch.int64))
+    """One per-call key base in [0, 2**62) from a CPU generator (torch's default one for None).
+
+    The value ``torch.randint(0, 2**62, (1,), generator=generator)`` gives (randint is ``random_``
+    on a fresh tensor), drawn into a one-element buffer kept per thread: allocating a tensor per
+    call costs about as much as the draw itself.
+    """
+    try:
+        buffer = _KEY_BUFFERS.buffer
+    except AttributeError:
+        with torch.inference_mode(False):  # a normal tensor: written in and out of inference mode
+            buffer = _KEY_BUFFERS.buffer = torch.empty(1, dtype=torch.int64)
+    return (buffer.random_(0, KEY_BOUND) if generator is None else buffer.random_(0, KEY_BOUND, generator=generator)).item()
 
 
 def draw_row_keys(generator: torch.Generator | None, batch: int, device: torch.device) -> torch.Tensor:
@@ -75,12 +91,11 @@ def draw_keys(seeds: torch.Tensor | None, generator: torch.Generator | None, bat
     """
     if seeds is not None:
         return seeds, 0
-    on_device = (
+    if (
         torch.compiler.is_compiling()
-        or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
         or (generator is not None and generator.device.type != "cpu")
-    )
-    if on_device:
+        or (device != _CPU and device.type == "cuda" and torch.cuda.is_current_stream_capturing())  # (device.type builds a string: CPU first)
+    ):
         return draw_row_keys(generator, batch, device), 0
     return None, draw_base_key(generator)
 

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import torch
 
-from ._params import VerifyArgs, inverse_temperature, parameter_problems
+from ._params import TreeArgs, VerifyArgs, inverse_temperature, parameter_problems
 from ._philox import key_per_row
-from ._tree_params import TreeArgs
 from .reference_tree import tree_keys, tree_layout
 
 _GPU_BLOCK = 1024

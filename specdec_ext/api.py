@@ -1,91 +1,100 @@
-"""Public entry points: :func:`verify`, :func:`sample` and :func:`available_backends`."""
+"""The public entry points: :func:`verify` (token-wise and block), :func:`sample`, :func:`verify_tree`
+and :func:`available_backends`.
+
+Every call is validated by :mod:`specdec_ext._params`, runs on the backend the one rule of
+:mod:`specdec_ext._dispatch` picks, and takes its keys from :func:`specdec_ext._philox.draw_keys`.
+A chain call whose parameters are Python numbers keeps its validated plan (a
+:class:`~specdec_ext.prepared.ChainPlan`) per call signature, so a repeated call, e.g. in a decoding
+loop, pays a dictionary lookup instead of its validation; :class:`specdec_ext.Verifier` and
+:class:`specdec_ext.Sampler` hold such a plan explicitly.
+"""
 
 from __future__ import annotations
 
-import os
-import warnings
-from typing import NamedTuple
-
 import torch
 
-from . import _cpp_backend, _params
-from ._philox import SAMPLE_STREAM, draw_keys
-from .reference import verify_eager
+from . import _cpp_backend, _dispatch
+from ._dispatch import raise_if_blanked, resolve
+from ._params import (
+    CHAIN,
+    TreeArgs,
+    VerifyArgs,
+    building_a_graph,
+    check_method,
+    parameter_problems,
+    raise_for_bad_parents,
+    row_counts,
+    validate_sample,
+    validate_tree,
+    validate_verify,
+)
+from ._philox import draw_keys
+from ._results import TreeResult, VerifyResult
+from .prepared import PLAN_LIMIT, PLANS, ChainPlan
+from .reference_tree import tree_layout, tree_row_problems
+
+_Tensor = torch.Tensor
+_NUMBERS = (float, int, type(None))  # bool is no parameter value: such calls take the validating path, which refuses it
+_INTEGERS = (int, type(None))
+_new = tuple.__new__
 
 
-class VerifyResult(NamedTuple):
-    """Outcome of :func:`verify`.
+def available_backends(device: torch.device | str = "cpu", entry: str = "verify", *, interpreted: bool = True) -> list[str]:
+    """Backends that can run ``entry`` on ``device``, fastest first.
 
-    tokens: (B, K+1) int64. Row b holds its ``num_accepted[b]`` accepted drafts, then the corrected
-        (after a rejection) or bonus token, then -1 padding.
-    num_accepted: (B,) int64, the number of accepted drafts; every row emits ``num_accepted + 1`` tokens.
-    logprobs: (B, K+1) float32 log-probability of each emitted token (NaN where tokens is -1), with
-        ``return_logprobs``; else None.
-    accept_probs: (B, K) float32 ``min(1, p(x_k) / q(x_k))`` of each draft the verification examined
-        (positions up to the first rejection, below num_draft_tokens; NaN elsewhere), with
-        ``return_accept_probs``; else None.
+    ``entry``: "verify" (token-wise :func:`verify` and :func:`sample`), "verify_block"
+    (``verify(..., method="block")``) or "verify_tree" (:func:`verify_tree`). ``"triton"`` needs CUDA
+    (or, on CPU, ``TRITON_INTERPRET=1``: slow, for tests; ``interpreted=False`` leaves it out);
+    ``"cpp"`` needs the compiled extension (CPU); ``"eager"`` runs everywhere.
     """
-
-    tokens: torch.Tensor
-    num_accepted: torch.Tensor
-    logprobs: torch.Tensor | None = None
-    accept_probs: torch.Tensor | None = None
+    if entry not in _dispatch.ENTRY_POINTS:
+        raise ValueError(f"entry must be one of {_dispatch.ENTRY_POINTS}, got {entry!r}")
+    return _dispatch.available(device, entry, interpreted)
 
 
-def _triton_usable(device: torch.device) -> bool:
-    from . import _triton_backend
+_recent: tuple = (None, None)  # (key, plan) of the last plan looked up: a loop repeats its call signature
 
-    if not _triton_backend.is_available():
+
+def _lookup(key: tuple) -> ChainPlan | None:
+    """The plan of a call signature: the last one looked up when it is the same signature (one
+    comparison, no hashing), else the one kept for it, else None."""
+    global _recent
+    recent = _recent
+    if recent[0] == key:
+        return recent[1]
+    try:
+        plan = PLANS.get(key)
+    except TypeError:
+        return None
+    if plan is not None:
+        _recent = (key, plan)
+    return plan
+
+
+def _hashable(key: tuple) -> bool:
+    try:
+        hash(key)
+    except TypeError:
         return False
-    return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+    return True
 
 
-def _cpp_usable(device: torch.device) -> bool:
-    return device.type == "cpu" and _cpp_backend.is_available()
+def _forget_recent() -> None:
+    global _recent
+    _recent = (None, None)
 
 
-def available_backends(device: torch.device | str = "cpu") -> list[str]:
-    """Backends that can run on ``device``, fastest first.
-
-    ``"triton"`` needs CUDA (or, on CPU, ``TRITON_INTERPRET=1``: slow, for tests); ``"cpp"`` needs
-    the compiled extension (CPU); ``"eager"`` runs everywhere.
-    """
-    device = torch.device(device)
-    found = []
-    if device.type == "cuda" and _triton_usable(device):
-        found.append("triton")
-    if _cpp_usable(device):
-        found.append("cpp")
-    if device.type == "cpu" and _triton_usable(device):
-        found.append("triton")
-    found.append("eager")
-    return found
+_dispatch.FORGET.append(_forget_recent)
 
 
-_warned_fallback = False
-
-
-def _resolve_backend(backend: str, device: torch.device) -> str:
-    global _warned_fallback
-    if backend in ("auto", "cpp") and device.type == "cpu" and _cpp_backend.is_available():
-        return "cpp"  # the common CPU call, first
-    if backend not in _params.BACKENDS:
-        raise ValueError(f"backend must be one of {_params.BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        if device.type == "cuda" and _triton_usable(device):
-            return "triton"
-        if _cpp_usable(device):
-            return "cpp"
-        # (Not while torch.compile traces: a warning there breaks the graph; eager calls still warn.)
-        if device.type == "cpu" and not _warned_fallback and not torch.compiler.is_compiling():
-            _warned_fallback = True
-            warnings.warn(f"specdec_ext: the C++ CPU kernel is unavailable ({_cpp_backend.unavailable_reason()}); using the slower eager backend", RuntimeWarning, stacklevel=3)
-        return "eager"
-    if backend == "triton" and not _triton_usable(device):
-        raise ValueError(f"backend='triton' is not available on {device} (CUDA tensors, or TRITON_INTERPRET=1 on CPU, and an installed triton are needed); available: {available_backends(device)}")
-    if backend == "cpp" and not _cpp_usable(device):
-        raise ValueError(f"backend='cpp' is not available on {device}; available: {available_backends(device)}")
-    return backend
+def _remember(key, plan: ChainPlan, device: torch.device) -> None:
+    """Keep the plan of a cacheable call once its backend is resolved (not one made while a graph
+    is built: its tensors belong to the graph)."""
+    if key is not None and not building_a_graph(device):
+        plan.resolve()
+        if len(PLANS) >= PLAN_LIMIT:
+            PLANS.clear()
+        PLANS[key] = plan
 
 
 def verify(
@@ -141,7 +150,7 @@ def verify(
         return_accept_probs: also return ``min(1, p/q)`` of every examined draft (the expected
             acceptance: a lower-variance estimate than counts, e.g. for adaptive draft lengths).
         backend: "auto" | "triton" | "cpp" | "eager". auto: triton for CUDA tensors, cpp for CPU
-            tensors where the extension is built, else eager.
+            tensors, where built for the method, else eager (with one RuntimeWarning saying why).
         check: validate values (NaN / +inf logits, empty rows, out-of-range ids, parameter ranges)
             in every line up to each row's n_b and raise ValueError naming the argument and the
             first bad row. ``check=False`` raises nothing and makes no host sync (CUDA-graph
@@ -154,8 +163,11 @@ def verify(
             as exact (see :mod:`specdec_ext.reference_tree`; greedy rows verify token by token).
 
     Returns:
-        VerifyResult(tokens (B, K+1) int64 padded with -1, num_accepted (B,) int64, logprobs
+        :class:`VerifyResult` (tokens (B, K+1) int64 padded with -1, num_accepted (B,) int64, logprobs
         (B, K+1) float32 or None, accept_probs (B, K) float32 or None).
+
+    A loop that calls this with the same shapes and parameters every step can build a
+    :class:`specdec_ext.Verifier` once instead (the same tokens for the same keys, less host time).
 
     Example:
         >>> import torch, specdec_ext
@@ -176,64 +188,34 @@ def verify(
         >>> out.logprobs.shape, out.accept_probs.shape
         (torch.Size([2, 4]), torch.Size([2, 3]))
     """
-    args = _params.validate_verify(
-        target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-        num_draft_tokens=num_draft_tokens, generator=generator, check=check, seeds=seeds, offsets=offsets,
-        return_logprobs=return_logprobs, return_accept_probs=return_accept_probs,
+    key = None
+    if (type(target_logits) is _Tensor and type(draft_tokens) is _Tensor and (draft_logits is None or type(draft_logits) is _Tensor)
+            and type(temperature) in _NUMBERS and type(top_k) in _INTEGERS and type(top_p) in _NUMBERS and type(return_accept_probs) is bool
+            and not torch.compiler.is_compiling()):
+        # The call signature: everything the validation of a call with number parameters looked at
+        # (and the C++ extension the backend was resolved with: tests hide it).
+        key = ("verify", _cpp_backend._C, target_logits.shape, target_logits.dtype, target_logits.device,
+               None if draft_logits is None else (draft_logits.shape, draft_logits.dtype, draft_logits.device),
+               draft_tokens.shape, draft_tokens.dtype, draft_tokens.device, temperature, top_k, top_p, return_logprobs, return_accept_probs, backend,
+               check, method)
+        plan = _lookup(key)
+        if plan is None and not _hashable(key):
+            key = None  # an unhashable argument: the validation names it
+        if plan is not None:
+            if num_draft_tokens is not None:
+                num_draft_tokens = row_counts(num_draft_tokens, "num_draft_tokens", plan.batch, plan.num_positions, plan.device, plan.check, CHAIN)
+            if seeds is not None or offsets is not None or generator is not None:
+                plan.check_keys(generator, seeds, offsets)
+            return _new(VerifyResult, plan(target_logits, draft_logits, draft_tokens, num_draft_tokens, generator, seeds, offsets))
+    args = validate_verify(
+        target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p, num_draft_tokens=num_draft_tokens,
+        generator=generator, check=check, seeds=seeds, offsets=offsets, return_logprobs=return_logprobs, return_accept_probs=return_accept_probs,
     )
-    if method != "token":
-        from .tree import verify_block
-
-        return verify_block(args, method, backend)
-    return _run(args, backend)
-
-
-def _draw_keys(args: _params.VerifyArgs) -> tuple[_params.VerifyArgs, int]:
-    """The per-call randomness: (args with per-row ``seeds`` set where they must live on the device, base_key)."""
-    if args.seeds is not None:
-        return args, 0
-    seeds, base_key = draw_keys(None, args.generator, args.batch, args.target_logits.device)
-    return (args if seeds is None else args._replace(seeds=seeds)), base_key
-
-
-def _run(args: _params.VerifyArgs, backend: str) -> VerifyResult:
-    chosen = _resolve_backend(backend, args.target_logits.device)
-    args, base_key = _draw_keys(args)
-    if torch.compiler.is_compiling():
-        # Under torch.compile one registered op (fake kernel for tracing; C++ / eager on CPU, Triton
-        # on CUDA) keeps the graph whole; eager calls skip the dispatcher (see specdec_ext/ops.py).
-        from . import ops
-
-        tokens, num_accepted, logprobs, accept_probs = ops.verify(args, base_key)
-    elif chosen == "triton":
-        from . import _triton_backend
-
-        tokens, num_accepted, logprobs, accept_probs = _triton_backend.verify(args, base_key)
-    elif chosen == "cpp":
-        tokens, num_accepted, logprobs, accept_probs = _cpp_backend.verify(args, base_key)
-    else:
-        tokens, num_accepted, logprobs, accept_probs = verify_eager(args, base_key)
-    if args.check and tokens.shape[0]:
-        compiling = torch.compiler.is_compiling()
-        if compiling and tokens.is_cpu:
-            # Reading the result would break the graph: the check becomes an assertion inside it.
-            torch._assert_async(
-                (tokens[:, 0] >= 0).all(),
-                "specdec_ext: check=True found a row it could not verify (NaN / +inf or empty logits, a temperature so small that "
-                f"the scaled logits are not finite, an out-of-range draft id, a negative seed or offset); {_params.COMPILED_CHECK_HINT}",
-            )
-        else:
-            # Every valid row emits at least one token: a blanked row means bad values (one host sync;
-            # on CPU, through NumPy, which reads the column for a fraction of torch's dispatch cost;
-            # a list is cheaper still than a reduction for a small batch).
-            if tokens.is_cpu:
-                first = tokens.numpy()[:, 0]
-                any_blanked = (min(first.tolist()) if first.shape[0] <= 32 else first.min()) < 0
-            else:
-                any_blanked = bool((tokens[:, 0] < 0).any())
-            if any_blanked:
-                _params.raise_for_bad_rows(args, tokens[:, 0] < 0)
-    return VerifyResult(tokens, num_accepted, logprobs, accept_probs)
+    check_method(method, return_accept_probs)
+    plan = ChainPlan.of(args, backend, method)
+    _remember(key, plan, args.target_logits.device)
+    out = plan(args.target_logits, args.draft_logits, args.draft_tokens, args.num_draft_tokens, args.generator, args.seeds, args.offsets)
+    return VerifyResult(*out)
 
 
 def sample(
@@ -254,7 +236,8 @@ def sample(
     Philox stream: drafts drawn with ``sample`` and verified with ``verify`` under the same
     ``seeds`` and ``offsets`` never share a random number. ``seeds`` / ``offsets`` are as in
     :func:`verify` (row b draws at position ``offsets[b]``). The same keys give the same tokens on
-    every backend. Returns (B,) int64 (-1 for an invalid row when ``check=False``).
+    every backend. Returns (B,) int64 (-1 for an invalid row when ``check=False``). A loop can
+    build a :class:`specdec_ext.Sampler` once instead.
 
     Example:
         >>> import torch, specdec_ext
@@ -262,21 +245,110 @@ def sample(
         >>> specdec_ext.sample(logits, temperature=0.0, backend="eager").tolist()
         [2, 0]
     """
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise ValueError(f"logits must be a 2-D (batch, vocab) tensor, got {shape}")
-    try:
-        args = _sample_args(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, check=check, seeds=seeds, offsets=offsets)
-        result = _run(args, backend)
-    except ValueError as error:  # name the caller's argument, not verify's
-        raise ValueError(str(error).replace("target_logits", "logits")) from None
-    return result.tokens[:, 0]
+    key = None
+    if (type(logits) is _Tensor and type(temperature) in _NUMBERS and type(top_k) in _INTEGERS and type(top_p) in _NUMBERS
+            and not torch.compiler.is_compiling()):
+        key = ("sample", _cpp_backend._C, logits.shape, logits.dtype, logits.device, temperature, top_k, top_p, backend, check)
+        plan = _lookup(key)
+        if plan is None and not _hashable(key):
+            key = None
+        if plan is not None:
+            if seeds is not None or offsets is not None or generator is not None:
+                plan.check_keys(generator, seeds, offsets)
+            return plan.sample(logits, generator, seeds, offsets)
+    args = _sample_args(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, check=check, seeds=seeds, offsets=offsets)
+    plan = ChainPlan.of(args, backend, "token", logits_name="logits")
+    _remember(key, plan, args.target_logits.device)
+    return plan.sample(logits, args.generator, args.seeds, args.offsets)
 
 
-def _sample_args(logits: torch.Tensor, *, temperature, top_k, top_p, generator, check, seeds=None, offsets=None) -> _params.VerifyArgs:
-    """sample()'s validated call: verify's arguments for (B, V) logits with K = 0 on the sample stream."""
-    no_drafts = torch.empty((logits.shape[0], 0), dtype=torch.int64, device=logits.device)
-    return _params.validate_verify(
-        logits[:, None, :], None, no_drafts, temperature=temperature, top_k=top_k, top_p=top_p, num_draft_tokens=None,
-        generator=generator, check=check, seeds=seeds, offsets=offsets, stream=SAMPLE_STREAM,
+def _sample_args(logits: torch.Tensor, *, temperature, top_k, top_p, generator, check, seeds=None, offsets=None) -> VerifyArgs:
+    """sample()'s validated call (:func:`specdec_ext._params.validate_sample`). generate.py's direct
+    draft draw still reads its per-row parameters from here; a :class:`specdec_ext.Sampler` replaces both."""
+    return validate_sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, check=check, seeds=seeds, offsets=offsets)
+
+
+def verify_tree(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    draft_tokens: torch.Tensor,
+    parents: torch.Tensor,
+    *,
+    temperature: float | torch.Tensor = 1.0,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+    num_nodes: torch.Tensor | None = None,
+    siblings: str = "iid",
+    generator: torch.Generator | None = None,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    backend: str = "auto",
+    check: bool = True,
+) -> TreeResult:
+    """Verify a tree of draft tokens per row from raw logits; the output follows the target's law exactly.
+
+    A tree generalises the chain of :func:`verify`: every context may have several drafted children,
+    drawn i.i.d. from the draft's distribution there, without replacement, or deterministically (the
+    top-k trees of EAGLE / Medusa-style drafters). Verification walks from the root by recursive
+    rejection sampling (specified with its random stream in :mod:`specdec_ext.reference_tree`).
+
+    Args:
+        target_logits: (B, N+1, V) raw target logits. Context 0 is the current sequence, context i+1
+            is node i (the sequence followed by the path from the root to node i).
+        draft_logits: (B, N+1, Vd), Vd <= V, the draft's raw logits at the same contexts (the children
+            of a context were drawn from the processed law of its line), or None for deterministic
+            siblings (each child's proposal is a point mass; a rejected child is removed from the residual).
+        draft_tokens: (B, N) int32 / int64 node tokens in [0, Vd).
+        parents: (B, N) int32 / int64: node i's parent node, or -1 for a child of the root; a parent's
+            index is below its child's (so trees are acyclic and listed parents first). Siblings are
+            tried in node order.
+        temperature, top_k, top_p: as for :func:`verify`, applied to both models' lines.
+        num_nodes: optional (B,) ints in [0, N]: row b uses nodes 0 .. n_b - 1 (ragged trees).
+        siblings: "iid" (children drawn independently from q) or "without_replacement" (each child
+            drawn from q without the earlier siblings). Ignored for deterministic siblings.
+        generator: draws one Philox base key per call (row b uses base_key + b) unless ``seeds`` is given.
+        seeds: optional (B,) int64 per-row Philox keys (>= 0) on the logits' device.
+        offsets: optional (B,) int64 absolute position of each row's context 0 (default 0): coins and
+            draws at depth d use position offset + d, so a caller that advances offsets by the tokens
+            emitted never reuses randomness that decided a token.
+        backend: "auto" | "triton" | "cpp" | "eager", chosen by the same rule as :func:`verify`'s.
+        check: True raises ValueError for a bad tree (a parent out of range or not below its child),
+            ids out of range, bad parameters, negative seeds or offsets and NaN / +inf / empty lines at
+            any context a row could use. False raises nothing and blanks such a row (tokens -1,
+            num_accepted 0); bad values in lines the walk does not read do not blank it.
+
+    Returns:
+        :class:`TreeResult` (tokens (B, D+1), num_accepted (B,), accepted_nodes (B, D)).
+
+    Example:
+        >>> import torch, specdec_ext
+        >>> target = torch.randn(1, 4, 10)  # root + 3 nodes, V = 10
+        >>> draft = torch.randn(1, 4, 10)
+        >>> tokens = torch.tensor([[3, 7, 1]])  # two children of the root, one grandchild under node 0
+        >>> parents = torch.tensor([[-1, -1, 0]])
+        >>> out = specdec_ext.verify_tree(target, draft, tokens, parents, backend="eager")
+        >>> out.tokens.shape, out.accepted_nodes.shape
+        (torch.Size([1, 3]), torch.Size([1, 2]))
+    """
+    args = validate_tree(
+        target_logits, draft_logits, draft_tokens, parents, temperature=temperature, top_k=top_k, top_p=top_p, num_nodes=num_nodes,
+        siblings=siblings, generator=generator, seeds=seeds, offsets=offsets, check=check,
     )
+    device = args.target_logits.device
+    _, run = resolve(backend, device, "verify_tree")
+    seeds, base_key = draw_keys(args.seeds, args.generator, args.batch, device)
+    args = args._replace(seeds=seeds)
+    tokens, num_accepted, accepted_nodes = run(args, base_key)
+    if check:
+        raise_if_blanked(tokens, _tree_problems, args)
+    return TreeResult(tokens, num_accepted, accepted_nodes)
+
+
+def _tree_problems(args: TreeArgs):
+    """What a blanked tree row had wrong, in order: parameters and keys, the tree, then ids and lines."""
+    yield from parameter_problems(args)
+    raise_for_bad_parents(args)
+    yield from tree_row_problems(args, tree_layout(args), None)
+
+
+__all__ = ["TreeResult", "VerifyResult", "available_backends", "sample", "verify", "verify_tree"]

@@ -22,9 +22,10 @@ traces a call without a graph break.
 
 :func:`specdec_ext.verify` goes through this operator only while ``torch.compile`` traces; eager
 calls use the backend modules directly, which skips the dispatcher (bench/bench_cpp.py measures the
-difference). Importing this module is what registers the CUDA and fake kernels; ``import specdec_ext``
-imports it (through :mod:`specdec_ext._cpp_backend`, right after the C++ extension defined the
-schemas), so the ops trace under FakeTensorMode and torch.compile from the start.
+difference). Importing this module is what registers the CUDA and fake kernels, after the C++
+extension (imported first, through :mod:`specdec_ext._cpp_backend`) defined the schemas;
+``import specdec_ext`` imports it through the backend table (:mod:`specdec_ext._dispatch`), so the
+ops trace under FakeTensorMode and torch.compile from the start.
 """
 
 from __future__ import annotations

@@ -53,9 +53,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._params import LOGPROBS_NONE, VerifyArgs, invalid_rows, inverse_temperature
+from ._params import LOGPROBS_NONE, TreeArgs, VerifyArgs, bad_parents, invalid_rows, inverse_temperature
 from ._philox import VERIFY_STREAM, coin_uniforms, key_per_row, race_uniforms
-from ._tree_params import TreeArgs, bad_parents
 from .reference import ProcessedLines, _emitted_logprobs, _lines, _subset, process_lines
 
 

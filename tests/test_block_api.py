@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import specdec_ext
-from specdec_ext.tree import available_tree_backends, verify_tree
+from specdec_ext import available_backends, verify_tree
 
 B, K, V = 6, 4, 50
 
@@ -21,7 +21,7 @@ def _inputs(seed=0):
 
 def test_layout_matches_token_verification():
     target, draft, tokens = _inputs()
-    for backend in available_tree_backends("cpu", fast_only=True):
+    for backend in available_backends("cpu", "verify_block", interpreted=False):
         out = specdec_ext.verify(target, draft, tokens, method="block", generator=torch.Generator().manual_seed(1), backend=backend)
         assert out.tokens.shape == (B, K + 1) and out.num_accepted.shape == (B,)
         for row in range(B):
@@ -54,7 +54,7 @@ def test_method_is_validated():
         specdec_ext.verify(target, draft, tokens, method="joint")
 
 
-@pytest.mark.parametrize("backend", available_tree_backends("cpu", fast_only=True))
+@pytest.mark.parametrize("backend", available_backends("cpu", "verify_block", interpreted=False))
 def test_check_false_reads_every_line_up_to_n_b(backend):
     """Block verification decides from every line up to n_b (the last stop wins), so with check=False a
     bad line anywhere up to n_b blanks a sampled row; a greedy row verifies token by token and reads

@@ -22,7 +22,7 @@ from tree_laws import (
 )
 
 import specdec_ext
-from specdec_ext.tree import available_tree_backends
+from specdec_ext import available_backends
 
 ROWS = 80_000
 K = 3
@@ -37,7 +37,7 @@ def _chains(lang, rows, generator):
 def _check(lang, wrong_variant, params=None, one_hot=False, seed=0):
     params = params or {}
     law = block_law(lang, K)
-    for backend in available_tree_backends("cpu", fast_only=True):
+    for backend in available_backends("cpu", "verify_block", interpreted=False):
         generator = torch.Generator().manual_seed(seed)
         tokens, target_logits, draft_logits = _chains(lang, ROWS, generator)
         out = specdec_ext.verify(target_logits, None if one_hot else draft_logits, tokens, method="block", generator=generator, backend=backend, **params)
@@ -79,7 +79,7 @@ def test_ragged_lengths():
     generator = torch.Generator().manual_seed(11)
     tokens, target_logits, draft_logits = _chains(lang, ROWS, generator)
     num_draft = torch.randint(0, K + 1, (ROWS,), generator=generator)
-    for backend in available_tree_backends("cpu", fast_only=True):
+    for backend in available_backends("cpu", "verify_block", interpreted=False):
         out = specdec_ext.verify(target_logits, draft_logits, tokens, num_draft_tokens=num_draft, method="block", generator=generator, backend=backend)
         assert bool((out.num_accepted <= num_draft).all())
         fails, report = depth_laws_fail(lang, out.tokens, out.num_accepted, K)
@@ -108,7 +108,7 @@ def test_greedy_rows_verify_token_by_token():
     argmax = target.argmax(-1)
     drafts = torch.where(torch.rand(64, K, generator=g) < 0.7, argmax[:, :K], (argmax[:, :K] + 1) % 30)
     draft_logits = torch.randn(64, K, 30, generator=g)
-    for backend in available_tree_backends("cpu", fast_only=True):
+    for backend in available_backends("cpu", "verify_block", interpreted=False):
         block = specdec_ext.verify(target, draft_logits, drafts, temperature=0.0, method="block", backend=backend)
         token = specdec_ext.verify(target, draft_logits, drafts, temperature=0.0, backend="eager")
         assert torch.equal(block.tokens, token.tokens) and torch.equal(block.num_accepted, token.num_accepted)

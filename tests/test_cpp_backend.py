@@ -12,7 +12,7 @@ from laws import position_laws_fail, processed_probs
 from strategies import extreme_verify_inputs
 
 import specdec_ext
-from specdec_ext import _cpp_backend, api
+from specdec_ext import _cpp_backend, _dispatch
 from specdec_ext.reference import process_lines
 
 needs_cpp = pytest.mark.skipif(not _cpp_backend.is_available(), reason=f"C++ extension unavailable: {_cpp_backend.unavailable_reason()}")
@@ -437,7 +437,9 @@ def test_cpp_is_auto_on_cpu():
 def without_extension(monkeypatch):
     monkeypatch.setattr(_cpp_backend, "_C", None)
     monkeypatch.setattr(_cpp_backend, "_IMPORT_ERROR", "specdec_ext._C is not built (simulated)")
-    monkeypatch.setattr(api, "_warned_fallback", False)
+    _dispatch.forget()  # resolutions, call plans and the fallback warning, made with the extension
+    yield
+    _dispatch.forget()  # (and those made without it)
 
 
 def test_fallback_when_extension_missing(without_extension):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import specdec_ext
-from specdec_ext.tree import available_tree_backends, verify_tree
+from specdec_ext import available_backends, verify_tree
 
 B, V = 4, 12
 PARENTS = [-1, -1, 0, 0, 2, 1]  # depth 3 through node 0 -> 2 -> 4
@@ -33,7 +33,7 @@ def _expect(match, **overrides):
 
 def test_result_layout_and_accepted_path():
     target, draft, tokens, parents = _inputs()
-    for backend in available_tree_backends("cpu", fast_only=True):
+    for backend in available_backends("cpu", "verify_tree", interpreted=False):
         out = verify_tree(target, draft, tokens, parents, generator=torch.Generator().manual_seed(1), backend=backend)
         assert out.tokens.shape == (B, 4) and out.accepted_nodes.shape == (B, 3) and out.num_accepted.shape == (B,)
         for row in range(B):
@@ -77,7 +77,7 @@ def test_greedy_rows_take_the_argmax_path_and_ties_take_the_lowest_index():
     target, draft, tokens, parents = _inputs()
     target[:, 0, 3] = target[:, 0, 5] = target[:, 0].max() + 1  # a tie at the root: 3 wins
     tokens[:, 0], tokens[:, 1] = 5, 3  # node 1 holds the argmax, node 0 the tied id that loses
-    for backend in available_tree_backends("cpu", fast_only=True):
+    for backend in available_backends("cpu", "verify_tree", interpreted=False):
         out = verify_tree(target, draft, tokens, parents, temperature=0.0, backend=backend)
         assert (out.accepted_nodes[:, 0] == 1).all() and (out.tokens[:, 0] == 3).all()
         # Under node 1 (context 2) there is one child (node 5): entered iff it is the argmax there.
@@ -107,8 +107,8 @@ def test_parameter_and_key_values():
     _expect(r"temperature must be finite and >= 0 .*row 1", temperature=torch.tensor([1.0, -1.0, 1.0, 1.0]))
     _expect(r"top_p must lie in \(0, 1\]; row 3", top_p=torch.tensor([1.0, 1.0, 1.0, 0.0]))
     _expect(r"num_nodes must lie in \[0, N=6\]; row 2", num_nodes=torch.tensor([1, 2, 7, 0]))
-    _expect("seeds must be >= 0; row 1", seeds=torch.tensor([0, -4, 1, 2]))
-    _expect("offsets must be >= 0; row 0", offsets=torch.tensor([-1, 0, 0, 0]))
+    _expect("seeds: row 1 is negative", seeds=torch.tensor([0, -4, 1, 2]))
+    _expect("offsets: row 0 is negative", offsets=torch.tensor([-1, 0, 0, 0]))
 
 
 @pytest.mark.parametrize(
@@ -128,7 +128,7 @@ def test_bad_trees_raise_or_blank_the_row(bad_parents, match):
         verify_tree(target, draft, tokens, parents, backend="eager")
     seeds = torch.tensor([1, 2, 3, 4])
     clean = verify_tree(target, draft, tokens, torch.tensor(PARENTS).expand(B, -1), seeds=seeds, backend="eager")
-    for backend in available_tree_backends("cpu", fast_only=True):
+    for backend in available_backends("cpu", "verify_tree", interpreted=False):
         out = verify_tree(target, draft, tokens, parents, seeds=seeds, check=False, backend=backend)
         assert (out.tokens[2] == -1).all() and int(out.num_accepted[2]) == 0 and (out.accepted_nodes[2] == -1).all()
         others = [0, 1, 3]
@@ -163,7 +163,7 @@ def test_bad_values():
     verify_tree(target, leaf, tokens, parents, backend="eager")
 
 
-@pytest.mark.parametrize("backend", available_tree_backends("cpu", fast_only=True))
+@pytest.mark.parametrize("backend", available_backends("cpu", "verify_tree", interpreted=False))
 def test_check_false_blanks_only_for_lines_the_walk_reads(backend):
     """check=False blanks a row for a bad line at a context its walk visited (target), or where it
     tested a child (draft, sampled rows); other lines leave the row exactly as the clean call had it."""
@@ -226,7 +226,7 @@ def test_a_chain_verifies_exactly_as_verify_does(siblings, params):
     chain = torch.arange(-1, k - 1).expand(batch, -1)
     lengths = torch.randint(0, k + 1, (batch,), generator=g)
     offsets = torch.randint(0, 2**40, (batch,), generator=g)
-    for backend in available_tree_backends("cpu", fast_only=True):
+    for backend in available_backends("cpu", "verify_tree", interpreted=False):
         for draft_logits in (draft, None):
             for ragged in (None, lengths):
                 chained = specdec_ext.verify(target, None if draft_logits is None else draft_logits[:, :k], tokens, num_draft_tokens=ragged,

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import specdec_ext
-from specdec_ext.tree import available_tree_backends, verify_tree
+from specdec_ext import available_backends, verify_tree
 
-FUSED = [b for b in available_tree_backends("cpu") if b != "eager"]
+FUSED = [b for b in available_backends("cpu", "verify_tree") if b != "eager"]
 pytestmark = pytest.mark.skipif(not FUSED, reason="no fused tree / block kernel is built")
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from tree_laws import depth_laws_fail, draft_tree_batch, language, sample_law, sequence_law_fails, tree_law
 
-from specdec_ext.tree import available_tree_backends, verify_tree
+from specdec_ext import available_backends, verify_tree
 
 ROWS = 60_000
 
@@ -32,7 +32,7 @@ def _run(lang, parents, mode, backend, seed, params=None, rows=ROWS, num_nodes=N
 def _assert_exact_and_wrong_fails(lang, parents, mode, wrong_variant, params=None, seed=0):
     depth = max(_depths(parents))
     law = tree_law(lang, parents, mode)
-    for backend in available_tree_backends("cpu", fast_only=True):
+    for backend in available_backends("cpu", "verify_tree", interpreted=False):
         out = _run(lang, parents, mode, backend, seed, params)
         fails, report = depth_laws_fail(lang, out.tokens, out.num_accepted, depth)
         assert not fails, f"{backend}: {report}"
@@ -97,7 +97,7 @@ def test_draft_vocabulary_smaller_than_target():
 def test_bfloat16_logits():
     """bf16 logits: the law is that of the bf16-rounded logits (the language is built from them)."""
     lang = language(7, vocab=4, depth=3, round_to=torch.bfloat16)
-    for backend in available_tree_backends("cpu", fast_only=True):
+    for backend in available_backends("cpu", "verify_tree", interpreted=False):
         out = _run(lang, [-1, -1, 0, 0, 1], "iid", backend, seed=8, dtype=torch.bfloat16)
         fails, report = depth_laws_fail(lang, out.tokens, out.num_accepted, 3)
         assert not fails, f"{backend}: {report}"
@@ -109,7 +109,7 @@ def test_ragged_trees():
     lang = language(9, vocab=4, depth=3)
     generator = torch.Generator().manual_seed(10)
     num_nodes = torch.randint(0, len(WIDE) + 1, (ROWS,), generator=generator)
-    for backend in available_tree_backends("cpu", fast_only=True):
+    for backend in available_backends("cpu", "verify_tree", interpreted=False):
         out = _run(lang, WIDE, "iid", backend, seed=11, num_nodes=num_nodes)
         depth_of = torch.tensor([0] + _depths(WIDE))
         deepest = torch.stack([depth_of[: n + 1].max() for n in num_nodes.tolist()[:200]])
@@ -127,7 +127,7 @@ def test_mixed_greedy_and_sampled_rows():
     greedy = torch.rand(ROWS, generator=generator) < 0.3
     temperature = torch.where(greedy, 0.0, 1.0)
     parents = torch.tensor(WIDE).expand(ROWS, -1)
-    for backend in available_tree_backends("cpu", fast_only=True):
+    for backend in available_backends("cpu", "verify_tree", interpreted=False):
         out = verify_tree(target_logits, draft_logits, tokens, parents, temperature=temperature, generator=generator, backend=backend)
         fails, report = depth_laws_fail(lang, out.tokens[~greedy], out.num_accepted[~greedy], 3)
         assert not fails, f"{backend}: {report}"

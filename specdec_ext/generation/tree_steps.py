@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import verify_tree
+from ..api import verify_tree
 from . import draws
 from .steps import Proposal, Verdict
 
