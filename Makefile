@@ -14,8 +14,10 @@ VLLM_BIN := $(VLLM_VENV)/bin
 # The package is installed there from a copy of the sources, so the C++ extension is compiled against that
 # torch in a build folder of its own (the source tree keeps .venv's library).
 VLLM_SRC := build/vllm-src
-# The C++ tests of the extension, run again on the clang build (test-clang).
-CPP_TESTS := tests/test_cpp_backend.py tests/test_cpp_runtime.py tests/test_ops.py tests/test_request_keys.py tests/test_penalties_cpp.py
+# The C++ tests of the extension, run again on the clang build (test-clang): chains, sampling, the
+# op, keys, penalties, and trees and blocks (the same extension).
+CPP_TESTS := tests/test_cpp_backend.py tests/test_cpp_runtime.py tests/test_ops.py tests/test_request_keys.py tests/test_penalties_cpp.py \
+	tests/test_cpp_tree_block.py tests/test_tree_backends.py tests/test_tree_api.py tests/test_block_api.py
 
 .PHONY: setup demo test test-slow bench lint ci-tools test-kernels test-clang test-vllm
 
@@ -61,14 +63,14 @@ test-kernels:
 # The extension built with clang (one OpenMP runtime: torch's), then its tests; the GCC build is
 # put back afterwards.
 test-clang: setup
-	mkdir -p build/gcc-so && cp specdec_ext/_C*.so build/gcc-so/
+	mkdir -p build/gcc-so && cp specdec_ext/_C.*.so build/gcc-so/
 	CC=clang CXX=clang++ LDSHARED="clang++ -shared" $(BIN)/python setup.py -q build_ext --inplace -b build/clang -t build/clang/tmp
 	$(BIN)/python -c "import torch; from specdec_ext import _cpp_backend as c; assert c.is_available(), c.unavailable_reason(); \
 		assert c._C.compiler().startswith('clang'), c._C.compiler(); assert c._C.openmp_linked(); \
 		cpu = torch.backends.cpu.get_cpu_capability(); assert c.isa() != 'base' or cpu not in ('AVX2', 'AVX512'), (c.isa(), cpu); \
 		print('clang build:', c._C.compiler(), c.isa(), 'on a', cpu, 'CPU')"
-	! readelf -d specdec_ext/_C*.so | grep -E 'NEEDED.*lib(omp|iomp5)\.'
-	$(BIN)/python -m pytest -q $(CPP_TESTS) -k "not triton"; status=$$?; cp build/gcc-so/_C*.so specdec_ext/; exit $$status
+	! readelf -d specdec_ext/_C.*.so | grep -E 'NEEDED.*lib(omp|iomp5)\.'
+	$(BIN)/python -m pytest -q $(CPP_TESTS) -k "not triton"; status=$$?; cp build/gcc-so/_C.*.so specdec_ext/; exit $$status
 
 # vLLM's environment, then this package built and installed into it, then tests/vllm/ on CPU tensors.
 $(VLLM_VENV)/.vllm-installed:

@@ -32,7 +32,12 @@ from pathlib import Path
 from setuptools import setup
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ["csrc/verify.cpp", "csrc/scheduler.cpp", "csrc/filter.cpp", "csrc/penalties.cpp", "csrc/kernel_avx512.cpp", "csrc/kernel_avx2.cpp"]
+# One extension: the bindings, the drivers (chain, block, tree) on the shared layers (arguments,
+# passes, line statistics and filter, scheduler), the CPU dispatch and the per-ISA kernel loops.
+SOURCES = [
+    "csrc/bindings.cpp", "csrc/chain.cpp", "csrc/block.cpp", "csrc/tree.cpp", "csrc/passes.cpp", "csrc/filter.cpp", "csrc/arguments.cpp",
+    "csrc/dispatch.cpp", "csrc/scheduler.cpp", "csrc/penalties.cpp", "csrc/kernel_avx512.cpp", "csrc/kernel_avx2.cpp",
+]
 BASELINE_SOURCE = "csrc/kernel_base.cpp"
 # -O3; no implicit floating-point contraction (the kernels fuse multiply-adds explicitly, so the
 # AVX2 and AVX-512 variants round identically); -fno-trapping-math lets the compiler if-convert the
@@ -183,14 +188,7 @@ def _extension_setup() -> dict:
         extra_link_args=link_args,
         depends=[str(p) for p in sorted((HERE / "csrc").glob("*.h"))] + [str(HERE / BASELINE_SOURCE)],
     )
-    # Tree and block verification: a module of its own, so it builds and loads independently.
-    tree_extension = CppExtension(
-        name="specdec_ext._C_tree",
-        sources=["csrc/tree.cpp"],
-        extra_compile_args=compile_args,
-        extra_link_args=link_args,
-    )
-    return {"ext_modules": [extension, tree_extension], "cmdclass": {"build_ext": OptionalBuildExtension}}
+    return {"ext_modules": [extension], "cmdclass": {"build_ext": OptionalBuildExtension}}
 
 
 if __name__ == "__main__":

@@ -32,6 +32,14 @@ work over threads instead of the default ``auto`` (``--scheduler`` changes the d
 ``mean accepted`` is over 20 keys. Goals: the default call >= 10x transformers, and ``check=True``
 within 1.25x of ``check=False``.
 
+Beyond token-wise chains, in the same rounds as the rows above: ``block`` / ``block-nocheck`` are
+``verify(..., method="block")`` (default call and ``check=False``) on the same inputs, reported as a
+ratio to the token-wise call (block verification reads every line up to n_b, token-wise ones stop at
+the first rejection). ``trees`` times ``verify_tree`` on the demo's tree (2, 1, 1), 6 nodes, B=16,
+V=32000 (i.i.d. and without-replacement siblings), beside the token-wise chain K=4 on the same lines.
+``sample_top_p`` times ``sample`` on (64, 128256) fp32 ``randn`` rows, unfiltered against top-p alone
+(0.9, 0.95; goal: within 3x of unfiltered).
+
 The race (``race_costs``): microseconds per bonus race over one 128256-entry line on one thread,
 per instruction set, as verify runs it (the bound seeded with the argmax) and unseeded, on the B=1
 case's line, an LLM-like peaked line and a flat line (nothing can be pruned: every id pays its
@@ -72,6 +80,9 @@ GOALS = {
     (16, 4, 32000): {"transformers": 10.0},
 }
 CHECK_GOAL = 1.25  # the default check=True call within this factor of check=False
+TOP_P_GOAL = 3.0  # sample with top-p alone within this factor of the unfiltered sample
+TREE_CASE = (16, 32000, (-1, -1, 0, 1, 2, 3))  # B, V, parents: the demo's (2, 1, 1) tree
+SAMPLE_CASE = (64, 128256)
 BEFORE_STREAM_V2 = RESULTS_DIR / "cpu-cpp-2026-12-01-stream-v1.json"
 
 
@@ -119,6 +130,8 @@ def methods(target, draft, drafts) -> dict[str, Callable[[], object]]:
                 "kernel": lambda: _cpp_backend._C.verify(*kernel_args, draw_base_key(None), 1, True),
                 "kernel-nocheck": lambda: _cpp_backend._C.verify(*kernel_args, draw_base_key(None), 1, False),
                 "kernel-op": lambda: op(*kernel_args, draw_base_key(None), 1, True),
+                "block": lambda: specdec_ext.verify(target, draft, drafts, method="block", backend="cpp"),
+                "block-nocheck": lambda: specdec_ext.verify(target, draft, drafts, method="block", backend="cpp", check=False),
             }
         )
         # The same kernel call with each fixed way of spreading work over threads (csrc/scheduler.cpp).
@@ -227,6 +240,46 @@ def race_costs(vocab: int = 128256, rounds: int = 15, reps: int = 5) -> dict | N
     return costs
 
 
+def tree_costs(budget_s: float) -> dict:
+    """verify_tree on the demo's tree beside the token-wise chain K=4 on the same lines, in shared rounds."""
+    from specdec_ext.api import verify_tree
+
+    batch, vocab, parents = TREE_CASE
+    nodes = len(parents)
+    g = torch.Generator().manual_seed(2)
+    target = 3 * torch.randn(batch, nodes + 1, vocab, generator=g)
+    draft = target + torch.randn(batch, nodes + 1, vocab, generator=g)
+    tokens = torch.multinomial(draft.softmax(-1).reshape(-1, vocab), 1, generator=g).reshape(batch, nodes + 1)[:, :nodes]
+    parent_rows = torch.tensor([parents] * batch)
+    chain_k = 4
+    calls = {
+        "tree-iid": lambda: verify_tree(target, draft, tokens, parent_rows, backend="cpp"),
+        "tree-without-replacement": lambda: verify_tree(target, draft, tokens, parent_rows, siblings="without_replacement", backend="cpp"),
+        "chain-token": lambda: specdec_ext.verify(target[:, : chain_k + 1], draft[:, :chain_k], tokens[:, :chain_k], backend="cpp"),
+    }
+    samples = measure(calls, budget_s=budget_s, min_rounds=10, max_rounds=500)
+    stats = {name: summarise(values) for name, values in samples.items()}
+    return {"batch": batch, "nodes": nodes, "parents": list(parents), "vocab": vocab, "dtype": "fp32", "chain_k": chain_k, "methods": stats}
+
+
+def sample_top_p_costs(budget_s: float) -> dict:
+    """sample on flat rows, unfiltered against top-p alone, in shared rounds (issue 24's CPU case)."""
+    batch, vocab = SAMPLE_CASE
+    logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(3))
+    calls = {"unfiltered": lambda: specdec_ext.sample(logits, backend="cpp")}
+    for top_p in (0.9, 0.95):
+        calls[f"top_p={top_p}"] = lambda top_p=top_p: specdec_ext.sample(logits, top_p=top_p, backend="cpp")
+    samples = measure(calls, budget_s=budget_s, min_rounds=10, max_rounds=500)
+    stats = {name: summarise(values) for name, values in samples.items()}
+    plain = stats["unfiltered"]["median_us"]
+    ratios = {name: stats[name]["median_us"] / plain for name in calls if name != "unfiltered"}
+    return {
+        "batch": batch, "vocab": vocab, "dtype": "fp32", "methods": stats, "per_row_us": {name: m["median_us"] / batch for name, m in stats.items()},
+        "ratio_to_unfiltered": ratios,
+        "goals": {f"{name} <= {TOP_P_GOAL:g}x unfiltered": {"measured": round(r, 2), "pass": r <= TOP_P_GOAL} for name, r in ratios.items()},
+    }
+
+
 def run(threads: int | None, budget_s: float, scheduler: str | None, cases: list[tuple[int, int, int]] | None = None, race: bool = True) -> dict:
     if threads:
         torch.set_num_threads(threads)
@@ -261,6 +314,8 @@ def run(threads: int | None, budget_s: float, scheduler: str | None, cases: list
             }
             if goals:
                 case["goals"][f"check=True <= {CHECK_GOAL:g}x check=False"] = {"measured": round(case["check_ratio"], 3), "pass": case["check_ratio"] <= CHECK_GOAL}
+            case["block_ratio"] = stats["block"]["median_us"] / cpp
+            case["block_ratio_nocheck"] = stats["block-nocheck"]["median_us"] / nocheck
         rows.append(case)
     return {
         "schema": 1,
@@ -285,6 +340,8 @@ def run(threads: int | None, budget_s: float, scheduler: str | None, cases: list
         "note": "measured with other jobs running on this machine unless load_average says otherwise; figures for publication are re-measured on a quiet machine",
         "timing": "methods take turns in a shuffled order each round; per turn one untimed call then two timed (time.perf_counter), warm caches, GC off; median (p10, min also kept)",
         "cases": rows,
+        "trees": tree_costs(budget_s / 2) if _cpp_backend.is_available() else None,
+        "sample_top_p": sample_top_p_costs(budget_s / 2) if _cpp_backend.is_available() else None,
         "race": race_costs() if race else None,
     }
 
@@ -299,7 +356,8 @@ def _version(name: str) -> str | None:
 
 
 def format_table(doc: dict) -> str:
-    order = ["cpp", "cpp-nocheck", "kernel", "kernel-nocheck", "cpp-op", "kernel-op", "kernel-openmp", "kernel-pool", "eager", "transformers", "floor"]
+    order = ["cpp", "cpp-nocheck", "block", "block-nocheck", "kernel", "kernel-nocheck", "cpp-op", "kernel-op", "kernel-openmp", "kernel-pool", "eager",
+             "transformers", "floor"]
     host, kernel = doc["host"], doc["kernel"]
     lines = [
         f"specdec_ext C++ kernel: {kernel['isa'] or 'unavailable'} / {kernel['scheduler']} scheduler, {kernel.get('compiler')}, "
@@ -323,6 +381,10 @@ def format_table(doc: dict) -> str:
                 note = f"check=False: {case['speedup_vs_transformers_nocheck']:.1f}x transformers; check=True costs {case['check_ratio']:.2f}x ({case['check_overhead_us']:+.1f} us)"
             elif name == "floor":
                 note = f"read {case['logits_bytes'] / 2**20:.1f} MiB of logits once ({case.get('floor_gbs', 0):.1f} GB/s)"
+            elif name == "block" and "block_ratio" in case:
+                note = f"verify(method='block'): {case['block_ratio']:.2f}x the token-wise default call"
+            elif name == "block-nocheck" and "block_ratio_nocheck" in case:
+                note = f"block, check=False: {case['block_ratio_nocheck']:.2f}x token-wise check=False"
             elif name == "kernel-op" and "op_overhead_us" in case:
                 note = f"{case['op_overhead_us']:+.1f} us vs the direct call"
             elif name in ("kernel-openmp", "kernel-pool"):
@@ -333,6 +395,20 @@ def format_table(doc: dict) -> str:
             label = ""
         for goal, result in case.get("goals", {}).items():
             lines.append(f"{'':<24} goal {goal}: {result['measured']} -> {'PASS' if result['pass'] else 'FAIL'}")
+    trees = doc.get("trees")
+    if trees:
+        lines += ["", f"verify_tree, parents {trees['parents']} (B={trees['batch']}, V={trees['vocab']}, fp32), beside token-wise K={trees['chain_k']} "
+                      "on the same lines, median us:"]
+        for name, m in trees["methods"].items():
+            lines.append(f"  {name:<26} {m['median_us']:>10.1f} {m['p10_us']:>10.1f} {m['reps']:>6}")
+    top_p = doc.get("sample_top_p")
+    if top_p:
+        lines += ["", f"sample ({top_p['batch']}, {top_p['vocab']}) fp32 randn rows, us per row (median):"]
+        for name, per_row in top_p["per_row_us"].items():
+            ratio = top_p["ratio_to_unfiltered"].get(name)
+            lines.append(f"  {name:<14} {per_row:>10.1f}" + (f"   {ratio:.2f}x unfiltered" if ratio else ""))
+        for goal, result in top_p["goals"].items():
+            lines.append(f"  goal {goal}: {result['measured']} -> {'PASS' if result['pass'] else 'FAIL'}")
     race = doc.get("race")
     if race:
         before = race.get("before_stream_v2", {}).get("us", {})
@@ -367,11 +443,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--case", type=_parse_case, action="append", default=None, metavar="B,K,V", help="only these cases (repeatable; default: all)")
     parser.add_argument("--no-race", action="store_true", help="skip the race timing")
+    parser.add_argument("--no-write", action="store_true", help="print the table only (no JSON file)")
     parser.add_argument("--tag", default="", help="suffix of the JSON file name")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for the JSON (default: bench/results)")
     args = parser.parse_args(argv)
     doc = run(args.threads, args.budget, args.scheduler, args.case, race=not args.no_race)
     print(format_table(doc))
+    if args.no_write:
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     tag = "" if args.scheduler in (None, "auto") else f"-{args.scheduler}"
     tag += f"-t{args.threads}" if args.threads else ""

@@ -36,7 +36,7 @@ def build(name: str, work: Path) -> Path:
     out = work / name
     env = dict(os.environ, **COMPILERS[name])
     subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "-b", str(out), "-t", str(out / "tmp")], cwd=ROOT, env=env, check=True)
-    found = sorted(out.glob("specdec_ext/_C*.so"))
+    found = sorted(out.glob("specdec_ext/_C.*.so"))
     if not found:
         raise SystemExit(f"the {name} build produced no library (see the output above)")
     return found[0]
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds = len(runs["gcc"])
         return write(runs, args)
     libraries = {name: build(name, work) for name in COMPILERS}
-    installed = sorted((ROOT / "specdec_ext").glob("_C*.so"))
+    installed = sorted((ROOT / "specdec_ext").glob("_C.*.so"))
     target = installed[0] if installed else ROOT / "specdec_ext" / libraries["gcc"].name
     saved = work / "installed.so"
     if installed:

@@ -301,10 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.no_cpp:
-        from specdec_ext import _cpp_backend, _cpp_tree
+        from specdec_ext import _cpp_backend
 
-        _cpp_backend._C = None
-        _cpp_tree._C_tree = None
+        _cpp_backend._C = None  # (trees and blocks too: one extension)
     device = torch.device(args.device)
     target, drafts, tokenizer, prompts = _load(device)
     tokenizer.padding_side = "left"

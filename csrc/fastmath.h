@@ -1,9 +1,10 @@
-// Element-wise float helpers written so that GCC vectorises loops that call them.
+// Element-wise float helpers written so that GCC vectorises loops that call them (exp through
+// exp_neg_many: a loop calling exp_neg per element is not vectorised).
 //
 // Every function is branch-free (selects only) and `static inline`: this header is compiled once per
 // instruction set (kernel_avx512.cpp, kernel_avx2.cpp, kernel_base.cpp) and once more for the scalar
-// code in verify.cpp, and internal linkage keeps the linker from merging an AVX-512 copy into the
-// baseline code. Results are deterministic for a given build and CPU; the AVX2 and AVX-512 variants
+// code of the drivers (filter.cpp, chain.cpp, tree.cpp, ...), and internal linkage keeps the linker
+// from merging an AVX-512 copy into the baseline code. Results are deterministic for a given build and CPU; the AVX2 and AVX-512 variants
 // (both with FMA) agree bit for bit, and differ from the SSE2 variant at most in the last bit.
 #pragma once
 

@@ -2,12 +2,15 @@
 // {s >= tau} is the reference's exactly (specdec_ext/reference.py: filter_thresholds).
 //
 // A filtered line is read in chunks like any other, so one line spreads over every thread. Its
-// chunks collect the candidates s >= t for a threshold t guessed from a sample of the line (for
-// top-p, with the line's exact maximum and normaliser, from a first pass of chunk statistics); t is
-// then checked to lie at or below both cuts (k values reach it; for top-p, its mass reaches the
-// budget), with a fall back to the whole line, so the guess only changes the work. The selection
-// then runs on the candidates alone. Every step is a function of the line (fixed chunks, fixed
-// sample positions, candidates in id order), never of the thread count or of the batch.
+// chunks collect the candidates s >= t for a threshold t: with top-k, guessed from a sample of the
+// line; for top-p alone, placed from value histograms that the first pass of chunk statistics (the
+// line's exact maximum and normaliser) gathers while it reads the line. A top-p window also has an
+// upper end: the values above it are certainly kept, so the collection pass only adds up their mass,
+// and the exact selection runs on the window's values. Each guess is then checked (k values reach
+// t; for top-p, the mass at or above t reaches the budget, and the mass above the window stays
+// below it), with a fall back to the whole line, so the guess only changes the work. Every step is
+// a function of the line (fixed chunks, fixed sample positions, candidates in id order, histograms
+// combined in chunk order), never of the thread count or of the batch.
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -113,16 +116,15 @@ float top_p_threshold(float* cand, int64_t count, float m, float budget, const K
 }
 
 constexpr int64_t kSampleRuns = 32;
+constexpr int64_t kCollectSlack = 16;  // collect's compaction writes up to 16 entries past its count
 
-// A threshold t, from a sample of the line, under which the filter's kept set (very likely) lies:
-// about 2k + 8 * n / (sample size) values for top-k; for top-p, the values holding an estimated
-// (1 + top_p) / 2 of the mass (the exactly known maximum counted exactly, since one dominant token
-// is easily missed by a sample).
-float guess_candidate_threshold(const Line& line, bool use_k, std::vector<float>& sample) {
+// A threshold t, from a sample of the line, under which the top-k set (very likely) lies: about
+// 2k + 8 * n / (sample size) values.
+float guess_top_k_threshold(const Line& line, std::vector<float>& sample) {
   const int64_t n = line.n;
-  // About n / 64 values (n / 256 for top-p, which sorts them): fewer samples cost less here but
-  // leave a looser threshold, i.e. more candidates to select from.
-  const int64_t size = std::min(n, use_k ? std::clamp<int64_t>(n / 64, 256, 2048) : std::clamp<int64_t>(n / 256, 128, 512));
+  // About n / 64 values: fewer samples cost less here but leave a looser threshold, i.e. more
+  // candidates to select from.
+  const int64_t size = std::min(n, std::clamp<int64_t>(n / 64, 256, 2048));
   // kSampleRuns evenly spaced runs of consecutive values: a few cache lines each instead of one
   // cache miss per sampled value.
   const int64_t runs = std::min<int64_t>(kSampleRuns, size);
@@ -135,26 +137,67 @@ float guess_candidate_threshold(const Line& line, bool use_k, std::vector<float>
     }
   }
   const int64_t sampled = runs * run_length;
-  if (use_k) {
-    const int64_t rank = static_cast<int64_t>(std::ceil(2.0 * static_cast<double>(line.top_k) * sampled / n)) + 8;
-    if (rank >= sampled) return -kInf;
-    std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(), std::greater<float>());
-    return sample[rank - 1];
+  const int64_t rank = static_cast<int64_t>(std::ceil(2.0 * static_cast<double>(line.top_k) * sampled / n)) + 8;
+  if (rank >= sampled) return -kInf;
+  std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(), std::greater<float>());
+  return sample[rank - 1];
+}
+
+// The top-p budget top_p * Z, Z the whole line's normaliser, as a float like the reference's.
+float top_p_budget(const Line& line) { return line.top_p * static_cast<float>(line.z_all); }
+
+// Relative margins: the window is placed so that its estimated masses clear the budget by
+// kPlanMargin; the exact masses must clear it by kCheckMargin (the histogram's float32 sums and
+// their rescaling err far less than the difference).
+constexpr double kPlanMargin = 1e-4;
+constexpr double kCheckMargin = 1e-5;
+
+// Where a top-p-only line's cut lies, from the chunk histograms of its statistics pass: the
+// buckets of the line's grid (the chunks' buckets shifted to the line's top, masses rescaled to the
+// line's maximum, in chunk order) are walked down to the one where the mass reaches the budget;
+// the window spans it, widened by whole buckets until its estimated masses clear the budget by
+// kPlanMargin on both sides. Sets guess (the window's low end) and window_hi; false when the histograms
+// cannot place the cut (a huge logit, or a cut deeper than the grid).
+bool place_top_p_window(Line& line, const ChunkStats* chunks) {
+  int64_t top = std::numeric_limits<int64_t>::min();
+  for (const ChunkHistogram& h : line.histograms) {
+    if (!h.valid) return false;
+    if (!h.mass.empty()) top = std::max(top, h.top);
   }
-  std::sort(sample.begin(), sample.end(), std::greater<float>());
-  const double per_sample = static_cast<double>(n) / static_cast<double>(sampled);
-  // The mass is estimated from the sample itself (so the walk below always ends on a sample value);
-  // the caller checks the guess against the exact normaliser.
-  double total = 1.0;  // the maximum itself
-  for (float v : sample) total += per_sample * static_cast<double>(exp_neg(v - line.m));
-  const double wanted = 0.5 * (1.0 + static_cast<double>(line.top_p)) * total;
-  double mass = 1.0;
-  if (mass >= wanted) return line.m;
-  for (float v : sample) {
-    mass += per_sample * static_cast<double>(exp_neg(v - line.m));
-    if (mass >= wanted) return v;
+  if (top == std::numeric_limits<int64_t>::min()) return false;
+  std::vector<double> mass(kHistBuckets, 0.0);
+  for (int64_t c = 0; c < line.chunks; ++c) {
+    const ChunkHistogram& h = line.histograms[c];
+    if (h.mass.empty()) continue;
+    const double scale = std::exp(static_cast<double>(chunks[c].m) - static_cast<double>(line.m));
+    const int64_t shift = top - h.top;
+    for (size_t j = 0; j < h.mass.size(); ++j) {
+      const int64_t b = std::min<int64_t>(shift + static_cast<int64_t>(j), kHistBuckets - 1);
+      mass[b] += static_cast<double>(h.mass[j]) * scale;
+    }
   }
-  return -kInf;
+  const double budget = static_cast<double>(top_p_budget(line));
+  std::vector<double> before(kHistBuckets + 1, 0.0);  // mass of the buckets above b
+  for (int b = 0; b < kHistBuckets; ++b) before[b + 1] = before[b] + mass[b];
+  int crossing = 0;
+  while (crossing < kHistBuckets && before[crossing + 1] < budget) ++crossing;
+  int first = std::min(crossing, kHistBuckets - 1), last = first;
+  while (first > 0 && before[first] > budget * (1.0 - kPlanMargin)) --first;
+  while (last < kHistBuckets - 1 && before[last + 1] < budget * (1.0 + kPlanMargin)) ++last;
+  if (last >= kHistBuckets - 1) return false;  // the cut may lie below the grid
+  // Bucket j of the line holds the values with grid position A - j - 1 < s * kHistPerNat <= A - j.
+  line.guess = static_cast<float>(top - last - 1) / kHistPerNat;
+  line.window_hi = first == 0 ? kInf : std::nextafter(static_cast<float>(top - first) / kHistPerNat, kInf);
+  // A small enough line top (its kept set may be raced alone) is collected whole above the window.
+  // Its size, estimated from the masses: a value in bucket b weighs exp(s - m) within e^(1/64)
+  // of exp(centre_b - m).
+  double at_or_above = 0.0;
+  for (int b = 0; b <= last; ++b) {
+    const double centre = (static_cast<double>(top - b) - 0.5) / kHistPerNat;
+    at_or_above += mass[b] * std::exp(static_cast<double>(line.m) - centre);
+  }
+  if (at_or_above * 8.0 <= static_cast<double>(line.n)) line.window_hi = kInf;
+  return true;
 }
 
 bool uses_top_k(const Line& line) { return line.top_k > 0 && line.top_k < line.n; }
@@ -184,7 +227,18 @@ void process_chunk(Line& line, int64_t chunk, ChunkStats& out, const Kernels& k)
   const bool statistics = !line.scan_only && (line.mode == kStats || (line.mode == kFilter && !line.guess_ready));
   if (statistics) {
     StatsResult st;
-    k.stats(p, line.dtype, len, line.inv_t, line.want_raw, &st);
+    // A top-p-only line's first pass also gathers the histogram that places its window.
+    const bool with_histogram = line.mode == kFilter;
+    Scratch& scratch = thread_scratch();
+    if (with_histogram && !scratch.histogram) scratch.histogram = std::make_unique<ValueHistogram>();
+    ValueHistogram* hist = with_histogram ? scratch.histogram.get() : nullptr;
+    k.stats(p, line.dtype, len, line.inv_t, line.want_raw, &st, hist);
+    if (with_histogram) {
+      ChunkHistogram& kept = line.histograms[chunk];
+      kept.valid = hist->valid;
+      kept.top = hist->top;
+      kept.mass.assign(hist->mass, hist->mass + hist->used);
+    }
     out.raw_max = st.raw_max;
     out.nan = st.nan;
     out.m = st.m;
@@ -195,21 +249,22 @@ void process_chunk(Line& line, int64_t chunk, ChunkStats& out, const Kernels& k)
   if (collecting) {
     // Candidates s >= guess; the pass also reports max(s) and NaN, the line's validity check.
     Scratch& scratch = thread_scratch();
-    std::call_once(line.guess_once, [&] { line.guess = guess_candidate_threshold(line, uses_top_k(line), scratch.sample); });
-    float* values = scratch.values.get(len);
-    int64_t* ids = scratch.ids.get(len);
-    float max_s;
-    bool nan;
-    const int64_t count = k.collect(p, line.dtype, len, line.inv_t, line.guess, start, values, ids, &max_s, &nan);
+    if (uses_top_k(line)) std::call_once(line.guess_once, [&] { line.guess = guess_top_k_threshold(line, scratch.sample); });
+    float* values = scratch.values.get(len + kCollectSlack);
+    int64_t* ids = scratch.ids.get(len + kCollectSlack);
+    CollectStats cs;
+    const int64_t count = k.collect(p, line.dtype, len, line.inv_t, line.guess, line.window_hi, line.m, start, values, ids, &cs);
     Candidates& found = line.candidates[chunk];
     found.values.assign(values, values + count);
     found.ids.assign(ids, ids + count);
-    out.nan = nan;
-    out.m = max_s;
-    out.raw_max = max_s;  // (validity from the scaled maximum; the raw one comes with want_raw)
+    found.above = cs.above;
+    found.above_mass = cs.above_mass;
+    out.nan = cs.nan;
+    out.m = cs.max_s;
+    out.raw_max = cs.max_s;  // (validity from the scaled maximum; the raw one comes with want_raw)
     if (line.want_raw && !line.top_p_first_pass_done) {
       StatsResult raw;
-      k.stats(p, line.dtype, len, 1.0f, false, &raw);
+      k.stats(p, line.dtype, len, 1.0f, false, &raw, nullptr);
       out.raw_max = raw.raw_max;
       out.raw_z = raw.z;
     }
@@ -222,7 +277,7 @@ void process_chunk(Line& line, int64_t chunk, ChunkStats& out, const Kernels& k)
   out.nan = sr.nan;
   if (line.mode == kArgmax && line.want_raw && !sr.nan) {  // (greedy rows' target lines: logprobs)
     StatsResult raw;
-    k.stats(p, line.dtype, len, 1.0f, false, &raw);
+    k.stats(p, line.dtype, len, 1.0f, false, &raw, nullptr);
     out.raw_z = raw.z;
   }
 }
@@ -297,10 +352,59 @@ void combine_chunks(Line& line, const ChunkStats* chunks, const Kernels& k) {
 
 bool filter_needs_stats_first(const Line& line) { return !uses_top_k(line); }
 
-void prepare_filter_line(Line& line) {
+void prepare_filter_line(Line& line, const ChunkStats* chunks) {
   line.guess_ready = true;
   line.candidates.assign(line.chunks, Candidates{});
+  if (!uses_top_k(line) && !place_top_p_window(line, chunks)) {
+    line.guess = -kInf;  // the whole line
+    line.window_hi = kInf;
+  }
+  line.histograms.clear();
 }
+
+namespace {
+
+// Gathers a line's candidates from its chunks (ascending ids) into cand / ids; returns the count.
+int64_t gather_candidates(Line& line, float* cand, int64_t* ids, double* above_mass, int64_t* above) {
+  int64_t count = 0;
+  *above_mass = 0.0;
+  *above = 0;
+  for (const Candidates& part : line.candidates) {
+    std::copy(part.values.begin(), part.values.end(), cand + count);
+    std::copy(part.ids.begin(), part.ids.end(), ids + count);
+    count += static_cast<int64_t>(part.values.size());
+    *above_mass += part.above_mass;
+    *above += part.above;
+  }
+  line.candidates.clear();
+  return count;
+}
+
+// A top-p window's selection: the exact cut among the window's values, given the exact mass above
+// it; false when the window turns out not to hold the cut (then the caller takes the whole line).
+bool finish_top_p_window(Line& line, float* cand, int64_t count, double above, const Kernels& k) {
+  const double budget = static_cast<double>(top_p_budget(line));
+  const double window_mass = k.mass(cand, count, line.m);
+  // Every value above the window kept (its mass before stays below the budget), and the value
+  // below the window dropped (the mass at or above the window reaches the budget).
+  if (!(above * (1.0 + kCheckMargin) < budget) || !(above + window_mass >= budget * (1.0 + kCheckMargin))) return false;
+  bool found = false;
+  const float tau = top_p_quickselect(cand, count, line.m, top_p_budget(line), above, &found, k);
+  if (!found) return false;
+  // (top_p_quickselect reordered cand: the kept window values are those >= tau, in any order.)
+  int64_t kept = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    cand[kept] = cand[i];
+    kept += cand[i] >= tau;
+  }
+  line.tau = tau;
+  line.z = static_cast<float>(above + k.mass(cand, kept, line.m));
+  line.argmax = -1;  // (above the window: found by a scan when the race needs it)
+  line.has_kept = false;
+  return true;
+}
+
+}  // namespace
 
 void finish_filter_line(Line& line, const Kernels& k) {
   if (line.bad) {
@@ -311,22 +415,19 @@ void finish_filter_line(Line& line, const Kernels& k) {
   const int64_t n = line.n;
   const bool use_k = uses_top_k(line);
   const bool use_p = line.top_p < 1.0f;
-  float* cand = scratch.values.get(n);
-  int64_t* ids = scratch.ids.get(n);
-  int64_t count = 0;
-  for (const Candidates& part : line.candidates) {
-    std::copy(part.values.begin(), part.values.end(), cand + count);
-    std::copy(part.ids.begin(), part.ids.end(), ids + count);
-    count += static_cast<int64_t>(part.values.size());
-  }
-  line.candidates.clear();
-  const float budget_all = line.top_p * static_cast<float>(line.z_all);
+  float* cand = scratch.values.get(n + kCollectSlack);
+  int64_t* ids = scratch.ids.get(n + kCollectSlack);
+  double above_mass;
+  int64_t above;
+  int64_t count = gather_candidates(line, cand, ids, &above_mass, &above);
+  const bool window = line.window_hi < kInf;
+  if (window && finish_top_p_window(line, cand, count, above_mass, k)) return;
+  const float budget_all = top_p_budget(line);
   // (A small margin keeps a top-p cut that sits at the guess within rounding from depending on it.)
-  const bool enough = use_k ? count >= line.top_k : k.mass(cand, count, line.m) >= static_cast<double>(budget_all) * (1.0 + 1e-5);
-  if (!enough && line.guess > -kInf) {
-    float max_s;
-    bool nan;
-    count = k.collect(line.ptr, line.dtype, n, line.inv_t, -kInf, 0, cand, ids, &max_s, &nan);
+  const bool enough = !window && (use_k ? count >= line.top_k : k.mass(cand, count, line.m) >= static_cast<double>(budget_all) * (1.0 + kCheckMargin));
+  if (!enough && (line.guess > -kInf || window)) {
+    CollectStats cs;
+    count = k.collect(line.ptr, line.dtype, n, line.inv_t, -kInf, kInf, line.m, 0, cand, ids, &cs);
   }
 
   // (Selections below are branch-free compactions: a kept / dropped test on random data would

@@ -1,6 +1,6 @@
 // The kernel loops compiled for AVX2 + FMA (256-bit vectors); used when the CPU has AVX2 but not
 // AVX-512. GCC and clang both compile them (per-function target attributes), whatever the
-// command-line flags; the dispatcher (verify.cpp) checks the CPU before calling them.
+// command-line flags; the dispatcher (dispatch.cpp) checks the CPU before calling them.
 #include <cmath>
 #include <cstdint>
 

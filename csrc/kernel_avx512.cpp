@@ -1,6 +1,6 @@
 // The kernel loops compiled for AVX-512 (512-bit vectors); used when the CPU reports
 // avx512f/bw/dq/vl. GCC and clang both compile them (per-function target attributes), whatever
-// the command-line flags; the dispatcher (verify.cpp) checks the CPU before calling them.
+// the command-line flags; the dispatcher (dispatch.cpp) checks the CPU before calling them.
 #include <cmath>
 #include <cstdint>
 

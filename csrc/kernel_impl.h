@@ -519,14 +519,19 @@ void scan_impl(const void* x, int64_t n, bool want_argmax, ScanResult* out) {
   out->argmax = want_argmax && !out->nan ? first_equal<DT>(x, n, out->max) : 0;
 }
 
-// sum of exp(x * inv_t - m) (or exp(x - m) without SCALED) over n values, in double lanes.
+// sum of exp(x * inv_t - m) (or exp(x - m) without SCALED) over n values, in double lanes; with
+// HIST also the values' ValueHistogram (`frac` = hist->top - m * kHistPerNat, in [0, 1)), which
+// reads the same differences s - m and changes no bit of the sum.
 // Values per fastmath::exp_neg_many call in the statistics: four native vectors.
 constexpr int kExpGroup = 4 * kW;
+constexpr float kLastBucket = static_cast<float>(kHistBuckets - 1);
+constexpr float kHistLimit = 131072.0f;  // |m| below this: m * kHistPerNat + kHistBuckets is an exact float
 
-template <int DT, bool SCALED>
-double sum_exp_impl(const void* x, int64_t n, float inv_t, float m) {
+template <int DT, bool SCALED, bool HIST>
+double sum_exp_impl(const void* x, int64_t n, float inv_t, float m, float frac, ValueHistogram* hist, int32_t* used_slots) {
   static_assert(kBlock % kExpGroup == 0, "a block holds whole exp groups");
   alignas(64) float buf[kBlock];
+  alignas(64) int32_t bucket[HIST ? kBlock : 1];
   vdouble acc[kDJ];
   for (int j = 0; j < kDJ; ++j) acc[j] = vdouble{};
   for (int64_t off = 0; off < n; off += kBlock) {
@@ -536,17 +541,31 @@ double sum_exp_impl(const void* x, int64_t n, float inv_t, float m) {
       if constexpr (SCALED) s = s * inv_t;
       buf[i] = s - m;
     }
+    if constexpr (HIST) {
+      // Grid steps below the top: frac - d * kHistPerNat >= 0 for d = s - m <= 0 (d * 32 is exact);
+      // -inf (and anything deeper than the grid) lands in the last bucket. Slot 2j + (i & 1).
+      for (int64_t i = 0; i < len; ++i) {
+        const float steps = frac - buf[i] * kHistPerNat;
+        bucket[i] = 2 * static_cast<int32_t>(steps < kLastBucket ? steps : kLastBucket) + static_cast<int32_t>(i & 1);
+      }
+      int32_t deepest = 0;
+      for (int64_t i = 0; i < len; ++i) deepest = bucket[i] > deepest ? bucket[i] : deepest;
+      *used_slots = deepest + 1 > *used_slots ? deepest + 1 : *used_slots;
+    }
     // Padding gives exp 0 (clamped at -104), so the padded tail adds nothing to any lane.
     const int64_t grouped = (len + kExpGroup - 1) / kExpGroup * kExpGroup;
     for (int64_t i = len; i < grouped; ++i) buf[i] = kNegInf;
     for (int64_t i = 0; i < grouped; i += kExpGroup) fastmath::exp_neg_many<kExpGroup, true>(buf + i);  // z: largest term 1
+    if constexpr (HIST) {
+      for (int64_t i = 0; i < len; ++i) hist->slots[bucket[i]] += buf[i];
+    }
     bundle_add(buf, round_up_lanes(len), acc);
   }
   return tree_sum(acc);
 }
 
 template <int DT, bool SCALED>
-void stats_impl(const void* x, int64_t n, float inv_t, bool want_raw, StatsResult* out) {
+void stats_impl(const void* x, int64_t n, float inv_t, bool want_raw, StatsResult* out, ValueHistogram* hist) {
   float raw_max;
   bool nan;
   max_nan<DT>(x, n, &raw_max, &nan);
@@ -555,14 +574,32 @@ void stats_impl(const void* x, int64_t n, float inv_t, bool want_raw, StatsResul
   out->m = kNegInf;
   out->z = 0.0;
   out->raw_z = 0.0;
+  if (hist != nullptr) {  // (an empty histogram until the values are known to be usable)
+    hist->valid = true;
+    hist->top = 0;
+    hist->used = 0;
+  }
   // NaN / +inf make the line invalid; an all -inf piece contributes nothing; a non-finite scaled
   // maximum (temperature too small) makes the line invalid too.
   if (nan || !(raw_max > kNegInf && raw_max < fastmath::kPosInf)) return;
   const float m = SCALED ? raw_max * inv_t : raw_max;
   if (!(m > kNegInf && m < fastmath::kPosInf)) return;
   out->m = m;
-  out->z = sum_exp_impl<DT, SCALED>(x, n, inv_t, m);
-  if (want_raw) out->raw_z = SCALED ? sum_exp_impl<DT, false>(x, n, 1.0f, raw_max) : out->z;
+  if (hist != nullptr && m > -kHistLimit && m < kHistLimit) {
+    const float top = std::ceil(m * kHistPerNat);
+    hist->top = static_cast<int64_t>(top);
+    int32_t used_slots = 0;
+    out->z = sum_exp_impl<DT, SCALED, true>(x, n, inv_t, m, top - m * kHistPerNat, hist, &used_slots);
+    // Fold the two copies (in a fixed order) and leave the working space zero.
+    const int32_t used = (used_slots + 1) / 2;
+    for (int32_t j = 0; j < used; ++j) hist->mass[j] = hist->slots[2 * j] + hist->slots[2 * j + 1];
+    for (int32_t j = 0; j < 2 * used; ++j) hist->slots[j] = 0.0f;
+    hist->used = used;
+  } else {
+    if (hist != nullptr) hist->valid = false;
+    out->z = sum_exp_impl<DT, SCALED, false>(x, n, inv_t, m, 0.0f, nullptr, nullptr);
+  }
+  if (want_raw) out->raw_z = SCALED ? sum_exp_impl<DT, false, false>(x, n, 1.0f, raw_max, 0.0f, nullptr, nullptr) : out->z;
 }
 
 void weights_impl(const float* s, int64_t n, float m, float* out) {
@@ -584,14 +621,23 @@ double mass_impl(const float* s, int64_t n, float m) {
   return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-// Candidates of a filtered line: every s >= t, found 16 values at a time with a compare mask, so
-// the cost is about one read of the line plus the candidates themselves.
-template <int DT, bool SCALED>
-int64_t collect_impl(const void* x, int64_t n, float inv_t, float t, int64_t id_base, float* out_s, int64_t* out_ids, float* max_s, bool* nan) {
+// The values of a filtered line at or above `lo`: every lo <= s < hi stored, found 16 values at a
+// time with compare masks, so the cost is about one read of the line plus the stored values (a
+// group with several hits is compacted without branches: the out arrays take 16 entries of slack).
+// With WINDOW (a finite hi) the values s >= hi are counted and their mass sum exp(s - m) is added
+// up in double lanes instead, with the statistics' exp: it flushes only terms below 2^-126, which
+// move a line's mass above the window (at least 1: it holds the maximum) by less than 2^-100.
+template <int DT, bool SCALED, bool WINDOW>
+int64_t collect_impl(const void* x, int64_t n, float inv_t, float lo, float hi, float m, int64_t id_base, float* out_s, int64_t* out_ids,
+                     CollectStats* out) {
   alignas(64) float buf[kBlock];
-  int64_t count = 0;
+  alignas(64) float weight[WINDOW ? kBlock : 1];
+  vdouble acc[kDJ];
+  for (int j = 0; j < kDJ; ++j) acc[j] = vdouble{};
+  int64_t count = 0, above = 0;
   float mx = kNegInf;
   bool any_nan = false;
+  const float below_hi = std::nextafter(hi, kNegInf);  // s > below_hi  <=>  s >= hi
   for (int64_t off = 0; off < n; off += kBlock) {
     const int64_t len = n - off < kBlock ? n - off : kBlock;
     const int64_t padded = round_up_lanes(len);
@@ -604,23 +650,47 @@ int64_t collect_impl(const void* x, int64_t n, float inv_t, float t, int64_t id_
         if constexpr (SCALED) s = s * inv_t;
         buf[i] = s;
       }
-      for (int64_t i = len; i < padded; ++i) buf[i] = kNegInf;  // >= t only when t is -inf: skipped below
+      for (int64_t i = len; i < padded; ++i) buf[i] = kNegInf;  // >= lo only when lo is -inf: skipped below
     }
     bundle_max_nan(values, padded, &mx, &any_nan);
+    if constexpr (WINDOW) {
+      // (Values equal to hi = -inf weigh 0: a block without a value above it adds nothing.)
+      if (bundle_count_above(values, padded, below_hi) > 0) {
+        const int64_t grouped = (padded + kExpGroup - 1) / kExpGroup * kExpGroup;
+        for (int64_t i = 0; i < padded; ++i) weight[i] = values[i] - m;
+        for (int64_t i = padded; i < grouped; ++i) weight[i] = kNegInf;
+        for (int64_t i = 0; i < grouped; i += kExpGroup) fastmath::exp_neg_many<kExpGroup, true>(weight + i);
+        for (int64_t i = 0; i < padded; ++i) weight[i] = values[i] >= hi ? weight[i] : 0.0f;
+        bundle_add(weight, padded, acc);
+      }
+    }
     for (int64_t i = 0; i < padded; i += kLanes) {
-      uint32_t mask = ge_mask16(values + i, t);
-      while (mask != 0) {
+      const uint32_t valid = i + kLanes > len ? (1u << (len - i)) - 1u : 0xFFFFu;  // not the padding
+      uint32_t mask = ge_mask16(values + i, lo) & valid;
+      if constexpr (WINDOW) {
+        const uint32_t high = ge_mask16(values + i, hi) & valid;
+        above += __builtin_popcount(high);
+        mask &= ~high;
+      }
+      if (mask == 0) continue;
+      if ((mask & (mask - 1)) == 0) {  // one hit
         const int64_t at = i + __builtin_ctz(mask);
-        mask &= mask - 1;
-        if (at >= len) break;  // padding
         out_s[count] = values[at];
         out_ids[count] = id_base + off + at;
         ++count;
+        continue;
+      }
+      for (int l = 0; l < kLanes; ++l) {
+        out_s[count] = values[i + l];
+        out_ids[count] = id_base + off + i + l;
+        count += (mask >> l) & 1u;
       }
     }
   }
-  *max_s = mx;
-  *nan = any_nan;
+  out->max_s = mx;
+  out->nan = any_nan;
+  out->above = above;
+  out->above_mass = WINDOW ? tree_sum(acc) : 0.0;
   return count;
 }
 
@@ -648,36 +718,116 @@ SPECDEC_ALWAYS_INLINE float race_value(float r, uint32_t id, const RaceArgs* a) 
   return r / -log_pos(u);
 }
 
-// r(v) of one id from its processed logit s: p(v), or max(p - q, 0) after a rejection. The same
-// float operations as the block loops below, so the same value.
+// Whether the law zeroes id v (a handful of ids: a linear scan).
+SPECDEC_ALWAYS_INLINE bool excluded_id(const Residual* a, int64_t v) {
+  for (int64_t e = 0; e < a->num_excluded; ++e) {
+    if (a->excluded[e] == v) return true;
+  }
+  return false;
+}
+
+// r(v) of one id from its processed logit s (kernel.h: Residual). The same float operations as
+// the block loops below (apply_residual), so the same value.
 template <int DDT, bool SCALED>
-SPECDEC_ALWAYS_INLINE float residual_at(const RaceArgs* a, int64_t v, float s, float p_inv, float q_inv) {
+SPECDEC_ALWAYS_INLINE float residual_at(const Residual* a, int64_t v, float s, float p_inv, float q_inv) {
   float r = s >= a->p_tau ? exp_neg(s - a->p_max) * p_inv : 0.0f;
   if (a->residual) {
+    r = r * a->p_scale;
     if constexpr (DDT != kNoDraft) {
       if (v < a->draft_vocab) {
         float sq = load<DDT>(a->draft, v);
         if constexpr (SCALED) sq = sq * a->inv_t;
         const float q = sq >= a->q_tau ? exp_neg(sq - a->q_max) * q_inv : 0.0f;
-        const float d = r - q;
+        const float d = r - a->q_scale * q;
         r = d > 0.0f ? d : 0.0f;
       }
     }
-    if (v == a->one_hot) {
-      const float d = r - 1.0f;
-      r = d > 0.0f ? d : 0.0f;
-    }
+    if (excluded_id(a, v)) r = 0.0f;
   }
   return r;
 }
 
+// exp(x[i]) for i < len (x <= 0; len <= kBlock, x holding kBlock values), in place, in groups of
+// kExpGroup values through fastmath::exp_neg_many (the same operations as exp_neg for each value;
+// a loop calling exp_neg per element does not vectorise).
+SPECDEC_ALWAYS_INLINE void exp_block(float* x, int64_t len) {
+  const int64_t grouped = (len + kExpGroup - 1) / kExpGroup * kExpGroup;
+  for (int64_t i = len; i < grouped; ++i) x[i] = kNegInf;
+  for (int64_t i = 0; i < grouped; i += kExpGroup) fastmath::exp_neg_many<kExpGroup>(x + i);
+}
+
+// r over ids [v0, v0 + len), or (LIST) over the ascending ids[0, len), given r = p there: the
+// residual's scale, draft and exclusions. (The law's fields are read into locals first: a float
+// store to r could otherwise alias them.)
+template <int DDT, bool SCALED, bool LIST>
+SPECDEC_ALWAYS_INLINE void apply_residual(const Residual* a, int64_t v0, const int64_t* ids, int64_t len, float q_inv, float* r) {
+  const float p_scale = a->p_scale, q_scale = a->q_scale, inv_t = a->inv_t, q_max = a->q_max, q_tau = a->q_tau;
+  if (p_scale != 1.0f) {
+    for (int64_t i = 0; i < len; ++i) r[i] = r[i] * p_scale;
+  }
+  if constexpr (DDT != kNoDraft) {
+    alignas(64) float sq[kBlock];
+    alignas(64) float q[kBlock];
+    const void* draft = a->draft;
+    const int64_t draft_vocab = a->draft_vocab;
+    // A range is dense up to the draft's vocabulary; a list has its ids beyond it skipped (q = 0).
+    int64_t count = len;
+    if constexpr (!LIST) {
+      count = draft_vocab - v0;
+      count = count < 0 ? 0 : (count > len ? len : count);
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t v = LIST ? ids[i] : v0 + i;
+      float x = load<DDT>(draft, LIST && v >= draft_vocab ? 0 : v);
+      if constexpr (SCALED) x = x * inv_t;
+      sq[i] = x;
+      q[i] = x - q_max;
+    }
+    exp_block(q, count);
+    for (int64_t i = 0; i < count; ++i) {
+      const float qv = sq[i] >= q_tau ? q[i] * q_inv : 0.0f;
+      const float d = r[i] - q_scale * qv;
+      const float residual = d > 0.0f ? d : 0.0f;
+      r[i] = LIST && ids[i] >= draft_vocab ? r[i] : residual;
+    }
+  }
+  for (int64_t e = 0; e < a->num_excluded; ++e) {
+    const int64_t v = a->excluded[e];
+    if constexpr (LIST) {
+      int64_t lo = 0, hi = len;  // first index with ids[i] >= v
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (ids[mid] < v) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      if (lo < len && ids[lo] == v) r[lo] = 0.0f;
+    } else if (v >= v0 && v < v0 + len) {
+      r[v - v0] = 0.0f;
+    }
+  }
+}
+
+// p over ids [v0, v0 + len) from their processed logits s (0 below the filter's threshold); r
+// holds kBlock values.
+SPECDEC_ALWAYS_INLINE void probs_block(const Residual* a, const float* s, int64_t len, float p_inv, float* r) {
+  const float p_max = a->p_max, p_tau = a->p_tau;
+  for (int64_t i = 0; i < len; ++i) r[i] = s[i] - p_max;
+  exp_block(r, len);
+  for (int64_t i = 0; i < len; ++i) r[i] = s[i] >= p_tau ? r[i] * p_inv : 0.0f;
+}
+
 // The largest processed logit an id may have and still be unable to win, given a bound on r:
-// s <= cut implies p(v) = exp(s - m) / z <= bound * e^-0.001 (computed in double, with a margin far
-// above the float rounding of s - m, of exp and of adding up to 24 ln 2 to the cut in float32), so
-// r <= p <= bound.
+// s <= cut implies p(v) = exp(s - m) / z <= (bound / p_scale) * e^-0.001 (computed in double, with
+// a margin far above the float rounding of s - m, of exp and of adding up to 24 ln 2 to the cut in
+// float32), so r <= p_scale * p <= bound (p_scale = 1 unless a residual scales p).
 SPECDEC_ALWAYS_INLINE float logit_cut(const RaceArgs* a, float bound) {
   if (!(bound > 0.0f)) return kNegInf;
-  double cut = static_cast<double>(a->p_max) + std::log(static_cast<double>(bound) * static_cast<double>(a->p_norm));
+  double p_bound = static_cast<double>(bound);
+  if (a->residual) p_bound /= static_cast<double>(a->p_scale);
+  double cut = static_cast<double>(a->p_max) + std::log(p_bound * static_cast<double>(a->p_norm));
   cut -= 1e-3 + (std::fabs(cut) + 20.0) * 2.5e-7;
   float cut_f = static_cast<float>(cut);
   if (static_cast<double>(cut_f) > cut) cut_f = std::nextafter(cut_f, kNegInf);
@@ -852,27 +1002,8 @@ void race_impl(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) {
         continue;
       }
     }
-    for (int64_t i = 0; i < len; ++i) {
-      const float p = exp_neg(s[i] - a->p_max) * p_inv;
-      r[i] = s[i] >= a->p_tau ? p : 0.0f;
-    }
-    if (a->residual) {
-      if constexpr (DDT != kNoDraft) {
-        int64_t dense = a->draft_vocab - v0;
-        dense = dense < 0 ? 0 : (dense > len ? len : dense);
-        for (int64_t i = 0; i < dense; ++i) {
-          float sq = load<DDT>(a->draft, v0 + i);
-          if constexpr (SCALED) sq = sq * a->inv_t;
-          const float q = sq >= a->q_tau ? exp_neg(sq - a->q_max) * q_inv : 0.0f;
-          const float d = r[i] - q;
-          r[i] = d > 0.0f ? d : 0.0f;
-        }
-      }
-      if (a->one_hot >= v0 && a->one_hot < v0 + len) {
-        const float d = r[a->one_hot - v0] - 1.0f;
-        r[a->one_hot - v0] = d > 0.0f ? d : 0.0f;
-      }
-    }
+    probs_block(a, s, len, p_inv, r);
+    if (a->residual) apply_residual<DDT, SCALED, false>(a, v0, nullptr, len, q_inv, r);
     for (int64_t i = len; i < padded; ++i) r[i] = 0.0f;
     race_block(r, nullptr, v0, len, padded, bound, a, best, words);
   }
@@ -882,38 +1013,22 @@ void race_impl(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) {
 // winner), with gathered loads, and Philox counters taken from the list.
 template <int TDT, int DDT, bool SCALED>
 void race_list_impl(const RaceArgs* a, const int64_t* ids, int64_t count, RaceBest* best) {
+  alignas(64) float s[kBlock];
   alignas(64) float r[kBlock];
   alignas(64) uint32_t ids32[kBlock];
-  const float p_inv = 1.0f / a->p_norm, q_inv = 1.0f / a->q_norm;
+  const float p_inv = 1.0f / a->p_norm, q_inv = 1.0f / a->q_norm, inv_t = a->inv_t;
+  const void* target = a->target;
   for (int64_t off = 0; off < count; off += kBlock) {
     const int64_t len = count - off < kBlock ? count - off : kBlock;
     if (len <= 0) break;  // (never: tells GCC's array-bounds analysis that len is positive)
     const int64_t* block = ids + off;
     for (int64_t i = 0; i < len; ++i) {
-      float s = load<TDT>(a->target, block[i]);
-      if constexpr (SCALED) s = s * a->inv_t;
-      const float p = exp_neg(s - a->p_max) * p_inv;
-      r[i] = s >= a->p_tau ? p : 0.0f;
+      float x = load<TDT>(target, block[i]);
+      if constexpr (SCALED) x = x * inv_t;
+      s[i] = x;
     }
-    if (a->residual) {
-      if constexpr (DDT != kNoDraft) {
-        for (int64_t i = 0; i < len; ++i) {
-          const int64_t v = block[i];
-          const bool dense = v < a->draft_vocab;
-          float sq = load<DDT>(a->draft, dense ? v : 0);
-          if constexpr (SCALED) sq = sq * a->inv_t;
-          const float q = sq >= a->q_tau ? exp_neg(sq - a->q_max) * q_inv : 0.0f;
-          const float d = r[i] - q;
-          r[i] = dense ? (d > 0.0f ? d : 0.0f) : r[i];
-        }
-      }
-      for (int64_t i = 0; i < len; ++i) {
-        if (block[i] == a->one_hot) {
-          const float d = r[i] - 1.0f;
-          r[i] = d > 0.0f ? d : 0.0f;
-        }
-      }
-    }
+    probs_block(a, s, len, p_inv, r);
+    if (a->residual) apply_residual<DDT, SCALED, true>(a, 0, block, len, q_inv, r);
     const int64_t padded = round_up_lanes(len);
     for (int64_t i = len; i < padded; ++i) r[i] = 0.0f;
     for (int64_t i = 0; i < len; ++i) ids32[i] = static_cast<uint32_t>(block[i]);
@@ -923,81 +1038,101 @@ void race_list_impl(const RaceArgs* a, const int64_t* ids, int64_t count, RaceBe
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dispatch on storage types and on whether a temperature scales the logits.
+// The residual's mass: sum r(y) in double lanes, r as the race evaluates it.
 
-template <int TDT, int DDT>
-void race_scaled(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) {
-  if (a->inv_t == 1.0f) {
-    race_impl<TDT, DDT, false>(a, begin, n, best);
-  } else {
-    race_impl<TDT, DDT, true>(a, begin, n, best);
+// Over ids [begin, begin + n), or (LIST) over the ascending ids[0, n).
+template <int TDT, int DDT, bool SCALED, bool LIST>
+double residual_mass_impl(const Residual* a, int64_t begin, const int64_t* ids, int64_t n) {
+  alignas(64) float s[kBlock];
+  alignas(64) float r[kBlock];
+  vdouble acc[kDJ];
+  for (int j = 0; j < kDJ; ++j) acc[j] = vdouble{};
+  const float p_inv = 1.0f / a->p_norm, q_inv = 1.0f / a->q_norm, inv_t = a->inv_t;
+  const void* target = a->target;
+  for (int64_t off = 0; off < n; off += kBlock) {
+    const int64_t len = n - off < kBlock ? n - off : kBlock;
+    const int64_t v0 = begin + off;
+    const int64_t* block = LIST ? ids + off : nullptr;
+    for (int64_t i = 0; i < len; ++i) {
+      float x = load<TDT>(target, LIST ? block[i] : v0 + i);
+      if constexpr (SCALED) x = x * inv_t;
+      s[i] = x;
+    }
+    probs_block(a, s, len, p_inv, r);
+    if (a->residual) apply_residual<DDT, SCALED, LIST>(a, v0, block, len, q_inv, r);
+    const int64_t padded = round_up_lanes(len);
+    for (int64_t i = len; i < padded; ++i) r[i] = 0.0f;
+    bundle_add(r, padded, acc);
   }
+  return tree_sum(acc);
 }
 
-template <int TDT>
-void race_target(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) {
-  if (a->draft == nullptr || !a->residual) {
-    race_scaled<TDT, kNoDraft>(a, begin, n, best);
-  } else if (a->draft_dtype == kF32) {
-    race_scaled<TDT, kF32>(a, begin, n, best);
-  } else if (a->draft_dtype == kBF16) {
-    race_scaled<TDT, kBF16>(a, begin, n, best);
-  } else {
-    race_scaled<TDT, kF16>(a, begin, n, best);
-  }
+// ---------------------------------------------------------------------------------------------
+// Dispatch on storage types and on whether a temperature scales the logits: F<TDT, DDT, SCALED>::run
+// for a law's target and draft storage types (DDT = kNoDraft when the law reads no draft).
+
+template <template <int, int, bool> class F, int TDT, int DDT, typename... Args>
+SPECDEC_ALWAYS_INLINE auto with_scaling(const Residual* a, Args... args) {
+  if (a->inv_t == 1.0f) return F<TDT, DDT, false>::run(args...);
+  return F<TDT, DDT, true>::run(args...);
 }
 
-void race(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) {
-  if (a->target_dtype == kF32) {
-    race_target<kF32>(a, begin, n, best);
-  } else if (a->target_dtype == kBF16) {
-    race_target<kBF16>(a, begin, n, best);
-  } else {
-    race_target<kF16>(a, begin, n, best);
-  }
+template <template <int, int, bool> class F, int TDT, typename... Args>
+SPECDEC_ALWAYS_INLINE auto with_draft(const Residual* a, Args... args) {
+  if (a->draft == nullptr || !a->residual) return with_scaling<F, TDT, kNoDraft>(a, args...);
+  if (a->draft_dtype == kF32) return with_scaling<F, TDT, kF32>(a, args...);
+  if (a->draft_dtype == kBF16) return with_scaling<F, TDT, kBF16>(a, args...);
+  return with_scaling<F, TDT, kF16>(a, args...);
 }
 
-template <int TDT, int DDT>
-void race_list_scaled(const RaceArgs* a, const int64_t* ids, int64_t count, RaceBest* best) {
-  if (a->inv_t == 1.0f) {
-    race_list_impl<TDT, DDT, false>(a, ids, count, best);
-  } else {
-    race_list_impl<TDT, DDT, true>(a, ids, count, best);
-  }
+template <template <int, int, bool> class F, typename... Args>
+auto dispatch_law(const Residual* a, Args... args) {
+  if (a->target_dtype == kF32) return with_draft<F, kF32>(a, args...);
+  if (a->target_dtype == kBF16) return with_draft<F, kBF16>(a, args...);
+  return with_draft<F, kF16>(a, args...);
 }
 
-template <int TDT>
-void race_list_target(const RaceArgs* a, const int64_t* ids, int64_t count, RaceBest* best) {
-  if (a->draft == nullptr || !a->residual) {
-    race_list_scaled<TDT, kNoDraft>(a, ids, count, best);
-  } else if (a->draft_dtype == kF32) {
-    race_list_scaled<TDT, kF32>(a, ids, count, best);
-  } else if (a->draft_dtype == kBF16) {
-    race_list_scaled<TDT, kBF16>(a, ids, count, best);
-  } else {
-    race_list_scaled<TDT, kF16>(a, ids, count, best);
-  }
+template <int TDT, int DDT, bool SCALED>
+struct RaceRange {
+  static void run(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) { race_impl<TDT, DDT, SCALED>(a, begin, n, best); }
+};
+template <int TDT, int DDT, bool SCALED>
+struct RaceList {
+  static void run(const RaceArgs* a, const int64_t* ids, int64_t count, RaceBest* best) { race_list_impl<TDT, DDT, SCALED>(a, ids, count, best); }
+};
+template <int TDT, int DDT, bool SCALED>
+struct MassRange {
+  static double run(const Residual* a, int64_t begin, int64_t n) { return residual_mass_impl<TDT, DDT, SCALED, false>(a, begin, nullptr, n); }
+};
+template <int TDT, int DDT, bool SCALED>
+struct MassList {
+  static double run(const Residual* a, const int64_t* ids, int64_t count) { return residual_mass_impl<TDT, DDT, SCALED, true>(a, 0, ids, count); }
+};
+
+void race(const RaceArgs* a, int64_t begin, int64_t n, RaceBest* best) { dispatch_law<RaceRange>(a, a, begin, n, best); }
+void race_list(const RaceArgs* a, const int64_t* ids, int64_t count, RaceBest* best) { dispatch_law<RaceList>(a, a, ids, count, best); }
+double residual_mass(const Residual* a, int64_t begin, int64_t n) { return dispatch_law<MassRange>(a, a, begin, n); }
+double residual_mass_list(const Residual* a, const int64_t* ids, int64_t count) { return dispatch_law<MassList>(a, a, ids, count); }
+
+template <int DT, bool SCALED>
+int64_t collect_window(const void* x, int64_t n, float inv_t, float lo, float hi, float m, int64_t id_base, float* out_s, int64_t* out_ids,
+                       CollectStats* out) {
+  if (hi < fastmath::kPosInf) return collect_impl<DT, SCALED, true>(x, n, inv_t, lo, hi, m, id_base, out_s, out_ids, out);
+  return collect_impl<DT, SCALED, false>(x, n, inv_t, lo, hi, m, id_base, out_s, out_ids, out);
 }
 
-void race_list(const RaceArgs* a, const int64_t* ids, int64_t count, RaceBest* best) {
-  if (a->target_dtype == kF32) {
-    race_list_target<kF32>(a, ids, count, best);
-  } else if (a->target_dtype == kBF16) {
-    race_list_target<kBF16>(a, ids, count, best);
-  } else {
-    race_list_target<kF16>(a, ids, count, best);
-  }
+template <int DT>
+int64_t collect_scaled(const void* x, int64_t n, float inv_t, float lo, float hi, float m, int64_t id_base, float* out_s, int64_t* out_ids,
+                       CollectStats* out) {
+  if (inv_t == 1.0f) return collect_window<DT, false>(x, n, inv_t, lo, hi, m, id_base, out_s, out_ids, out);
+  return collect_window<DT, true>(x, n, inv_t, lo, hi, m, id_base, out_s, out_ids, out);
 }
 
-int64_t collect(const void* x, int32_t dtype, int64_t n, float inv_t, float t, int64_t id_base, float* out_s, int64_t* out_ids, float* max_s, bool* nan) {
-  if (inv_t == 1.0f) {
-    if (dtype == kF32) return collect_impl<kF32, false>(x, n, inv_t, t, id_base, out_s, out_ids, max_s, nan);
-    if (dtype == kBF16) return collect_impl<kBF16, false>(x, n, inv_t, t, id_base, out_s, out_ids, max_s, nan);
-    return collect_impl<kF16, false>(x, n, inv_t, t, id_base, out_s, out_ids, max_s, nan);
-  }
-  if (dtype == kF32) return collect_impl<kF32, true>(x, n, inv_t, t, id_base, out_s, out_ids, max_s, nan);
-  if (dtype == kBF16) return collect_impl<kBF16, true>(x, n, inv_t, t, id_base, out_s, out_ids, max_s, nan);
-  return collect_impl<kF16, true>(x, n, inv_t, t, id_base, out_s, out_ids, max_s, nan);
+int64_t collect(const void* x, int32_t dtype, int64_t n, float inv_t, float lo, float hi, float m, int64_t id_base, float* out_s, int64_t* out_ids,
+                CollectStats* out) {
+  if (dtype == kF32) return collect_scaled<kF32>(x, n, inv_t, lo, hi, m, id_base, out_s, out_ids, out);
+  if (dtype == kBF16) return collect_scaled<kBF16>(x, n, inv_t, lo, hi, m, id_base, out_s, out_ids, out);
+  return collect_scaled<kF16>(x, n, inv_t, lo, hi, m, id_base, out_s, out_ids, out);
 }
 
 void scan(const void* x, int32_t dtype, int64_t n, bool want_argmax, ScanResult* out) {
@@ -1010,15 +1145,16 @@ void scan(const void* x, int32_t dtype, int64_t n, bool want_argmax, ScanResult*
   }
 }
 
-void stats(const void* x, int32_t dtype, int64_t n, float inv_t, bool want_raw, StatsResult* out) {
-  if (inv_t == 1.0f) {
-    if (dtype == kF32) return stats_impl<kF32, false>(x, n, inv_t, want_raw, out);
-    if (dtype == kBF16) return stats_impl<kBF16, false>(x, n, inv_t, want_raw, out);
-    return stats_impl<kF16, false>(x, n, inv_t, want_raw, out);
-  }
-  if (dtype == kF32) return stats_impl<kF32, true>(x, n, inv_t, want_raw, out);
-  if (dtype == kBF16) return stats_impl<kBF16, true>(x, n, inv_t, want_raw, out);
-  return stats_impl<kF16, true>(x, n, inv_t, want_raw, out);
+template <int DT>
+void stats_scaled(const void* x, int64_t n, float inv_t, bool want_raw, StatsResult* out, ValueHistogram* hist) {
+  if (inv_t == 1.0f) return stats_impl<DT, false>(x, n, inv_t, want_raw, out, hist);
+  return stats_impl<DT, true>(x, n, inv_t, want_raw, out, hist);
+}
+
+void stats(const void* x, int32_t dtype, int64_t n, float inv_t, bool want_raw, StatsResult* out, ValueHistogram* hist) {
+  if (dtype == kF32) return stats_scaled<kF32>(x, n, inv_t, want_raw, out, hist);
+  if (dtype == kBF16) return stats_scaled<kBF16>(x, n, inv_t, want_raw, out, hist);
+  return stats_scaled<kF16>(x, n, inv_t, want_raw, out, hist);
 }
 
 #define SPECDEC_STRINGIFY2(x) #x
@@ -1027,7 +1163,8 @@ void stats(const void* x, int32_t dtype, int64_t n, float inv_t, bool want_raw, 
 #define SPECDEC_ISA_NAME SPECDEC_STRINGIFY(SPECDEC_ISA)
 #endif
 
-const Kernels kTable = {SPECDEC_ISA_NAME, scan, stats, mass_impl, weights_impl, collect, race, race_list, race_words_groups, race_words_list};
+const Kernels kTable = {SPECDEC_ISA_NAME, scan, stats, mass_impl, weights_impl, collect, race, race_list, residual_mass, residual_mass_list,
+                        race_words_groups, race_words_list};
 
 }  // namespace
 }  // namespace SPECDEC_ISA

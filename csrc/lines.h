@@ -1,5 +1,5 @@
-// Logits lines (one row at one position) and their statistics: what verify.cpp schedules, what the
-// filter (filter.cpp) and the acceptance walk read. A line is cut into fixed chunks of kChunk
+// Logits lines (one row at one position) and their statistics: what the passes (passes.h) schedule,
+// what the filter (filter.cpp) and the walks of the drivers read. A line is cut into fixed chunks of kChunk
 // entries, each chunk is one work item, and chunk results are combined in chunk order, so no
 // number depends on how many threads ran the chunks.
 #pragma once
@@ -19,6 +19,14 @@ namespace specdec {
 constexpr int64_t kChunk = 8192;  // elements per work item; fixed for determinism
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
+// How a row processes its lines (reference.py: process_lines).
+struct LineParams {
+  float inv_t = 1.0f;  // float32(1 / T), rounded once (IEEE division); 1 for greedy rows
+  int64_t top_k = 0;   // 0 = off
+  float top_p = 1.0f;  // 1 = off
+  bool greedy = false;
+};
+
 enum Mode : int8_t {
   kUnused = 0,
   kArgmax,  // greedy target line: argmax of the raw logits
@@ -27,10 +35,20 @@ enum Mode : int8_t {
   kFilter,  // top-k / top-p: m, tau and z (filter.cpp)
 };
 
-// Candidates (s >= the line's guess) that one chunk of a filtered line found, ascending ids.
+// Candidates (guess <= s < window_hi) that one chunk of a filtered line found, ascending ids, and
+// the count and mass of its values s >= window_hi (a top-p window: kernel.h, collect).
 struct Candidates {
   std::vector<float> values;
   std::vector<int64_t> ids;
+  int64_t above = 0;
+  double above_mass = 0.0;
+};
+
+// The used part of one chunk's ValueHistogram (kernel.h), kept for the line's top-p window.
+struct ChunkHistogram {
+  bool valid = false;
+  int64_t top = 0;
+  std::vector<float> mass;
 };
 
 struct ChunkStats {
@@ -65,11 +83,13 @@ struct Line {
   bool done = false;       // read (statistics or scan) and combined
   bool has_kept = false;   // filtered line whose kept set is small: the race visits only these ids
   float guess = -kInf;     // filtered lines: candidates are the values >= this
+  float window_hi = kInf;  // top-p-only lines: values >= this are not collected, only their mass (kInf: none)
   std::once_flag guess_once;           // the guess is made by the first chunk that needs it
   bool guess_ready = false;            // filtered lines: the next chunk pass collects candidates
   bool top_p_first_pass_done = false;  // top-p-only lines: m, z_all (and validity) came from a first pass
   std::vector<int64_t> kept;  // ascending ids with s >= tau
   std::vector<Candidates> candidates;  // filtered lines: per chunk
+  std::vector<ChunkHistogram> histograms;  // top-p-only lines: per chunk, from the statistics pass
 };
 
 // NaN, +inf, an all -inf line, or a temperature so small that the scaled maximum is not finite
@@ -124,6 +144,7 @@ struct Scratch {
   Buffer<int32_t> buckets;
   Buffer<int64_t> kept_ids;
   std::vector<float> sample;
+  std::unique_ptr<ValueHistogram> histogram;  // one chunk's, while the statistics pass fills it
 };
 
 Scratch& thread_scratch();
@@ -137,12 +158,14 @@ void process_chunk(Line& line, int64_t chunk, ChunkStats& out, const Kernels& k)
 void combine_chunks(Line& line, const ChunkStats* chunks, const Kernels& k);
 
 // Filtered lines (filter.cpp). prepare_filter_line makes a line's next chunk pass collect its
-// candidates; the first of those chunks to run guesses the threshold from a sample of the line (so
-// the guesses of many lines are made in parallel). A top-p-only line first has its statistics
-// combined (its guess uses the exact maximum). finish_filter_line turns the candidates into tau, z
-// and the kept ids (O(candidates), on one thread).
+// candidates. With top-k, the first of those chunks to run guesses the threshold from a sample of
+// the line (so the guesses of many lines are made in parallel). A top-p-only line first has its
+// statistics pass, whose chunks also fill value histograms; from them prepare_filter_line (given
+// the chunk results) places the cut in a narrow window of values: the collection pass stores the
+// values inside it and only adds up the mass of those above. finish_filter_line turns the
+// candidates into tau, z and the kept ids (O(candidates), on one thread).
 bool filter_needs_stats_first(const Line& line);
-void prepare_filter_line(Line& line);
+void prepare_filter_line(Line& line, const ChunkStats* chunks);
 void finish_filter_line(Line& line, const Kernels& k);
 
 // p(x) for one id, with the same formula as the race loops (and the reference).

@@ -54,9 +54,23 @@ static inline __attribute__((always_inline)) uint32_t race_word(uint32_t v, uint
   return w[v & 3u];
 }
 
+// The two counter words of absolute position P: (P_lo, P_hi).
+static inline __attribute__((always_inline)) void position_words(uint64_t position, uint32_t* lo, uint32_t* hi) {
+  *lo = static_cast<uint32_t>(position & 0xFFFFFFFFu);
+  *hi = static_cast<uint32_t>(position >> 32);
+}
+
 // The open-interval uniform ((x >> 9) + 0.5) * 2^-23; exact in float32, never 0 or 1.
 static inline __attribute__((always_inline)) float to_uniform(uint32_t x) {
   return (static_cast<float>(static_cast<int32_t>(x >> 9)) + 0.5f) * 1.1920928955078125e-07f;
+}
+
+// The acceptance coin of the sibling of rank r (0 in a chain) at absolute position P: word 0 of
+// counter (r, P_lo, P_hi, 0), as an open-interval uniform.
+static inline float coin(uint64_t position, uint32_t rank, uint32_t k0, uint32_t k1) {
+  uint32_t lo, hi;
+  position_words(position, &lo, &hi);
+  return to_uniform(word0(rank, lo, hi, kAcceptStream, k0, k1));
 }
 
 }  // namespace philox

@@ -1,832 +1,344 @@
-// Tree verification and block verification on the CPU: the semantics of
-// specdec_ext/reference_tree.py without (B, N+1, V) temporaries. Logits are read in place in their
-// own dtype; a line's statistics (max m, top-k / top-p threshold tau, normaliser z) are computed
-// when a row's walk first reaches it, and a residual is never stored: it is the closed form
-// w(y) = max(p(y) - c q(y), 0) [y not in S] of a few scalars, re-evaluated on each pass over the
-// vocabulary (its mass after a rejection, and the final exponential race, one per row).
+// Tree verification on the CPU: the semantics of specdec_ext/reference_tree.py (verify_tree_eager)
+// on the chain's layers: lines and their statistics (lines.h, filter.cpp), the passes (passes.h),
+// the per-ISA race and residual-mass loops (kernel.h) and the Philox stream (philox.h).
 //
-// Passes over a vocabulary are cut into fixed chunks combined in chunk order, so results never
-// depend on the thread count. Rows run in parallel; a batch smaller than the thread count spreads
-// each row's passes over the threads instead.
-#include <torch/extension.h>
-
-#include <ATen/Parallel.h>
+// Context 0 is the sequence, context i+1 is node i. A sampled row walks from the root: the children
+// of its context are tried in node order against the residual w(y) = max(p(y) - c q(y), 0)
+// [y not in S] (reference_tree.py), which is never stored: after a rejection its normaliser Z
+// (and, without replacement, the remaining draft mass M) is one residual-mass pass over the
+// vocabulary; the final token is one race. Rows advance together, one request each per pass (the
+// lines of a new context, a rejection's masses, or the final race), so the passes spread over the
+// threads whatever the batch. Greedy rows need argmax scans only: all their target lines are
+// scanned in the first pass and their walk is read off at the end.
+#include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <limits>
+#include <optional>
+#include <tuple>
 #include <vector>
 
-namespace specdec_tree {
+#include "arguments.h"
+#include "dispatch.h"
+#include "passes.h"
+#include "philox.h"
+
+namespace specdec {
 namespace {
 
-constexpr int64_t kChunk = 8192;  // vocabulary entries per work item: fixed for determinism
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// ---------------------------------------------------------------------------------------------
-// Philox4x32-10 (as triton.language.philox): all four output words.
-
-struct Words {
-  uint32_t w[4];
-};
-
-inline Words philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint64_t key) {
-  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t prod_b = static_cast<uint64_t>(c2) * 0xCD9E8D57u;
-    const uint64_t prod_a = static_cast<uint64_t>(c0) * 0xD2511F53u;
-    const uint32_t next0 = static_cast<uint32_t>(prod_b >> 32) ^ c1 ^ k0;
-    const uint32_t next2 = static_cast<uint32_t>(prod_a >> 32) ^ c3 ^ k1;
-    c1 = static_cast<uint32_t>(prod_b);
-    c3 = static_cast<uint32_t>(prod_a);
-    c0 = next0;
-    c2 = next2;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return {{c0, c1, c2, c3}};
-}
-
-inline float open_uniform(uint32_t x) { return (static_cast<float>(x >> 9) + 0.5f) * 1.1920928955078125e-07f; }
-
-// Acceptance coin of sibling rank r at absolute position P: counter (r, P_lo, P_hi, 0), word 0.
-inline float coin(uint64_t key, int64_t position, int64_t rank) {
-  const uint64_t p = static_cast<uint64_t>(position);
-  return open_uniform(philox(static_cast<uint32_t>(rank), static_cast<uint32_t>(p), static_cast<uint32_t>(p >> 32), 0, key).w[0]);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Lines.
-
-enum DType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
-
-int dtype_code(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return kF32;
-    case at::kBFloat16: return kBF16;
-    case at::kHalf: return kF16;
-    default: TORCH_CHECK(false, "specdec: logits must be float32, bfloat16 or float16, got ", t.scalar_type());
-  }
-}
-
-struct LineRef {
-  const char* ptr = nullptr;
-  int dtype = kF32;
-  int64_t n = 0;
-
-  float at(int64_t i) const {
-    if (dtype == kF32) return reinterpret_cast<const float*>(ptr)[i];
-    if (dtype == kBF16) return static_cast<float>(reinterpret_cast<const at::BFloat16*>(ptr)[i]);
-    return static_cast<float>(reinterpret_cast<const at::Half*>(ptr)[i]);
-  }
-};
-
-// Processing parameters of one row.
-struct Params {
-  float inv_t = 1.0f;  // float32(1 / T), 1 for greedy rows
-  bool greedy = false;
-  int64_t top_k = 0;
-  float top_p = 1.0f;
-};
-
-struct Stats {
-  bool bad = false;
-  float raw_max = -kInf;
-  int64_t argmax = 0;  // first index of the raw maximum
-  float m = 0.0f, tau = -kInf, z = 1.0f;
-};
-
-// Runs fn(chunk_index, begin, end) over [0, n) in fixed chunks, in parallel when `parallel`.
-template <typename Fn>
-void for_chunks(int64_t n, bool parallel, const Fn& fn) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  if (parallel && chunks > 1) {
-    at::parallel_for(0, chunks, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t c = lo; c < hi; ++c) fn(c, c * kChunk, std::min(n, (c + 1) * kChunk));
-    });
-  } else {
-    for (int64_t c = 0; c < chunks; ++c) fn(c, c * kChunk, std::min(n, (c + 1) * kChunk));
-  }
-}
-
-// The kept-set threshold of transformers' top-k then top-p (reference.filter_thresholds): the
-// values sorted in descending order, tau_k the k-th, and tau_p the value at the last place whose
-// mass strictly before it (a cumulative sum accumulated in double) is below top_p times the mass of
-// the top-k set.
-float filter_threshold(const LineRef& line, const Params& params, std::vector<float>& scratch) {
-  const int64_t n = line.n;
-  const bool use_k = params.top_k > 0 && params.top_k < n;
-  const bool use_p = params.top_p < 1.0f;
-  if (!use_k && !use_p) return -kInf;
-  scratch.resize(n);
-  for (int64_t i = 0; i < n; ++i) scratch[i] = line.at(i) * params.inv_t;
-  std::sort(scratch.begin(), scratch.end(), [](float a, float b) { return a > b; });
-  const float tau_k = use_k ? scratch[params.top_k - 1] : -kInf;
-  if (!use_p) return tau_k;
-  const float top = scratch[0];
-  double total = 0.0;
-  for (int64_t i = 0; i < n && scratch[i] >= tau_k; ++i) total += static_cast<double>(std::exp(scratch[i] - top));
-  const float budget = params.top_p * static_cast<float>(total);
-  int64_t keep = 0;
-  double cumulative = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float w = scratch[i] >= tau_k ? std::exp(scratch[i] - top) : 0.0f;
-    cumulative += static_cast<double>(w);
-    const float before = i == 0 ? 0.0f : static_cast<float>(cumulative) - w;
-    keep += before < budget;  // a count, as the reference counts (masses before are nondecreasing up to rounding)
-  }
-  keep = std::max<int64_t>(keep, 1);
-  return std::max(tau_k, scratch[keep - 1]);
-}
-
-// Validity scan and statistics of one line. Bad (as _params.row_problems): NaN or +inf anywhere,
-// every value -inf, or, for a sampled row, a finite raw maximum whose scaled value is not finite.
-Stats line_stats(const LineRef& line, const Params& params, bool parallel, std::vector<float>& scratch) {
-  Stats s;
-  const int64_t chunks = (line.n + kChunk - 1) / kChunk;
-  std::vector<float> chunk_max(chunks, -kInf);
-  std::vector<int64_t> chunk_arg(chunks, 0);
-  std::vector<char> chunk_nan(chunks, 0);
-  for_chunks(line.n, parallel, [&](int64_t c, int64_t begin, int64_t end) {
-    float best = -kInf;
-    int64_t arg = begin;
-    bool nan = false;
-    for (int64_t i = begin; i < end; ++i) {
-      const float v = line.at(i);
-      nan |= std::isnan(v);
-      if (v > best) {
-        best = v;
-        arg = i;
-      }
-    }
-    chunk_max[c] = best;
-    chunk_arg[c] = arg;
-    chunk_nan[c] = nan;
-  });
-  bool nan = false;
-  for (int64_t c = 0; c < chunks; ++c) {
-    nan |= chunk_nan[c] != 0;
-    if (chunk_max[c] > s.raw_max) {
-      s.raw_max = chunk_max[c];
-      s.argmax = chunk_arg[c];
-    }
-  }
-  if (nan || s.raw_max == kInf || s.raw_max == -kInf) {
-    s.bad = true;
-    return s;
-  }
-  if (params.greedy) return s;
-  s.m = s.raw_max * params.inv_t;
-  if (!std::isfinite(s.m)) {
-    s.bad = true;
-    return s;
-  }
-  s.tau = filter_threshold(line, params, scratch);
-  std::vector<double> partial(chunks, 0.0);
-  for_chunks(line.n, parallel, [&](int64_t c, int64_t begin, int64_t end) {
-    double sum = 0.0;
-    for (int64_t i = begin; i < end; ++i) {
-      const float v = line.at(i) * params.inv_t;
-      if (v >= s.tau) sum += static_cast<double>(std::exp(v - s.m));
-    }
-    partial[c] = sum;
-  });
-  double z = 0.0;
-  for (double v : partial) z += v;
-  s.z = static_cast<float>(z);
-  return s;
-}
-
-inline float prob_at(const LineRef& line, const Params& params, const Stats& s, int64_t x) {
-  const float v = line.at(x) * params.inv_t;
-  return v >= s.tau ? std::exp(v - s.m) / s.z : 0.0f;
-}
-
-// The residual of one context: w(y) = max(p(y) - c q(y), 0), zero on the removed ids.
-struct Residual {
-  const LineRef* target;
-  const Stats* p_stats;
-  const LineRef* draft;  // null: deterministic siblings (q is not part of w)
-  const Stats* q_stats;
-  const Params* params;
-  float scale = 0.0f;
-  const std::vector<int64_t>* removed = nullptr;
-
-  inline float q(int64_t y) const {
-    if (draft == nullptr || y >= draft->n) return 0.0f;
-    return prob_at(*draft, *params, *q_stats, y);
-  }
-
-  inline float weight(int64_t y) const {
-    const float p = prob_at(*target, *params, *p_stats, y);
-    float w = draft == nullptr ? p : std::max(p - scale * q(y), 0.0f);
-    if (removed != nullptr && std::find(removed->begin(), removed->end(), y) != removed->end()) w = 0.0f;
-    return w;
-  }
-};
-
-// sum_y w(y), chunked in a fixed order.
-float residual_mass(const Residual& r, int64_t vocab, bool parallel) {
-  const int64_t chunks = (vocab + kChunk - 1) / kChunk;
-  std::vector<double> partial(chunks, 0.0);
-  for_chunks(vocab, parallel, [&](int64_t c, int64_t begin, int64_t end) {
-    double sum = 0.0;
-    for (int64_t y = begin; y < end; ++y) sum += static_cast<double>(r.weight(y));
-    partial[c] = sum;
-  });
-  double total = 0.0;
-  for (double v : partial) total += v;
-  return static_cast<float>(total);
-}
-
-// sum of q over the ids not removed (the draft mass siblings drawn without replacement came from).
-float remaining_draft_mass(const Residual& r, int64_t draft_vocab, bool parallel) {
-  const int64_t chunks = (draft_vocab + kChunk - 1) / kChunk;
-  std::vector<double> partial(chunks, 0.0);
-  for_chunks(draft_vocab, parallel, [&](int64_t c, int64_t begin, int64_t end) {
-    double sum = 0.0;
-    for (int64_t y = begin; y < end; ++y) {
-      if (std::find(r.removed->begin(), r.removed->end(), y) == r.removed->end()) sum += static_cast<double>(r.q(y));
-    }
-    partial[c] = sum;
-  });
-  double total = 0.0;
-  for (double v : partial) total += v;
-  return static_cast<float>(total);
-}
-
-// The exponential race argmax_y w(y) / E_y at absolute position P (stream 1); when no w(y) is
-// positive, argmax_y p(y) / E_y. Ties go to the lowest id.
-int64_t race(const Residual& r, int64_t vocab, uint64_t key, int64_t position, bool parallel) {
-  const int64_t chunks = (vocab + kChunk - 1) / kChunk;
-  std::vector<float> best(chunks, 0.0f), best_p(chunks, -1.0f);
-  std::vector<int64_t> arg(chunks, -1), arg_p(chunks, -1);
-  const uint64_t pos = static_cast<uint64_t>(position);
-  const uint32_t p_lo = static_cast<uint32_t>(pos), p_hi = static_cast<uint32_t>(pos >> 32);
-  for_chunks(vocab, parallel, [&](int64_t c, int64_t begin, int64_t end) {
-    float top = 0.0f, top_p = -1.0f;
-    int64_t at = -1, at_p = -1;
-    Words words{};
-    for (int64_t y = begin; y < end; ++y) {
-      if (y == begin || (y & 3) == 0) words = philox(static_cast<uint32_t>(y >> 2), p_lo, p_hi, 1, key);
-      const float e = -std::log(open_uniform(words.w[y & 3]));
-      const float value = r.weight(y) / e;
-      if (value > top) {
-        top = value;
-        at = y;
-      }
-      const float by_p = prob_at(*r.target, *r.params, *r.p_stats, y) / e;
-      if (by_p > top_p) {
-        top_p = by_p;
-        at_p = y;
-      }
-    }
-    best[c] = top;
-    arg[c] = at;
-    best_p[c] = top_p;
-    arg_p[c] = at_p;
-  });
-  float top = 0.0f, top_p = -1.0f;
-  int64_t at = -1, at_p = 0;
-  for (int64_t c = 0; c < chunks; ++c) {
-    if (best[c] > top) {
-      top = best[c];
-      at = arg[c];
-    }
-    if (best_p[c] > top_p) {
-      top_p = best_p[c];
-      at_p = arg_p[c];
-    }
-  }
-  return at >= 0 ? at : at_p;
-}
-
-Params row_params(float temperature, int64_t top_k, float top_p) {
-  Params p;
-  p.greedy = temperature == 0.0f;
-  p.inv_t = p.greedy ? 1.0f : 1.0f / temperature;
-  p.top_k = p.greedy ? 0 : top_k;
-  p.top_p = p.greedy ? 1.0f : top_p;
-  return p;
-}
-
-bool bad_params(float temperature, int64_t top_k, float top_p, int64_t key, int64_t offset) {
-  return !(temperature >= 0.0f) || std::isinf(temperature) || top_k < 0 || !(top_p > 0.0f && top_p <= 1.0f) || key < 0 || offset < 0;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Tree verification.
-
 struct TreeRow {
-  bool bad_shape = false;
+  RowInputs in;
+  int64_t used = 0;  // nodes 0 .. used - 1
+  bool bad = false;
+  bool bad_shape = false;                      // a parent out of range or not below its child, or num_nodes outside [0, N]
   std::vector<int64_t> depth;                  // of each used node (1 = child of the root)
   std::vector<std::vector<int64_t>> children;  // per context, in node order
-};
-
-TreeRow tree_row(const int64_t* parents, int64_t nodes, int64_t used) {
-  TreeRow row;
-  if (used < 0 || used > nodes) {
-    row.bad_shape = true;
-    return row;
-  }
-  for (int64_t i = 0; i < used; ++i) {
-    if (parents[i] < -1 || parents[i] >= i) {
-      row.bad_shape = true;
-      return row;
-    }
-  }
-  row.depth.resize(used);
-  row.children.assign(used + 1, {});
-  for (int64_t i = 0; i < used; ++i) {
-    row.depth[i] = parents[i] < 0 ? 1 : row.depth[parents[i]] + 1;
-    row.children[parents[i] + 1].push_back(i);
-  }
-  return row;
-}
-
-struct TreeInputs {
-  const char* target;
-  int target_dtype;
-  int64_t target_row_stride, target_line_stride;  // in elements
-  const char* draft;
-  int draft_dtype;
-  int64_t draft_row_stride, draft_line_stride;
-  int64_t vocab, draft_vocab, nodes;
-  const int64_t* tokens;
-  const int64_t* parents;
-  const float* temperature;
-  const int64_t* top_k;
-  const float* top_p;
-  const int64_t* num_nodes;
-  const int64_t* keys;
-  const int64_t* offsets;
-  bool without_replacement;
-  bool check;
-};
-
-LineRef target_line(const TreeInputs& in, int64_t b, int64_t context) {
-  const int64_t size = in.target_dtype == kF32 ? 4 : 2;
-  return {in.target + size * (b * in.target_row_stride + context * in.target_line_stride), in.target_dtype, in.vocab};
-}
-
-LineRef draft_line(const TreeInputs& in, int64_t b, int64_t context) {
-  const int64_t size = in.draft_dtype == kF32 ? 4 : 2;
-  return {in.draft + size * (b * in.draft_row_stride + context * in.draft_line_stride), in.draft_dtype, in.draft_vocab};
-}
-
-struct TreeOut {
+  // The walk of a sampled row.
+  enum Stage : int8_t { kLines, kMass, kRace, kDone };
+  Stage stage = kLines;
+  int64_t context = 0, level = 0;  // the current context and its depth
+  size_t rank = 0;                 // the sibling under test
+  float scale = 0.0f, mass = 1.0f, draft_mass = 1.0f;  // c, Z, M
+  std::vector<int64_t> removed;                        // S
+  float next_scale = 0.0f;                             // c after the rejection being resolved
+  int64_t rejected = -1;                               // its id
+  int64_t mass_id = -1, draft_mass_id = -1, race = -1;
   std::vector<int64_t> path;  // nodes entered
-  int64_t token = -1;         // the final token
-  bool bad = false;
+  int64_t token = -1;
 };
 
-TreeOut walk_tree(const TreeInputs& in, int64_t b, const TreeRow& shape, bool parallel) {
-  TreeOut out;
-  const int64_t nodes = in.nodes;
-  const int64_t used = in.num_nodes[b];
-  const int64_t* tokens = in.tokens + b * nodes;
-  const Params params = row_params(in.temperature[b], in.top_k[b], in.top_p[b]);
-  const bool deterministic = in.draft == nullptr;
-  const bool wor = in.without_replacement && !deterministic;
-  const uint64_t key = static_cast<uint64_t>(in.keys[b]);
-  const int64_t offset = in.offsets[b];
-  std::vector<float> scratch;
-  if (bad_params(in.temperature[b], in.top_k[b], in.top_p[b], in.keys[b], offset)) {
-    out.bad = true;
-    return out;
+class TreeCall {
+ public:
+  TreeCall(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, const at::Tensor& draft_tokens, const at::Tensor& parents,
+           const RowTensors& row_tensors, const at::Tensor& num_nodes, bool without_replacement, bool check);
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> run();
+
+ private:
+  int64_t target_index(int64_t b, int64_t c) const { return grid_.target(b, c); }
+  int64_t draft_index(int64_t b, int64_t c) const { return grid_.draft(b, c); }
+  const Line& target_line(int64_t b, int64_t c) const { return passes_.line(grid_.target(b, c)); }
+  const Line& draft_line(int64_t b, int64_t c) const { return passes_.line(grid_.draft(b, c)); }
+  // A sampled row reads the draft line of a context whose children it tests.
+  bool reads_draft(const TreeRow& r, int64_t c) const { return has_draft_ && !r.children[c].empty(); }
+  // Exclusions apply to deterministic siblings and to siblings drawn without replacement.
+  bool removes() const { return !has_draft_ || without_replacement_; }
+
+  void read_layout(const IdReader& parents, int64_t b);
+  void request_lines(int64_t b);
+  void enter(int64_t b, int64_t child);
+  void walk(int64_t b);
+  void schedule_validation(int64_t b);
+  void finish_row(int64_t b);
+
+  CallLogits logits_;  // (checked first: the sizes below come from it)
+  int64_t batch_, contexts_, nodes_;
+  LineGrid grid_;  // target (b, context c) at b * (N+1) + c, draft (b, c) after all target lines
+  Passes passes_;
+  bool has_draft_;
+  IdReader tokens_;
+  bool without_replacement_, check_;  // (siblings without replacement only with a draft)
+  std::vector<TreeRow> rows_;
+};
+
+TreeCall::TreeCall(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, const at::Tensor& draft_tokens, const at::Tensor& parents,
+                   const RowTensors& row_tensors, const at::Tensor& num_nodes, bool without_replacement, bool check)
+    : logits_(target_logits, draft_logits, 0, "(B, N+1, V)", "(B, N+1, Vd)"),
+      batch_(logits_.batch),
+      contexts_(logits_.lines),
+      nodes_(contexts_ - 1),
+      grid_{batch_, contexts_, contexts_},
+      passes_(kernels(), grid_.size()),
+      has_draft_(logits_.draft.has_value()),
+      without_replacement_(without_replacement && has_draft_),
+      check_(check) {
+  for (const auto& [ids, name] : {std::pair<const at::Tensor&, const char*>{draft_tokens, "draft_tokens"}, {parents, "parents"}}) {
+    check_cpu_tensor(ids, name);
+    TORCH_CHECK_VALUE(ids.dim() == 2 && ids.size(0) == batch_ && ids.size(1) == nodes_, "specdec: ", name, " must be (B, N), got ", ids.sizes());
   }
-  for (int64_t i = 0; i < used; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= in.draft_vocab) {
-      out.bad = true;
-      return out;
+  tokens_ = IdReader(draft_tokens, "draft_tokens");
+  const IdReader parent_ids(parents, "parents");
+  check_row_tensors(row_tensors, batch_);
+  check_row_vector(num_nodes, "num_nodes", batch_);
+
+  rows_.resize(batch_);
+  for (int64_t b = 0; b < batch_; ++b) {
+    TreeRow& r = rows_[b];
+    r.in = read_row(row_tensors, b);
+    r.used = row_int(num_nodes, b);
+    read_layout(parent_ids, b);
+    r.bad = r.in.bad || r.bad_shape;
+    for (int64_t i = 0; !r.bad && i < r.used; ++i) {
+      const int64_t x = tokens_(b, i);
+      r.bad = x < 0 || x >= logits_.draft_vocab;
+    }
+    if (r.bad) continue;
+    // Every line the row could use: the target line of each context, the draft line of each
+    // context with children.
+    for (int64_t c = 0; c <= r.used; ++c) {
+      const Logits& t = logits_.target;
+      passes_.setup_line(target_index(b, c), t.line(b, c), t.dtype, t.vocab, r.in.params, false, false);
+      if (reads_draft(r, c)) passes_.setup_line(draft_index(b, c), logits_.draft->line(b, c), logits_.draft->dtype, logits_.draft_vocab, r.in.params, true, false);
     }
   }
-  if (in.check) {  // every line a row could use: the target line of each context, the draft line of each context with children
-    for (int64_t c = 0; c <= used && !out.bad; ++c) {
-      out.bad |= line_stats(target_line(in, b, c), params, parallel, scratch).bad;
-      if (!deterministic && !shape.children[c].empty()) out.bad |= line_stats(draft_line(in, b, c), params, parallel, scratch).bad;
-    }
-    if (out.bad) return out;
+}
+
+void TreeCall::read_layout(const IdReader& parents, int64_t b) {
+  TreeRow& r = rows_[b];
+  if (r.used < 0 || r.used > nodes_) {
+    r.bad_shape = true;
+    return;
   }
-  int64_t context = 0, depth = 0;
+  for (int64_t i = 0; i < r.used; ++i) {
+    const int64_t parent = parents(b, i);
+    if (parent < -1 || parent >= i) {
+      r.bad_shape = true;
+      return;
+    }
+  }
+  r.depth.resize(r.used);
+  r.children.assign(r.used + 1, {});
+  for (int64_t i = 0; i < r.used; ++i) {
+    const int64_t parent = parents(b, i);
+    r.depth[i] = parent < 0 ? 1 : r.depth[parent] + 1;
+    r.children[parent + 1].push_back(i);
+  }
+}
+
+void TreeCall::request_lines(int64_t b) {
+  TreeRow& r = rows_[b];
+  r.stage = TreeRow::kLines;
+  passes_.add_line(target_index(b, r.context), false);
+  if (reads_draft(r, r.context)) passes_.add_line(draft_index(b, r.context), false);
+}
+
+void TreeCall::enter(int64_t b, int64_t child) {
+  TreeRow& r = rows_[b];
+  r.path.push_back(child);
+  r.context = child + 1;
+  r.level += 1;
+  r.rank = 0;
+  r.scale = 0.0f;
+  r.mass = 1.0f;
+  r.draft_mass = 1.0f;
+  r.removed.clear();
+  request_lines(b);
+}
+
+// With `check`, every line the row could use is validated: the lines the walk did not read get a
+// validity scan.
+void TreeCall::schedule_validation(int64_t b) {
+  const TreeRow& r = rows_[b];
+  for (int64_t c = 0; c <= r.used; ++c) {
+    passes_.add_line(target_index(b, c), true);
+    if (reads_draft(r, c)) passes_.add_line(draft_index(b, c), true);
+  }
+}
+
+// Advances a sampled row past the request the last pass answered, up to its next request.
+void TreeCall::walk(int64_t b) {
+  TreeRow& r = rows_[b];
+  if (r.stage == TreeRow::kRace) {
+    r.token = passes_.race_winner(r.race);
+    r.stage = TreeRow::kDone;
+    return;
+  }
+  if (r.stage == TreeRow::kLines) {
+    if (target_line(b, r.context).bad || (reads_draft(r, r.context) && draft_line(b, r.context).bad)) {
+      r.bad = true;
+      r.stage = TreeRow::kDone;
+      return;
+    }
+  } else {  // kMass: the rejected sibling's new residual, unless it would be zero everywhere
+    const float new_mass = static_cast<float>(passes_.mass(r.mass_id));
+    if (new_mass > 0.0f) {
+      r.scale = r.next_scale;
+      r.mass = new_mass;
+      if (r.draft_mass_id >= 0) r.draft_mass = static_cast<float>(passes_.mass(r.draft_mass_id));
+      if (removes()) r.removed.push_back(r.rejected);
+    }
+    ++r.rank;
+  }
+  const Line& p_line = target_line(b, r.context);
+  const std::vector<int64_t>& children = r.children[r.context];
+  const uint64_t position = r.in.offset + static_cast<uint64_t>(r.level);
+  if (r.rank < children.size()) {
+    const int64_t child = children[r.rank];
+    const int64_t x = tokens_(b, child);
+    const bool x_removed = removes() && std::find(r.removed.begin(), r.removed.end(), x) != r.removed.end();
+    const float p_x = prob_at(p_line, x);
+    const float q_x = has_draft_ ? prob_at(draft_line(b, r.context), x) : 0.0f;
+    float w_x = has_draft_ ? std::max(p_x - r.scale * q_x, 0.0f) : p_x;
+    if (x_removed) w_x = 0.0f;
+    const float proposal = !has_draft_ ? 1.0f : (x_removed ? 0.0f : q_x);
+    const float u = philox::coin(position, static_cast<uint32_t>(r.rank), r.in.key0, r.in.key1);
+    if (u * proposal * r.mass < w_x * r.draft_mass) {
+      enter(b, child);
+      return;
+    }
+    // Rejected: the masses of the next residual, c <- c + Z / M, S <- S + {x}.
+    r.next_scale = has_draft_ ? r.scale + r.mass / r.draft_mass : r.scale;
+    r.rejected = x;
+    std::vector<int64_t> removed = r.removed;
+    if (removes()) removed.push_back(x);
+    Residual law = law_of(p_line);
+    law.residual = true;
+    if (has_draft_) {
+      set_draft(&law, draft_line(b, r.context));
+      law.q_scale = r.next_scale;
+    }
+    r.draft_mass_id = -1;
+    if (without_replacement_) {
+      Residual draft_law = law_of(draft_line(b, r.context));  // q without S
+      draft_law.residual = true;
+      r.draft_mass_id = passes_.add_mass(draft_law, draft_index(b, r.context), removed);
+    }
+    r.mass_id = passes_.add_mass(law, target_index(b, r.context), removes() ? std::move(removed) : std::vector<int64_t>{});
+    r.stage = TreeRow::kMass;
+    return;
+  }
+  // Every child rejected, or a leaf: one token from the residual (p when it is p).
+  Residual law = law_of(p_line);
+  law.residual = r.scale != 0.0f || !r.removed.empty();
+  if (law.residual && has_draft_) {
+    set_draft(&law, draft_line(b, r.context));
+    law.q_scale = r.scale;
+  }
+  RaceArgs a;
+  static_cast<Residual&>(a) = law;
+  set_counters(&a, r.in.key0, r.in.key1, position, philox::kVerifyStream);
+  r.race = passes_.add_race(a, target_index(b, r.context), law.residual ? r.removed : std::vector<int64_t>{});
+  r.stage = TreeRow::kRace;
+  if (check_) schedule_validation(b);
+}
+
+// Validity with `check`, and a greedy row's walk: the first child equal to the argmax is entered,
+// and the argmax is emitted where none is (a bad line on the way blanks the row).
+void TreeCall::finish_row(int64_t b) {
+  TreeRow& r = rows_[b];
+  if (r.bad) return;
+  if (check_) {
+    for (int64_t c = 0; c <= r.used && !r.bad; ++c) r.bad = target_line(b, c).bad || (reads_draft(r, c) && draft_line(b, c).bad);
+    if (r.bad) return;
+  }
+  if (!r.in.params.greedy) return;
+  int64_t context = 0;
   while (true) {
-    const LineRef p_line = target_line(in, b, context);
-    const Stats p_stats = line_stats(p_line, params, parallel, scratch);
-    if (p_stats.bad) {
-      out.bad = true;
-      return out;
+    const Line& line = target_line(b, context);
+    if (line.bad) {
+      r.bad = true;
+      return;
     }
-    const std::vector<int64_t>& children = shape.children[context];
-    LineRef q_line;
-    Stats q_stats;
-    if (!deterministic && !children.empty() && !params.greedy) {
-      q_line = draft_line(in, b, context);
-      q_stats = line_stats(q_line, params, parallel, scratch);
-      if (q_stats.bad) {
-        out.bad = true;
-        return out;
-      }
-    }
-    std::vector<int64_t> removed;
-    Residual r{&p_line, &p_stats, deterministic ? nullptr : &q_line, &q_stats, &params, 0.0f, (deterministic || wor) ? &removed : nullptr};
-    float mass = 1.0f, draft_mass = 1.0f;
     int64_t entered = -1;
-    for (size_t rank = 0; rank < children.size(); ++rank) {
-      const int64_t child = children[rank];
-      const int64_t x = tokens[child];
-      if (params.greedy) {
-        if (x == p_stats.argmax) {
-          entered = child;
-          break;
-        }
-        continue;
-      }
-      const bool x_removed = std::find(removed.begin(), removed.end(), x) != removed.end();
-      const float p_x = prob_at(p_line, params, p_stats, x);
-      const float q_x = deterministic ? 0.0f : prob_at(q_line, params, q_stats, x);
-      float w_x = deterministic ? p_x : std::max(p_x - r.scale * q_x, 0.0f);
-      if (r.removed != nullptr && x_removed) w_x = 0.0f;
-      const float proposal = deterministic ? 1.0f : (wor && x_removed ? 0.0f : q_x);
-      const float u = coin(key, offset + depth, static_cast<int64_t>(rank));
-      if (u * proposal * mass < w_x * draft_mass) {
+    for (int64_t child : r.children[context]) {
+      if (tokens_(b, child) == line.argmax) {
         entered = child;
         break;
       }
-      // Rejected: the next residual, unless it would be zero everywhere.
-      const float old_scale = r.scale;
-      if (!deterministic) r.scale = old_scale + mass / draft_mass;
-      if (r.removed != nullptr) removed.push_back(x);
-      const float new_mass = residual_mass(r, in.vocab, parallel);
-      float new_draft_mass = draft_mass;
-      if (wor) new_draft_mass = remaining_draft_mass(r, in.draft_vocab, parallel);
-      if (new_mass > 0.0f) {
-        mass = new_mass;
-        draft_mass = new_draft_mass;
-      } else {
-        r.scale = old_scale;
-        if (r.removed != nullptr) removed.pop_back();
-      }
     }
     if (entered < 0) {
-      out.token = params.greedy ? p_stats.argmax : race(r, in.vocab, key, offset + depth, parallel);
-      return out;
+      r.token = line.argmax;
+      return;
     }
-    out.path.push_back(entered);
+    r.path.push_back(entered);
     context = entered + 1;
-    depth += 1;
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits,
-                                                           const at::Tensor& draft_tokens, const at::Tensor& parents,
-                                                           const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-                                                           const at::Tensor& num_nodes, const at::Tensor& keys, const at::Tensor& offsets,
-                                                           bool without_replacement, bool check) {
-  TORCH_CHECK(target_logits.dim() == 3 && target_logits.stride(2) == 1, "specdec: target_logits must be (B, N+1, V) with unit vocabulary stride");
-  const int64_t batch = target_logits.size(0), nodes = target_logits.size(1) - 1;
-  const at::Tensor tokens = draft_tokens.to(at::kLong).contiguous();
-  const at::Tensor parent = parents.to(at::kLong).contiguous();
-  const at::Tensor t = temperature.to(at::kFloat).contiguous(), k = top_k.to(at::kLong).contiguous(), p = top_p.to(at::kFloat).contiguous();
-  const at::Tensor n = num_nodes.to(at::kLong).contiguous(), key = keys.to(at::kLong).contiguous(), off = offsets.to(at::kLong).contiguous();
-  TreeInputs in{};
-  in.target = static_cast<const char*>(target_logits.const_data_ptr());
-  in.target_dtype = dtype_code(target_logits);
-  in.target_row_stride = target_logits.stride(0);
-  in.target_line_stride = target_logits.stride(1);
-  at::Tensor draft;
-  if (draft_logits.has_value()) {
-    draft = *draft_logits;
-    TORCH_CHECK(draft.dim() == 3 && draft.stride(2) == 1, "specdec: draft_logits must be (B, N+1, Vd) with unit vocabulary stride");
-    in.draft = static_cast<const char*>(draft.const_data_ptr());
-    in.draft_dtype = dtype_code(draft);
-    in.draft_row_stride = draft.stride(0);
-    in.draft_line_stride = draft.stride(1);
-    in.draft_vocab = draft.size(2);
-  } else {
-    in.draft = nullptr;
-    in.draft_vocab = target_logits.size(2);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> TreeCall::run() {
+  std::vector<int64_t> walking;
+  for (int64_t b = 0; b < batch_; ++b) {
+    TreeRow& r = rows_[b];
+    if (r.bad) continue;
+    if (r.in.params.greedy) {
+      for (int64_t c = 0; c <= r.used; ++c) passes_.add_line(target_index(b, c), true);  // argmax scans
+      if (check_) schedule_validation(b);
+      continue;
+    }
+    walking.push_back(b);
+    request_lines(b);
   }
-  in.vocab = target_logits.size(2);
-  in.nodes = nodes;
-  in.tokens = tokens.const_data_ptr<int64_t>();
-  in.parents = parent.const_data_ptr<int64_t>();
-  in.temperature = t.const_data_ptr<float>();
-  in.top_k = k.const_data_ptr<int64_t>();
-  in.top_p = p.const_data_ptr<float>();
-  in.num_nodes = n.const_data_ptr<int64_t>();
-  in.keys = key.const_data_ptr<int64_t>();
-  in.offsets = off.const_data_ptr<int64_t>();
-  in.without_replacement = without_replacement;
-  in.check = check;
-
-  std::vector<TreeRow> shapes(batch);
+  while (passes_.pending()) {
+    passes_.run();
+    size_t still = 0;
+    for (int64_t b : walking) {
+      walk(b);
+      if (rows_[b].stage != TreeRow::kDone) walking[still++] = b;
+    }
+    walking.resize(still);
+  }
   int64_t max_depth = 0;
-  for (int64_t b = 0; b < batch; ++b) {
-    shapes[b] = tree_row(in.parents + b * nodes, nodes, in.num_nodes[b]);
-    for (int64_t d : shapes[b].depth) max_depth = std::max(max_depth, d);
+  for (const TreeRow& r : rows_) {
+    for (int64_t d : r.depth) max_depth = std::max(max_depth, d);
   }
-  std::vector<TreeOut> outs(batch);
-  const bool rows_parallel = batch >= at::get_num_threads();
-  auto run_row = [&](int64_t b, bool inner_parallel) {
-    if (shapes[b].bad_shape) {
-      outs[b].bad = true;
-      return;
+  const auto long_options = logits_.target.tensor.options().dtype(at::kLong);
+  at::Tensor out_tokens = at::full({batch_, max_depth + 1}, -1, long_options);
+  at::Tensor out_accepted = at::zeros({batch_}, long_options);
+  at::Tensor out_nodes = at::full({batch_, max_depth}, -1, long_options);
+  int64_t* tok = out_tokens.mutable_data_ptr<int64_t>();
+  int64_t* acc = out_accepted.mutable_data_ptr<int64_t>();
+  int64_t* nodes = out_nodes.mutable_data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch_; ++b) {
+    finish_row(b);
+    const TreeRow& r = rows_[b];
+    if (r.bad) continue;
+    const int64_t entered = static_cast<int64_t>(r.path.size());
+    for (int64_t d = 0; d < entered; ++d) {
+      nodes[b * max_depth + d] = r.path[d];
+      tok[b * (max_depth + 1) + d] = tokens_(b, r.path[d]);
     }
-    outs[b] = walk_tree(in, b, shapes[b], inner_parallel);
-  };
-  if (rows_parallel) {
-    at::parallel_for(0, batch, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t b = lo; b < hi; ++b) run_row(b, false);
-    });
-  } else {
-    for (int64_t b = 0; b < batch; ++b) run_row(b, true);
-  }
-  at::Tensor out_tokens = at::full({batch, max_depth + 1}, -1, at::kLong);
-  at::Tensor out_accepted = at::zeros({batch}, at::kLong);
-  at::Tensor out_nodes = at::full({batch, max_depth}, -1, at::kLong);
-  int64_t* tok = out_tokens.data_ptr<int64_t>();
-  int64_t* acc = out_accepted.data_ptr<int64_t>();
-  int64_t* path = out_nodes.data_ptr<int64_t>();
-  for (int64_t b = 0; b < batch; ++b) {
-    if (outs[b].bad) continue;
-    const std::vector<int64_t>& nodes_entered = outs[b].path;
-    for (size_t d = 0; d < nodes_entered.size(); ++d) {
-      path[b * max_depth + d] = nodes_entered[d];
-      tok[b * (max_depth + 1) + d] = in.tokens[b * nodes + nodes_entered[d]];
-    }
-    tok[b * (max_depth + 1) + nodes_entered.size()] = outs[b].token;
-    acc[b] = static_cast<int64_t>(nodes_entered.size());
+    tok[b * (max_depth + 1) + entered] = r.token;
+    acc[b] = entered;
   }
   return {out_tokens, out_accepted, out_nodes};
 }
 
-// ---------------------------------------------------------------------------------------------
-// Block verification of chains.
-
-struct BlockOut {
-  int64_t tau = 0;
-  int64_t token = -1;
-  bool bad = false;
-  std::vector<float> logprobs;
-};
-
-float raw_log_softmax(const LineRef& line, int64_t x, bool parallel) {
-  float top = -kInf;
-  for (int64_t i = 0; i < line.n; ++i) top = std::max(top, line.at(i));
-  const int64_t chunks = (line.n + kChunk - 1) / kChunk;
-  std::vector<double> partial(chunks, 0.0);
-  for_chunks(line.n, parallel, [&](int64_t c, int64_t begin, int64_t end) {
-    double sum = 0.0;
-    for (int64_t i = begin; i < end; ++i) sum += static_cast<double>(std::exp(line.at(i) - top));
-    partial[c] = sum;
-  });
-  double z = 0.0;
-  for (double v : partial) z += v;
-  return (line.at(x) - top) - std::log(static_cast<float>(z));
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> block_verify(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits,
-                                                            const at::Tensor& draft_tokens, const at::Tensor& temperature, const at::Tensor& top_k,
-                                                            const at::Tensor& top_p, const at::Tensor& num_draft, const at::Tensor& keys,
-                                                            const at::Tensor& offsets, bool check, int64_t logprobs) {
-  TORCH_CHECK(target_logits.dim() == 3 && target_logits.stride(2) == 1, "specdec: target_logits must be (B, K+1, V) with unit vocabulary stride");
-  const int64_t batch = target_logits.size(0), positions = target_logits.size(1) - 1, vocab = target_logits.size(2);
-  const at::Tensor tokens = draft_tokens.to(at::kLong).contiguous();
-  const at::Tensor t = temperature.to(at::kFloat).contiguous(), k = top_k.to(at::kLong).contiguous(), p = top_p.to(at::kFloat).contiguous();
-  const at::Tensor n_t = num_draft.to(at::kLong).contiguous(), key_t = keys.to(at::kLong).contiguous(), off_t = offsets.to(at::kLong).contiguous();
-  const int target_dtype = dtype_code(target_logits);
-  const char* target = static_cast<const char*>(target_logits.const_data_ptr());
-  const int64_t t_size = target_dtype == kF32 ? 4 : 2;
-  at::Tensor draft;
-  const char* draft_ptr = nullptr;
-  int draft_dtype = kF32;
-  int64_t draft_vocab = vocab, d_size = 4;
-  if (draft_logits.has_value() && positions > 0) {
-    draft = *draft_logits;
-    TORCH_CHECK(draft.dim() == 3 && draft.stride(2) == 1, "specdec: draft_logits must be (B, K, Vd) with unit vocabulary stride");
-    draft_ptr = static_cast<const char*>(draft.const_data_ptr());
-    draft_dtype = dtype_code(draft);
-    draft_vocab = draft.size(2);
-    d_size = draft_dtype == kF32 ? 4 : 2;
-  }
-  const int64_t* tok = tokens.const_data_ptr<int64_t>();
-  auto tline = [&](int64_t b, int64_t i) {
-    return LineRef{target + t_size * (b * target_logits.stride(0) + i * target_logits.stride(1)), target_dtype, vocab};
-  };
-  auto dline = [&](int64_t b, int64_t i) { return LineRef{draft_ptr + d_size * (b * draft.stride(0) + i * draft.stride(1)), draft_dtype, draft_vocab}; };
-
-  std::vector<BlockOut> outs(batch);
-  auto run_row = [&](int64_t b, bool parallel) {
-    BlockOut& out = outs[b];
-    const float temp = t.const_data_ptr<float>()[b];
-    const int64_t kk = k.const_data_ptr<int64_t>()[b];
-    const float pp = p.const_data_ptr<float>()[b];
-    const int64_t key = key_t.const_data_ptr<int64_t>()[b], offset = off_t.const_data_ptr<int64_t>()[b];
-    const int64_t n = n_t.const_data_ptr<int64_t>()[b];
-    if (bad_params(temp, kk, pp, key, offset) || n < 0 || n > positions) {
-      out.bad = true;
-      return;
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      if (tok[b * positions + i] < 0 || tok[b * positions + i] >= draft_vocab) {
-        out.bad = true;
-        return;
-      }
-    }
-    const Params params = row_params(temp, kk, pp);
-    std::vector<float> scratch;
-    std::vector<Stats> ps(n + 1), qs(n);
-    // Greedy rows verify token by token and read target lines up to their first mismatch
-    // (check=False); sampled rows read every line up to n.
-    if (check) {
-      for (int64_t i = 0; i <= n; ++i) {
-        ps[i] = line_stats(tline(b, i), params, parallel, scratch);
-        if (ps[i].bad) out.bad = true;
-        if (i < n && draft_ptr != nullptr) {
-          if (line_stats(dline(b, i), params, parallel, scratch).bad) out.bad = true;
-        }
-      }
-      if (out.bad) return;
-    }
-    if (params.greedy) {
-      int64_t j = 0;
-      while (true) {
-        if (!check) ps[j] = line_stats(tline(b, j), params, parallel, scratch);
-        if (ps[j].bad) {
-          out.bad = true;
-          return;
-        }
-        if (j == n || tok[b * positions + j] != ps[j].argmax) break;
-        ++j;
-      }
-      out.tau = j;
-      out.token = ps[j].argmax;
-    } else {
-      for (int64_t i = 0; i <= n; ++i) {
-        if (!check) ps[i] = line_stats(tline(b, i), params, parallel, scratch);
-        if (ps[i].bad) {
-          out.bad = true;
-          return;
-        }
-        if (i < n && draft_ptr != nullptr) {
-          qs[i] = line_stats(dline(b, i), params, parallel, scratch);
-          if (qs[i].bad) {
-            out.bad = true;
-            return;
-          }
-        }
-      }
-      // p_i = min(1, p_{i-1} p(x_i) / q(x_i)), p_0 = 1.
-      std::vector<float> carried(n + 1, 1.0f);
-      for (int64_t i = 1; i <= n; ++i) {
-        const int64_t x = tok[b * positions + i - 1];
-        const float p_x = prob_at(tline(b, i - 1), params, ps[i - 1], x);
-        const float q_x = draft_ptr != nullptr ? prob_at(dline(b, i - 1), params, qs[i - 1], x) : 1.0f;
-        const float joint = carried[i - 1] * p_x;
-        const float ratio = q_x > 0.0f ? joint / q_x : (joint > 0.0f ? 1.0f : 0.0f);
-        carried[i] = std::min(ratio, 1.0f);
-      }
-      // The last i whose coin passes: eta_i * (S_i + (1 - p_i)) < S_i inside, eta_n < p_n at the end.
-      int64_t tau = 0;
-      for (int64_t i = n; i >= 1 && tau == 0; --i) {
-        const float eta = coin(static_cast<uint64_t>(key), offset + i - 1, 0);
-        if (i == n) {
-          if (eta < carried[i]) tau = i;
-          continue;
-        }
-        const LineRef big_p = tline(b, i);
-        const LineRef big_q = draft_ptr != nullptr ? dline(b, i) : LineRef{};
-        const int64_t next = tok[b * positions + i];
-        const float weight = carried[i];
-        const int64_t chunks = (vocab + kChunk - 1) / kChunk;
-        std::vector<double> partial(chunks, 0.0);
-        for_chunks(vocab, parallel, [&](int64_t c, int64_t begin, int64_t end) {
-          double sum = 0.0;
-          for (int64_t y = begin; y < end; ++y) {
-            const float q = draft_ptr != nullptr ? (y < draft_vocab ? prob_at(big_q, params, qs[i], y) : 0.0f) : (y == next ? 1.0f : 0.0f);
-            sum += static_cast<double>(std::max(weight * prob_at(big_p, params, ps[i], y) - q, 0.0f));
-          }
-          partial[c] = sum;
-        });
-        double total = 0.0;
-        for (double v : partial) total += v;
-        const float inner = static_cast<float>(total);
-        if (eta * (inner + (1.0f - weight)) < inner) tau = i;
-      }
-      out.tau = tau;
-      // The final draw at tau: the block residual max(p_tau P - Q, 0), or P at tau = n.
-      const LineRef p_line = tline(b, tau);
-      LineRef q_line = draft_ptr != nullptr && tau < n ? dline(b, tau) : LineRef{};
-      struct BlockResidual {
-        const LineRef* p_line;
-        const Stats* p_stats;
-        const LineRef* q_line;
-        const Stats* q_stats;
-        const Params* params;
-        float weight;
-        int64_t one_hot;  // >= 0: Q is the point mass there
-        bool residual;
-        int64_t draft_vocab;
-      } br{&p_line, &ps[tau], &q_line, tau < n && draft_ptr != nullptr ? &qs[tau] : nullptr, &params, carried[tau],
-           draft_ptr == nullptr && tau < n ? tok[b * positions + tau] : -1, tau < n, draft_vocab};
-      const uint64_t pos = static_cast<uint64_t>(offset + tau);
-      const uint32_t p_lo = static_cast<uint32_t>(pos), p_hi = static_cast<uint32_t>(pos >> 32);
-      const int64_t chunks = (vocab + kChunk - 1) / kChunk;
-      std::vector<float> best(chunks, 0.0f), best_p(chunks, -1.0f);
-      std::vector<int64_t> arg(chunks, -1), arg_p(chunks, -1);
-      for_chunks(vocab, parallel, [&](int64_t c, int64_t begin, int64_t end) {
-        float top = 0.0f, top_p = -1.0f;
-        int64_t at = -1, at_p = -1;
-        Words words{};
-        for (int64_t y = begin; y < end; ++y) {
-          if (y == begin || (y & 3) == 0) words = philox(static_cast<uint32_t>(y >> 2), p_lo, p_hi, 1, static_cast<uint64_t>(key));
-          const float e = -std::log(open_uniform(words.w[y & 3]));
-          const float py = prob_at(*br.p_line, *br.params, *br.p_stats, y);
-          float w = py;
-          if (br.residual) {
-            float q = 0.0f;
-            if (br.one_hot >= 0) {
-              q = y == br.one_hot ? 1.0f : 0.0f;
-            } else if (br.q_stats != nullptr && y < br.draft_vocab) {
-              q = prob_at(*br.q_line, *br.params, *br.q_stats, y);
-            }
-            w = std::max(br.weight * py - q, 0.0f);
-          }
-          const float value = w / e;
-          if (value > top) {
-            top = value;
-            at = y;
-          }
-          const float by_p = py / e;
-          if (by_p > top_p) {
-            top_p = by_p;
-            at_p = y;
-          }
-        }
-        best[c] = top;
-        arg[c] = at;
-        best_p[c] = top_p;
-        arg_p[c] = at_p;
-      });
-      float top = 0.0f, top_p = -1.0f;
-      int64_t at = -1, at_p = 0;
-      for (int64_t c = 0; c < chunks; ++c) {
-        if (best[c] > top) {
-          top = best[c];
-          at = arg[c];
-        }
-        if (best_p[c] > top_p) {
-          top_p = best_p[c];
-          at_p = arg_p[c];
-        }
-      }
-      out.token = at >= 0 ? at : at_p;
-    }
-    if (logprobs != 0) {
-      out.logprobs.assign(out.tau + 1, 0.0f);
-      for (int64_t i = 0; i <= out.tau; ++i) {
-        const int64_t x = i < out.tau ? tok[b * positions + i] : out.token;
-        const LineRef line = tline(b, i);
-        if (logprobs == 2 || params.greedy) {
-          out.logprobs[i] = raw_log_softmax(line, x, parallel);
-        } else {
-          const float s = line.at(x) * params.inv_t;
-          out.logprobs[i] = s >= ps[i].tau ? (s - ps[i].m) - std::log(ps[i].z) : -kInf;
-        }
-      }
-    }
-  };
-  if (batch >= at::get_num_threads()) {
-    at::parallel_for(0, batch, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t b = lo; b < hi; ++b) run_row(b, false);
-    });
-  } else {
-    for (int64_t b = 0; b < batch; ++b) run_row(b, true);
-  }
-  at::Tensor out_tokens = at::full({batch, positions + 1}, -1, at::kLong);
-  at::Tensor out_accepted = at::zeros({batch}, at::kLong);
-  at::Tensor out_logprobs = logprobs != 0 ? at::full({batch, positions + 1}, std::numeric_limits<float>::quiet_NaN(), at::kFloat) : at::empty({0}, at::kFloat);
-  int64_t* ot = out_tokens.data_ptr<int64_t>();
-  int64_t* oa = out_accepted.data_ptr<int64_t>();
-  for (int64_t b = 0; b < batch; ++b) {
-    if (outs[b].bad) continue;
-    for (int64_t i = 0; i < outs[b].tau; ++i) ot[b * (positions + 1) + i] = tok[b * positions + i];
-    ot[b * (positions + 1) + outs[b].tau] = outs[b].token;
-    oa[b] = outs[b].tau;
-    if (logprobs != 0) {
-      float* ol = out_logprobs.data_ptr<float>();
-      for (int64_t i = 0; i <= outs[b].tau; ++i) ol[b * (positions + 1) + i] = outs[b].logprobs[i];
-    }
-  }
-  return {out_tokens, out_accepted, out_logprobs};
-}
-
 }  // namespace
-}  // namespace specdec_tree
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Tree and block verification on the CPU (see specdec_ext/reference_tree.py for the semantics)";
-  m.def("tree_verify", &specdec_tree::tree_verify, "Tree verification: (tokens (B, D+1), num_accepted (B,), accepted_nodes (B, D))");
-  m.def("block_verify", &specdec_tree::block_verify, "Block verification of chains: (tokens (B, K+1), num_accepted (B,), logprobs or empty)");
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits,
+                                                           const at::Tensor& draft_tokens, const at::Tensor& parents, const RowTensors& rows,
+                                                           const at::Tensor& num_nodes, bool without_replacement, bool check) {
+  TreeCall call(target_logits, draft_logits, draft_tokens, parents, rows, num_nodes, without_replacement, check);
+  return call.run();
 }
+
+}  // namespace specdec

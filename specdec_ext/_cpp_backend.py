@@ -8,6 +8,10 @@ warning. Loading it registers ``torch.ops.specdec.verify`` / ``torch.ops.specdec
 CPU kernels; :mod:`specdec_ext.ops` (imported by the backend table, :mod:`specdec_ext._dispatch`)
 adds the fake (meta) kernels: after ``import specdec_ext`` the ops trace under FakeTensorMode and
 torch.compile.
+
+The same extension verifies trees (:func:`verify_tree`) and blocks (:func:`verify_block`) on the
+chain's kernels; every entry point takes a validated argument tuple and the call's ``base_key``
+(row b's key is ``args.seeds[b]`` when given, else ``base_key + b``).
 """
 
 from __future__ import annotations
@@ -59,12 +63,17 @@ def unavailable_reason() -> str:
     return "" if _C is not None else (_IMPORT_ERROR or "the C++ extension is unavailable")
 
 
+def _extension():
+    """The loaded extension, or a RuntimeError saying why there is none."""
+    if _C is None:
+        raise RuntimeError(f"specdec_ext: the C++ backend is unavailable: {unavailable_reason()}")
+    return _C
+
+
 def verify(args: VerifyArgs, base_key: int):
     """Fused verification of a validated call; returns (tokens (B, K+1) int64, num_accepted (B,)
     int64, logprobs (B, K+1) float32 or None, accept_probs (B, K) float32 or None)."""
-    if _C is None:
-        raise RuntimeError(f"specdec_ext: the C++ backend is unavailable: {unavailable_reason()}")
-    tokens, num_accepted, logprobs, accept_probs = _C.verify(
+    tokens, num_accepted, logprobs, accept_probs = _extension().verify(
         args.target_logits, args.draft_logits, args.draft_tokens, args.temperature, args.top_k, args.top_p, args.num_draft_tokens,
         args.seeds, args.offsets, base_key, args.stream, args.check, args.logprobs, args.accept_probs,
     )
@@ -76,9 +85,7 @@ def sampler(temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
     seeds, offsets, base_key) -> (B,) int64`` for (B, V) logits, the kernel's verification with
     K = 0 on the sample stream, without the (B, 1, V) view and (B,) selection a Python caller of
     :func:`verify` pays for."""
-    if _C is None:
-        raise RuntimeError(f"specdec_ext: the C++ backend is unavailable: {unavailable_reason()}")
-    draw = _C.sample
+    draw = _extension().sample
 
     def run(logits: torch.Tensor, seeds: torch.Tensor | None, offsets: torch.Tensor | None, base_key: int) -> torch.Tensor:
         return draw(logits, temperature, top_k, top_p, seeds, offsets, base_key)
@@ -86,21 +93,25 @@ def sampler(temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
     return run
 
 
-def isa() -> str:
-    """The instruction-set variant the kernel runs ("avx512", "avx2", "neon" or "base"), or "" when unavailable."""
-    return _C.isa() if _C is not None else ""
-
-
 def verify_block(args: VerifyArgs, base_key: int):
-    """Block verification of a validated call (the backend's entry point; the kernel lives in
-    _cpp_tree.py while the tree and block kernels are a second extension)."""
-    from . import _cpp_tree
-
-    return _cpp_tree.verify_block(args, base_key)
+    """Block verification of a validated call; returns (tokens (B, K+1) int64, num_accepted (B,)
+    int64, logprobs (B, K+1) float32 or None)."""
+    tokens, num_accepted, logprobs = _extension().block_verify(
+        args.target_logits, args.draft_logits, args.draft_tokens, args.temperature, args.top_k, args.top_p, args.num_draft_tokens,
+        args.seeds, args.offsets, base_key, args.check, args.logprobs,
+    )
+    return tokens, num_accepted, (logprobs if args.logprobs else None)
 
 
 def verify_tree(args: TreeArgs, base_key: int):
-    """Tree verification of a validated call (see :func:`verify_block`)."""
-    from . import _cpp_tree
+    """Tree verification of a validated call; returns (tokens (B, D+1) int64, num_accepted (B,)
+    int64, accepted_nodes (B, D) int64)."""
+    return _extension().tree_verify(
+        args.target_logits, args.draft_logits, args.draft_tokens, args.parents, args.temperature, args.top_k, args.top_p, args.num_nodes,
+        args.seeds, args.offsets, base_key, args.siblings == "without_replacement", args.check,
+    )
 
-    return _cpp_tree.verify_tree(args, base_key)
+
+def isa() -> str:
+    """The instruction-set variant the kernel runs ("avx512", "avx2", "neon" or "base"), or "" when unavailable."""
+    return _C.isa() if _C is not None else ""

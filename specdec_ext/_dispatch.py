@@ -32,7 +32,7 @@ import torch
 
 # The modules of the table are imported here (none of them imports this one: the import graph test
 # sees every edge); their functions are looked up when a call is resolved (late binding).
-from . import _cpp_backend, _cpp_tree, _triton_backend, _triton_tree, ops, reference, reference_tree
+from . import _cpp_backend, _triton_backend, _triton_tree, ops, reference, reference_tree
 from ._params import BACKENDS, COMPILED_CHECK_HINT, check_backend, raise_for_bad_rows
 
 ENTRY_POINTS = ("verify", "verify_block", "verify_tree")
@@ -64,9 +64,7 @@ def unavailable(name: str, entry: str, device: torch.device) -> str | None:
     if name == "cpp":
         if device.type != "cpu":
             return "the C++ kernel takes CPU tensors"
-        if entry == "verify":
-            return None if _cpp_backend.is_available() else _cpp_backend.unavailable_reason()
-        return None if _cpp_tree.is_available() else "specdec_ext._C_tree (the C++ tree and block kernels) is not built"
+        return None if _cpp_backend.is_available() else _cpp_backend.unavailable_reason()
     if name == "triton":
         if not (device.type == "cuda" or (device.type == "cpu" and _interpreter_on())):
             return "Triton needs CUDA tensors (or TRITON_INTERPRET=1 on CPU)"

@@ -41,13 +41,35 @@ def _arguments(batch=2, k=2, vocab=64):
 # The GIL
 
 
+def _entry_point_calls(batch=8, k=7, vocab=128256):
+    """verify, block_verify and tree_verify on the same lines (a chain as a tree), with top-p 0.9 or
+    none (filtered lines make a call longer)."""
+    args = _arguments(batch=batch, k=k, vocab=vocab)
+    parents = torch.arange(-1, k - 1).expand(batch, k)  # a chain: node i's parent is node i - 1
+    tree_target = args["target_logits"]  # contexts 0 .. k
+    tree_draft = torch.cat([args["draft_logits"], args["draft_logits"][:, -1:]], dim=1)  # a draft line per context
+
+    def calls(top_p):
+        row = dict(args, top_p=torch.full((batch,), top_p))
+        params = (row["temperature"], row["top_k"], row["top_p"])
+        return {
+            "verify": lambda: _cpp_backend._C.verify(*row.values(), 1, 1, True, 2, True),  # base_key, stream, check, raw logprobs, accept_probs
+            "block": lambda: _cpp_backend._C.block_verify(row["target_logits"], row["draft_logits"], row["draft_tokens"], *params, row["num_draft_tokens"],
+                                                          row["seeds"], row["offsets"], 1, True, 2),
+            "tree": lambda: _cpp_backend._C.tree_verify(tree_target, tree_draft, row["draft_tokens"], parents, *params, row["num_draft_tokens"], row["seeds"],
+                                                        row["offsets"], 1, True, True),
+        }
+
+    return calls
+
+
 @needs_cpp
-def test_the_gil_is_released_during_a_call():
+@pytest.mark.parametrize("entry", ["verify", "block", "tree"])
+def test_the_gil_is_released_during_a_call(entry):
     """Another Python thread keeps running while a call computes. With the GIL held it could run
     only in the switch interval after the call (set to 0.1 ms here), so its count would stay near
     zero whatever the call's length; released, it counts for the whole call."""
-    args = _arguments(batch=8, k=7, vocab=128256)
-    call_args = (*args.values(), 1, 1, True, 2, True)  # base_key, stream, check, raw logprobs, accept_probs
+    calls = _entry_point_calls()
     count = [0]
     stop = threading.Event()
 
@@ -64,10 +86,9 @@ def test_the_gil_is_released_during_a_call():
     try:
         for _ in range(3):
             for top_p in (0.9, 1.0):
-                call = list(call_args)
-                call[5] = torch.full((8,), top_p)  # filtered lines make the call longer
+                call = calls(top_p)[entry]
                 before = count[0]
-                _cpp_backend._C.verify(*call)
+                call()
                 during.append(count[0] - before)
     finally:
         stop.set()
@@ -92,6 +113,15 @@ def test_every_tensor_argument_must_be_on_the_cpu(name):
         sample_args = {"logits": args["target_logits"][:, 0], **{n: args[n] for n in ("temperature", "top_k", "top_p", "seeds", "offsets")}}
         with pytest.raises(ValueError, match=f"{'logits' if name == 'target_logits' else name} must be a CPU tensor"):
             _cpp_backend._C.sample(*sample_args.values(), 0)
+    if name != "draft_logits":  # (block and tree calls take the same row tensors; a tree's draft has N+1 lines)
+        block_args = [args[n] for n in ("target_logits", "draft_logits", "draft_tokens", "temperature", "top_k", "top_p", "num_draft_tokens", "seeds", "offsets")]
+        with pytest.raises(ValueError, match=f"{name} must be a CPU tensor"):
+            _cpp_backend._C.block_verify(*block_args, 0)
+        parents = torch.full((2, 2), -1)  # two children of the root
+        tree_args = [args["target_logits"], None, args["draft_tokens"], parents, args["temperature"], args["top_k"], args["top_p"], args["num_draft_tokens"],
+                     args["seeds"], args["offsets"]]
+        with pytest.raises(ValueError, match=f"{name} must be a CPU tensor|num_nodes must be a CPU tensor"):
+            _cpp_backend._C.tree_verify(*tree_args, 0)
 
 
 @needs_cpp

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specdec_ext
-from specdec_ext import _cpp_backend, _cpp_tree, _dispatch
+from specdec_ext import _cpp_backend, _dispatch
 
 
 @pytest.fixture
@@ -56,30 +56,34 @@ def test_a_named_backend_that_cannot_run_the_call_raises(entry):
         specdec_ext.available_backends("cpu", "sample")
 
 
-@pytest.mark.skipif(not _cpp_backend.is_available() or not _cpp_tree.is_available(), reason="the C++ extensions are not built")
+@pytest.mark.skipif(not _cpp_backend.is_available(), reason="the C++ extension is not built")
 def test_auto_falls_back_the_same_way_for_every_entry_point(monkeypatch, fresh_resolutions):
-    """Without the C++ tree and block kernels, auto runs trees and blocks on the eager reference with
-    one RuntimeWarning each (as verify and sample do without the chain kernel), never silently;
-    naming the C++ backend raises."""
-    monkeypatch.setattr(_cpp_tree, "_C_tree", None)
+    """Without the C++ extension, auto runs chains, blocks and trees on the eager reference with one
+    RuntimeWarning per entry point, at the caller's line, never silently; naming the C++ backend raises."""
     target, draft, tokens = _chain()
     parents = torch.tensor([[-1, 0]] * 3)
     tree_draft = torch.cat([draft, draft[:, :1]], 1)
+    seeds = torch.arange(3)
+    fused = (specdec_ext.verify(target, draft, tokens, seeds=seeds), specdec_ext.verify(target, draft, tokens, method="block", seeds=seeds),
+             specdec_ext.verify_tree(target, tree_draft, tokens, parents, seeds=seeds))
+    _dispatch.forget()
+    monkeypatch.setattr(_cpp_backend, "_C", None)
     with pytest.warns(RuntimeWarning) as record:
         for _ in range(2):
-            block = specdec_ext.verify(target, draft, tokens, method="block", seeds=torch.arange(3))
-            tree = specdec_ext.verify_tree(target, tree_draft, tokens, parents, seeds=torch.arange(3))
-        chain = specdec_ext.verify(target, draft, tokens, seeds=torch.arange(3))  # the chain kernel is still there: no warning
+            chain = specdec_ext.verify(target, draft, tokens, seeds=seeds)
+            block = specdec_ext.verify(target, draft, tokens, method="block", seeds=seeds)
+            tree = specdec_ext.verify_tree(target, tree_draft, tokens, parents, seeds=seeds)
     messages = [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
-    assert len(messages) == 2, messages  # once per entry point
+    assert len(messages) == 3, messages  # once per entry point
     assert all(w.filename == __file__ for w in record), [w.filename for w in record]  # the caller's line
-    assert any("block verification" in m and "_C_tree" in m for m in messages) and any("tree verification" in m for m in messages)
-    assert torch.equal(block.tokens, specdec_ext.verify(target, draft, tokens, method="block", seeds=torch.arange(3), backend="eager").tokens)
-    assert torch.equal(tree.tokens, specdec_ext.verify_tree(target, tree_draft, tokens, parents, seeds=torch.arange(3), backend="eager").tokens)
-    assert torch.equal(chain.tokens, specdec_ext.verify(target, draft, tokens, seeds=torch.arange(3), backend="cpp").tokens)
-    for call in (lambda: specdec_ext.verify(target, draft, tokens, method="block", backend="cpp"),
+    assert any("block verification" in m for m in messages) and any("tree verification" in m for m in messages)
+    # The eager reference gives the fused kernel's tokens.
+    for got, want in zip((chain, block, tree), fused, strict=True):
+        assert torch.equal(got.tokens, want.tokens)
+    for call in (lambda: specdec_ext.verify(target, draft, tokens, backend="cpp"),
+                 lambda: specdec_ext.verify(target, draft, tokens, method="block", backend="cpp"),
                  lambda: specdec_ext.verify_tree(target, tree_draft, tokens, parents, backend="cpp")):
-        with pytest.raises(ValueError, match=r"backend='cpp' cannot run .* \(specdec_ext._C_tree .* is not built\); available: \["):
+        with pytest.raises(ValueError, match=r"backend='cpp' cannot run .*; available: \["):
             call()
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)

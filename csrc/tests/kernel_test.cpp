@@ -6,15 +6,20 @@
 // * Philox4x32-10: Random123's known answers; the vectorised race words (groups of four ids per
 //   evaluation, and id lists) equal the scalar definition for random keys, positions and streams;
 // * the race: the winner of argmax r / E equals a plain scalar evaluation of the same formulas, over
-//   bonus and residual races, dense and one-hot drafts, temperatures, filters, storage types and
-//   peaked / flat / masked lines (so every pruning path runs), also with the shared bound seeded at
-//   the winner's own value; AVX2 and AVX-512 agree bit for bit;
-// * line statistics: max / NaN / argmax, the normaliser against float64 (relative error), the
-//   candidates of a filtered line, the top-p masses.
+//   bonus and residual races (the chain's max(p - q, 0), a tree's max(p - c q, 0) [y not in S],
+//   block verification's max(c p - q, 0)), dense and one-hot drafts, exclusions, temperatures,
+//   filters, storage types and peaked / flat / masked lines (so every pruning path runs), also with
+//   the shared bound seeded at the winner's own value; AVX2 and AVX-512 agree bit for bit;
+// * residual masses: sum r over a range and over an id list against a float64 sum of the same
+//   values; AVX2 and AVX-512 agree bit for bit;
+// * line statistics: max / NaN / argmax, the normaliser against float64 (relative error), the value
+//   histogram (its buckets, masses, unchanged normaliser), the candidates of a filtered line and a
+//   top-p window (values inside, count and mass above), the top-p masses.
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -197,27 +202,32 @@ void test_race_words(const Kernels& k, std::mt19937_64& rng) {
   }
 }
 
-// The race by the definition, one id at a time (scalar arithmetic of this file's build).
+// r(v) of a law by its definition (kernel.h: Residual), scalar arithmetic of this file's build.
+float reference_residual(const Residual& a, const Line& target, const Line* draft, int64_t v) {
+  const float p_inv = 1.0f / a.p_norm, q_inv = 1.0f / a.q_norm;
+  float s = target.widened[v];
+  if (a.inv_t != 1.0f) s = s * a.inv_t;
+  float r = s >= a.p_tau ? fastmath::exp_neg(s - a.p_max) * p_inv : 0.0f;
+  if (!a.residual) return r;
+  r = r * a.p_scale;
+  if (draft != nullptr && v < a.draft_vocab) {
+    float sq = draft->widened[v];
+    if (a.inv_t != 1.0f) sq = sq * a.inv_t;
+    const float q = sq >= a.q_tau ? fastmath::exp_neg(sq - a.q_max) * q_inv : 0.0f;
+    const float d = r - a.q_scale * q;
+    r = d > 0.0f ? d : 0.0f;
+  }
+  for (int64_t e = 0; e < a.num_excluded; ++e) {
+    if (a.excluded[e] == v) r = 0.0f;
+  }
+  return r;
+}
+
+// The race by the definition, one id at a time.
 RaceBest reference_race(const RaceArgs& a, const Line& target, const Line* draft, const std::vector<int64_t>* only) {
   RaceBest best{0.0f, -1};
-  const float p_inv = 1.0f / a.p_norm, q_inv = 1.0f / a.q_norm;
   auto visit = [&](int64_t v) {
-    float s = target.widened[v];
-    if (a.inv_t != 1.0f) s = s * a.inv_t;
-    float r = s >= a.p_tau ? fastmath::exp_neg(s - a.p_max) * p_inv : 0.0f;
-    if (a.residual) {
-      if (draft != nullptr && v < a.draft_vocab) {
-        float sq = draft->widened[v];
-        if (a.inv_t != 1.0f) sq = sq * a.inv_t;
-        const float q = sq >= a.q_tau ? fastmath::exp_neg(sq - a.q_max) * q_inv : 0.0f;
-        const float d = r - q;
-        r = d > 0.0f ? d : 0.0f;
-      }
-      if (v == a.one_hot) {
-        const float d = r - 1.0f;
-        r = d > 0.0f ? d : 0.0f;
-      }
-    }
+    const float r = reference_residual(a, target, draft, v);
     const float u = philox::to_uniform(philox::race_word(static_cast<uint32_t>(v), a.p_lo, a.p_hi, a.stream, a.key0, a.key1));
     const float value = r / -fastmath::log_pos(u);
     if (value > best.value) best = {value, v};
@@ -243,7 +253,7 @@ void reference_stats(const std::vector<float>& x, float inv_t, float tau, float*
   *z_out = z;
 }
 
-// The race split into 8192-id chunks combined in order, as verify.cpp runs it.
+// The race split into 8192-id chunks combined in order, as the passes run it (passes.cpp).
 RaceBest chunked_race(const Kernels& k, const RaceArgs& a, int64_t vocab) {
   RaceBest best{0.0f, -1};
   for (int64_t begin = 0; begin < vocab; begin += 8192) {
@@ -288,16 +298,19 @@ void test_races(const std::vector<const Kernels*>& ks, std::mt19937_64& rng) {
         a.p_norm = static_cast<float>(z);
         a.p_tau = tau;
         a.residual = trial % 2 == 1;
-        a.one_hot = -1;
         a.draft = nullptr;
         a.draft_dtype = kF32;
         a.draft_vocab = 0;
         a.q_max = 0.0f;
         a.q_norm = 1.0f;
         a.q_tau = -fastmath::kPosInf;
+        // Residual kinds in turn: the chain's (scales 1), block verification's (p scaled by c <= 1)
+        // and a tree's (q scaled by c > 0, rejected siblings excluded); one-hot drafts exclude their id.
+        const int kind = (trial / 2) % 3;
         const bool one_hot = a.residual && trial % 4 == 3;
+        std::vector<int64_t> excluded;
         if (a.residual && one_hot) {
-          a.one_hot = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+          excluded.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
         } else if (a.residual) {
           double zq;
           a.draft = draft.data();
@@ -306,15 +319,22 @@ void test_races(const std::vector<const Kernels*>& ks, std::mt19937_64& rng) {
           reference_stats(draft.widened, inv_t, -fastmath::kPosInf, &a.q_max, &zq);
           a.q_norm = static_cast<float>(zq);
         }
+        if (a.residual && kind == 1) a.p_scale = std::ldexp(1.0f, -static_cast<int>(rng() % 6)) * 0.75f;
+        if (a.residual && kind == 2) {
+          a.q_scale = 0.5f + 2.0f * static_cast<float>(rng() % 1000) / 1000.0f;
+          for (int e = 0; e < 3; ++e) excluded.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
+        }
+        a.excluded = excluded.empty() ? nullptr : excluded.data();
+        a.num_excluded = static_cast<int64_t>(excluded.size());
         const RaceBest want = reference_race(a, target, a.draft != nullptr ? &draft : nullptr, nullptr);
         for (size_t i = 0; i < ks.size(); ++i) {
           const Kernels& k = *ks[i];
           RaceArgs unshared = a;
           unshared.shared_best = nullptr;
           const RaceBest got = chunked_race(k, unshared, vocab);
-          CHECK(got.index == want.index, "%s race V=%lld shape %d dtype %d residual %d one-hot %d: winner %lld != %lld", k.name, static_cast<long long>(vocab),
-                static_cast<int>(shape), static_cast<int>(target.dtype), static_cast<int>(a.residual), static_cast<int>(one_hot),
-                static_cast<long long>(got.index), static_cast<long long>(want.index));
+          CHECK(got.index == want.index, "%s race V=%lld shape %d dtype %d residual %d kind %d one-hot %d: winner %lld != %lld", k.name,
+                static_cast<long long>(vocab), static_cast<int>(shape), static_cast<int>(target.dtype), static_cast<int>(a.residual), kind,
+                static_cast<int>(one_hot), static_cast<long long>(got.index), static_cast<long long>(want.index));
           // The shared bound seeded with the winner's own value (the tightest a seed can be) prunes
           // everything else and still finds it.
           if (want.index >= 0) {
@@ -334,11 +354,28 @@ void test_races(const std::vector<const Kernels*>& ks, std::mt19937_64& rng) {
           const RaceBest want_listed = reference_race(a, target, a.draft != nullptr ? &draft : nullptr, &some);
           CHECK(listed.index == want_listed.index, "%s race_list: %lld != %lld", k.name, static_cast<long long>(listed.index),
                 static_cast<long long>(want_listed.index));
+          // The residual's mass, chunked as the passes run it, and over the id list.
+          double want_mass = 0.0, want_listed_mass = 0.0;
+          for (int64_t v = 0; v < vocab; ++v) want_mass += static_cast<double>(reference_residual(a, target, a.draft != nullptr ? &draft : nullptr, v));
+          for (int64_t v : some) want_listed_mass += static_cast<double>(reference_residual(a, target, a.draft != nullptr ? &draft : nullptr, v));
+          double mass = 0.0;
+          for (int64_t begin = 0; begin < vocab; begin += 8192) mass += k.residual_mass(&a, begin, std::min<int64_t>(8192, vocab - begin));
+          const double listed_mass = k.residual_mass_list(&a, some.data(), static_cast<int64_t>(some.size()));
+          // (The FMA variants round exp differently in the last bit: float accuracy per term.)
+          CHECK(std::fabs(mass - want_mass) <= 2e-7 * want_mass + 1e-30, "%s residual_mass V=%lld kind %d: %.9g != %.9g", k.name,
+                static_cast<long long>(vocab), kind, mass, want_mass);
+          CHECK(std::fabs(listed_mass - want_listed_mass) <= 2e-7 * want_listed_mass + 1e-30, "%s residual_mass_list: %.9g != %.9g", k.name, listed_mass,
+                want_listed_mass);
           if (std::strcmp(k.name, "avx512") == 0 && cpu_has("avx2")) {
-            const RaceBest avx2_best = chunked_race(*avx2::kernels(), unshared, vocab);
+            const Kernels& k2 = *avx2::kernels();
+            const RaceBest avx2_best = chunked_race(k2, unshared, vocab);
             CHECK(avx2_best.index == got.index && fastmath::float_to_bits(avx2_best.value) == fastmath::float_to_bits(got.value),
                   "avx2 and avx512 differ: %lld %.9g vs %lld %.9g", static_cast<long long>(avx2_best.index), avx2_best.value,
                   static_cast<long long>(got.index), got.value);
+            double mass2 = 0.0;
+            for (int64_t begin = 0; begin < vocab; begin += 8192) mass2 += k2.residual_mass(&a, begin, std::min<int64_t>(8192, vocab - begin));
+            CHECK(mass2 == mass && k2.residual_mass_list(&a, some.data(), static_cast<int64_t>(some.size())) == listed_mass,
+                  "avx2 and avx512 residual masses differ: %.17g vs %.17g", mass2, mass);
           }
         }
       }
@@ -368,7 +405,7 @@ void test_stats(const Kernels& k, std::mt19937_64& rng) {
         // stats and the normaliser's accuracy
         for (float inv_t : {1.0f, 1.0f / 0.7f}) {
           StatsResult st;
-          k.stats(line.data(), dtype, vocab, inv_t, true, &st);
+          k.stats(line.data(), dtype, vocab, inv_t, true, &st, nullptr);
           float m;
           double z;
           reference_stats(line.widened, inv_t, -fastmath::kPosInf, &m, &z);
@@ -379,24 +416,63 @@ void test_stats(const Kernels& k, std::mt19937_64& rng) {
           reference_stats(line.widened, 1.0f, -fastmath::kPosInf, &raw_m, &raw_z);
           CHECK(std::fabs(st.raw_z - raw_z) <= 2e-7 * raw_z, "%s stats raw z: rel error %.3g", k.name, std::fabs(st.raw_z - raw_z) / raw_z);
         }
-        // collect
+        // collect: every value >= t, and a window [t, hi) with the count and mass above it
         if (vocab >= 16) {
           const float t = line.widened[rng() % vocab];
-          std::vector<float> values(vocab);
-          std::vector<int64_t> ids(vocab);
-          float max_s;
-          bool nan;
-          const int64_t count = k.collect(line.data(), dtype, vocab, 1.0f, t, 1000, values.data(), ids.data(), &max_s, &nan);
-          int64_t want = 0;
-          bool same = true;
-          for (int64_t i = 0; i < vocab; ++i) {
-            if (line.widened[i] >= t) {
-              same = same && want < count && ids[want] == 1000 + i && values[want] == line.widened[i];
-              ++want;
+          const float hi = std::max(t, line.widened[rng() % vocab]);
+          std::vector<float> values(vocab + 16);
+          std::vector<int64_t> ids(vocab + 16);
+          for (float upper : {fastmath::kPosInf, hi}) {
+            CollectStats cs;
+            const int64_t count = k.collect(line.data(), dtype, vocab, 1.0f, t, upper, mx, 1000, values.data(), ids.data(), &cs);
+            int64_t want = 0, want_above = 0;
+            double want_mass = 0.0;
+            bool same = true;
+            for (int64_t i = 0; i < vocab; ++i) {
+              const float v = line.widened[i];
+              if (v >= upper) {
+                ++want_above;
+                want_mass += static_cast<double>(fastmath::exp_neg(v - mx));
+              } else if (v >= t) {
+                same = same && want < count && ids[want] == 1000 + i && values[want] == v;
+                ++want;
+              }
             }
+            CHECK(count == want && same && cs.max_s == mx && !cs.nan, "%s collect V=%lld hi %g: %lld vs %lld", k.name, static_cast<long long>(vocab), upper,
+                  static_cast<long long>(count), static_cast<long long>(want));
+            CHECK(cs.above == want_above && std::fabs(cs.above_mass - want_mass) <= 3e-7 * want_mass, "%s collect above V=%lld: %lld %.9g vs %lld %.9g",
+                  k.name, static_cast<long long>(vocab), static_cast<long long>(cs.above), cs.above_mass, static_cast<long long>(want_above), want_mass);
           }
-          CHECK(count == want && same && max_s == mx && !nan, "%s collect V=%lld: %lld vs %lld", k.name, static_cast<long long>(vocab),
-                static_cast<long long>(count), static_cast<long long>(want));
+        }
+        // The value histogram: the buckets (the deepest one exactly), masses to float accuracy, and
+        // the normaliser bit for bit the one without it.
+        for (float inv_t : {1.0f, 1.0f / 0.7f}) {
+          auto hist = std::make_unique<ValueHistogram>();
+          StatsResult plain, with;
+          k.stats(line.data(), dtype, vocab, inv_t, false, &plain, nullptr);
+          k.stats(line.data(), dtype, vocab, inv_t, false, &with, hist.get());
+          CHECK(plain.z == with.z && plain.m == with.m, "%s stats with a histogram: z %.17g vs %.17g", k.name, with.z, plain.z);
+          CHECK(hist->valid && hist->top == static_cast<int64_t>(std::ceil(with.m * kHistPerNat)), "%s histogram top", k.name);
+          std::vector<int64_t> counts(kHistBuckets, 0);
+          std::vector<double> masses(kHistBuckets, 0.0);
+          const float frac = static_cast<float>(hist->top) - with.m * kHistPerNat;
+          for (int64_t i = 0; i < vocab; ++i) {
+            const float sv = inv_t == 1.0f ? line.widened[i] : line.widened[i] * inv_t;
+            const float steps = frac - (sv - with.m) * kHistPerNat;
+            const int j = static_cast<int>(steps < kHistBuckets - 1 ? steps : kHistBuckets - 1);
+            ++counts[j];
+            masses[j] += static_cast<double>(fastmath::exp_neg(sv - with.m));
+          }
+          int used = kHistBuckets;
+          while (used > 0 && counts[used - 1] == 0) --used;
+          bool counts_ok = hist->used == used, masses_ok = true;
+          for (int j = 0; j < used && j < hist->used; ++j) {
+            masses_ok = masses_ok && std::fabs(hist->mass[j] - masses[j]) <= 1e-5 * masses[j] + 1e-37;
+          }
+          bool clean = true;
+          for (int j = 0; j < 2 * kHistBuckets; ++j) clean = clean && hist->slots[j] == 0.0f;
+          CHECK(counts_ok && masses_ok && clean, "%s histogram V=%lld dtype %d: used %d vs %d (%d), masses %d, working space zero %d", k.name,
+                static_cast<long long>(vocab), dtype, hist->used, used, counts_ok, masses_ok, clean);
         }
       }
     }
@@ -407,7 +483,7 @@ void test_stats(const Kernels& k, std::mt19937_64& rng) {
     k.scan(x.data(), kF32, vocab, false, &sr);
     CHECK(sr.nan, "%s scan misses a NaN (V=%lld)", k.name, static_cast<long long>(vocab));
     StatsResult st;
-    k.stats(x.data(), kF32, vocab, 1.0f, false, &st);
+    k.stats(x.data(), kF32, vocab, 1.0f, false, &st, nullptr);
     CHECK(st.nan && st.z == 0.0, "%s stats misses a NaN", k.name);
   }
   // mass: float64 sums of exp(s - m).

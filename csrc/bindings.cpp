@@ -1,0 +1,260 @@
+// The extension's entry points: the operator schemas and their CPU kernels (TORCH_LIBRARY, so
+// compiled graphs call the C++ kernel without Python; specdec_ext/ops.py holds the same strings
+// and adds the CUDA (Triton) and fake kernels) and the Python module (pybind11), with the test and
+// benchmark hooks. Every kernel runs without the GIL: other Python threads keep running.
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "dispatch.h"
+#include "drivers.h"
+#include "passes.h"
+#include "fastmath.h"
+#include "kernel.h"
+#include "lines.h"
+#include "philox.h"
+#include "scheduler.h"
+
+// setup.py passes the torch version as a bare token (a quoted string does not survive every build
+// tool's shell quoting); it is turned into a string here.
+#define SPECDEC_STRINGIFY2(x) #x
+#define SPECDEC_STRINGIFY(x) SPECDEC_STRINGIFY2(x)
+#ifdef SPECDEC_TORCH_VERSION
+#define SPECDEC_TORCH_VERSION_STRING SPECDEC_STRINGIFY(SPECDEC_TORCH_VERSION)
+#else
+#define SPECDEC_TORCH_VERSION_STRING "unknown"
+#endif
+
+namespace specdec {
+
+at::Tensor repetition_penalty(const at::Tensor& scores, const at::Tensor& sequences, const at::Tensor& index, const at::Tensor& start,
+                              const at::Tensor& end, const std::optional<at::Tensor>& drafts, int64_t first, double penalty);
+
+namespace {
+
+VerifyOutputs verify_cpu(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, const at::Tensor& draft_tokens,
+                         const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& num_draft_tokens,
+                         const std::optional<at::Tensor>& seeds, const std::optional<at::Tensor>& offsets, int64_t base_key, int64_t stream, bool check,
+                         int64_t logprobs, bool accept_probs) {
+  const RowTensors rows{temperature, top_k, top_p, seeds, offsets, base_key};
+  return verify_chain(target_logits, draft_logits, draft_tokens, rows, num_draft_tokens, stream, check, logprobs, accept_probs);
+}
+
+// sample = the bonus draw of verify with K = 0, raced on the sample stream.
+at::Tensor sample_cpu(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
+                      const std::optional<at::Tensor>& seeds, const std::optional<at::Tensor>& offsets, int64_t base_key) {
+  check_cpu_tensor(logits, "logits");
+  TORCH_CHECK_VALUE(logits.dim() == 2, "specdec: logits must be (B, V), got ", logits.sizes());
+  const int64_t batch = logits.size(0);
+  const at::Tensor no_drafts = at::empty({batch, 0}, logits.options().dtype(at::kLong));
+  const at::Tensor zeros = at::zeros({batch}, logits.options().dtype(at::kLong));
+  const RowTensors rows{temperature, top_k, top_p, seeds, offsets, base_key};
+  auto result = verify_chain(logits.unsqueeze(1), std::nullopt, no_drafts, rows, zeros, philox::kSampleStream, /*check=*/true, kLogprobsNone, false);
+  return std::get<0>(result).select(1, 0).contiguous();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> block_verify_cpu(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits,
+                                                                const at::Tensor& draft_tokens, const at::Tensor& temperature, const at::Tensor& top_k,
+                                                                const at::Tensor& top_p, const at::Tensor& num_draft_tokens,
+                                                                const std::optional<at::Tensor>& seeds, const std::optional<at::Tensor>& offsets,
+                                                                int64_t base_key, bool check, int64_t logprobs) {
+  const RowTensors rows{temperature, top_k, top_p, seeds, offsets, base_key};
+  return verify_block_chain(target_logits, draft_logits, draft_tokens, rows, num_draft_tokens, check, logprobs);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits,
+                                                               const at::Tensor& draft_tokens, const at::Tensor& parents, const at::Tensor& temperature,
+                                                               const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& num_nodes,
+                                                               const std::optional<at::Tensor>& seeds, const std::optional<at::Tensor>& offsets,
+                                                               int64_t base_key, bool without_replacement, bool check) {
+  const RowTensors rows{temperature, top_k, top_p, seeds, offsets, base_key};
+  return verify_tree(target_logits, draft_logits, draft_tokens, parents, rows, num_nodes, without_replacement, check);
+}
+
+// Benchmark hook (bench/bench_cpp.py): nanoseconds per bonus race (r = p, no draft) over a whole
+// float32 line, on the calling thread, chunk after chunk as a verify call runs it, seeded with the
+// argmax as verify seeds it (seed_argmax); a fresh key each repetition. The line statistics are
+// computed once, outside the timing.
+double race_ns(const at::Tensor& line, int64_t reps, bool seed_argmax) {
+  TORCH_CHECK_VALUE(line.dim() == 1 && line.scalar_type() == at::kFloat && line.device().is_cpu() && line.is_contiguous(),
+                    "specdec: race_ns takes a contiguous (V,) float32 CPU tensor");
+  TORCH_CHECK_VALUE(reps >= 1, "specdec: reps must be >= 1");
+  const Kernels& k = kernels();
+  const int64_t vocab = line.size(0);
+  StatsResult st;
+  k.stats(line.const_data_ptr(), kF32, vocab, 1.0f, false, &st, nullptr);
+  ScanResult sr;
+  k.scan(line.const_data_ptr(), kF32, vocab, true, &sr);
+  RaceArgs a;
+  a.target = line.const_data_ptr();
+  a.target_dtype = kF32;
+  a.p_max = st.m;
+  a.p_norm = static_cast<float>(st.z);
+  a.p_lo = 7;
+  a.stream = philox::kVerifyStream;
+  int64_t sink = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t rep = 0; rep < reps; ++rep) {
+    uint32_t shared = 0;
+    a.key0 = static_cast<uint32_t>(rep);
+    a.key1 = 0x5EEDu;
+    if (seed_argmax) {
+      RaceArgs probe = a;
+      probe.shared_best = nullptr;
+      RaceBest seed{0.0f, -1};
+      k.race_list(&probe, &sr.argmax, 1, &seed);
+      shared = fastmath::float_to_bits(seed.value);
+    }
+    a.shared_best = &shared;
+    RaceBest best{0.0f, -1};
+    for (int64_t begin = 0; begin < vocab; begin += kChunk) {
+      RaceBest part{0.0f, -1};
+      k.race(&a, begin, std::min(kChunk, vocab - begin), &part);
+      if (part.index >= 0 && part.value > best.value) best = part;
+    }
+    sink += best.index;
+  }
+  const auto elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  TORCH_CHECK(sink >= 0, "specdec: race_ns found no winner");
+  return static_cast<double>(elapsed) / static_cast<double>(reps);
+}
+
+// Test hook: m and z of each line of a (N, V) float32 tensor at one temperature, through the
+// chunked statistics verify uses (z as float64, before its float32 rounding).
+std::tuple<at::Tensor, at::Tensor> line_stats(const at::Tensor& logits, double temperature) {
+  TORCH_CHECK_VALUE(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.device().is_cpu() && logits.is_contiguous(),
+                    "specdec: line_stats takes a contiguous (N, V) float32 CPU tensor");
+  const Kernels& k = kernels();
+  const int64_t count = logits.size(0), n = logits.size(1);
+  at::Tensor m_out = at::empty({count}, logits.options());
+  at::Tensor z_out = at::empty({count}, logits.options().dtype(at::kDouble));
+  for (int64_t i = 0; i < count; ++i) {
+    Line line;
+    line.ptr = static_cast<const char*>(logits.const_data_ptr()) + i * n * 4;
+    line.dtype = kF32;
+    line.n = n;
+    line.mode = kStats;
+    line.inv_t = temperature == 1.0 ? 1.0f : 1.0f / static_cast<float>(temperature);
+    line.chunks = (n + kChunk - 1) / kChunk;
+    std::vector<ChunkStats> chunks(line.chunks);
+    for (int64_t c = 0; c < line.chunks; ++c) process_chunk(line, c, chunks[c], k);
+    combine_chunks(line, chunks.data(), k);
+    // (combine_chunks keeps z as float32 for the kernels; recombine in double for the test)
+    double z = 0.0;
+    for (const ChunkStats& c : chunks) {
+      if (c.m > -kInf && c.z > 0.0) z += c.z * std::exp(static_cast<double>(c.m) - static_cast<double>(line.m));
+    }
+    m_out[i] = line.m;
+    z_out[i] = z;
+  }
+  return {m_out, z_out};
+}
+
+// Test hook: the filter of each line of a (N, V) float32 tensor with per-line parameters, through
+// the passes verify runs (chunks, top-p windows, selection): (m, tau, z) per line.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> line_filter(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
+                                                           const at::Tensor& top_p) {
+  TORCH_CHECK_VALUE(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.device().is_cpu() && logits.is_contiguous(),
+                    "specdec: line_filter takes a contiguous (N, V) float32 CPU tensor");
+  const int64_t count = logits.size(0), n = logits.size(1);
+  const std::optional<at::Tensor> none;
+  const RowTensors rows{temperature, top_k, top_p, none, none, 0};
+  check_row_tensors(rows, count);
+  Passes passes(kernels(), count);
+  for (int64_t i = 0; i < count; ++i) {
+    const RowInputs row = read_row(rows, i);
+    TORCH_CHECK_VALUE(!row.bad && !row.params.greedy, "specdec: line_filter takes valid sampled parameters");
+    passes.setup_line(i, static_cast<const char*>(logits.const_data_ptr()) + i * n * 4, kF32, n, row.params, false, false);
+    passes.add_line(i, false);
+  }
+  passes.run();
+  at::Tensor m_out = at::empty({count}, logits.options()), tau_out = at::empty({count}, logits.options()), z_out = at::empty({count}, logits.options());
+  for (int64_t i = 0; i < count; ++i) {
+    const Line& line = passes.line(i);
+    m_out[i] = line.bad ? std::numeric_limits<float>::quiet_NaN() : line.m;
+    tau_out[i] = line.tau;
+    z_out[i] = line.z;
+  }
+  return {m_out, tau_out, z_out};
+}
+
+std::string torch_version_at_build() { return SPECDEC_TORCH_VERSION_STRING; }
+
+std::string compiler() {
+#if defined(__clang__)
+  return "clang " __clang_version__;
+#elif defined(__GNUC__)
+  return "gcc " __VERSION__;
+#else
+  return "unknown";
+#endif
+}
+
+}  // namespace
+}  // namespace specdec
+
+TORCH_LIBRARY(specdec, m) {
+  m.set_python_module("specdec_ext.ops");
+  m.def(
+      "verify(Tensor target_logits, Tensor? draft_logits, Tensor draft_tokens, Tensor temperature, Tensor top_k, Tensor top_p, "
+      "Tensor num_draft_tokens, Tensor? seeds, Tensor? offsets, int base_key, int stream=1, bool check=True, int logprobs=0, "
+      "bool accept_probs=False) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("sample(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor? seeds, Tensor? offsets, int base_key) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("verify", &specdec::verify_cpu);
+  m.impl("sample", &specdec::sample_cpu);
+}
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "specdec_ext C++ CPU kernel";
+  const auto no_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("verify", &specdec::verify_cpu,
+        "Fused verification: (tokens (B, K+1) int64, num_accepted (B,) int64, logprobs (B, K+1) float32 or empty, accept_probs (B, K) float32 or empty)",
+        py::arg("target_logits"), py::arg("draft_logits"), py::arg("draft_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
+        py::arg("num_draft_tokens"), py::arg("seeds"), py::arg("offsets"), py::arg("base_key"), py::arg("stream") = 1, py::arg("check") = true,
+        py::arg("logprobs") = 0, py::arg("accept_probs") = false, no_gil);
+  m.def("sample", &specdec::sample_cpu, "One token per row (the bonus draw of verify with K = 0, on the sample stream)", py::arg("logits"),
+        py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("seeds"), py::arg("offsets"), py::arg("base_key"), no_gil);
+  m.def("block_verify", &specdec::block_verify_cpu,
+        "Block verification of chains: (tokens (B, K+1) int64, num_accepted (B,) int64, logprobs (B, K+1) float32 or empty)", py::arg("target_logits"),
+        py::arg("draft_logits"), py::arg("draft_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("num_draft_tokens"),
+        py::arg("seeds"), py::arg("offsets"), py::arg("base_key"), py::arg("check") = true, py::arg("logprobs") = 0, no_gil);
+  m.def("tree_verify", &specdec::tree_verify_cpu,
+        "Tree verification: (tokens (B, D+1) int64, num_accepted (B,) int64, accepted_nodes (B, D) int64)", py::arg("target_logits"),
+        py::arg("draft_logits"), py::arg("draft_tokens"), py::arg("parents"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
+        py::arg("num_nodes"), py::arg("seeds"), py::arg("offsets"), py::arg("base_key"), py::arg("without_replacement") = false,
+        py::arg("check") = true, no_gil);
+  m.def("repetition_penalty", &specdec::repetition_penalty,
+        "transformers' repetition penalty at every position of a (b, P, V) float32 block: position j of row b has seen "
+        "sequences[index[b], start[b]:end[b]] and drafts[b, :first + j]",
+        py::arg("scores"), py::arg("sequences"), py::arg("index"), py::arg("start"), py::arg("end"), py::arg("drafts"), py::arg("first"),
+        py::arg("penalty"));
+  m.def("isa", &specdec::isa, "The instruction-set variant in use");
+  m.def("set_isa", &specdec::set_isa, "Pin a variant ('auto', 'avx512', 'avx2', 'neon', 'base'); False if this CPU lacks it");
+  m.def("scheduler", &specdec::scheduler, "How work is spread over threads: 'auto' (default), 'openmp' or 'pool'");
+  m.def("set_scheduler", &specdec::set_scheduler, "Choose 'auto', 'openmp' or 'pool'; False for an unknown name");
+  m.def("openmp_linked", &specdec::openmp_linked, "Whether the extension runs on torch's OpenMP runtime (else 'openmp' uses the pool)");
+  m.def("torch_version_at_build", &specdec::torch_version_at_build, "The torch version this extension was compiled against");
+  m.def("compiler", &specdec::compiler, "The compiler that built this extension");
+  m.def("race_ns", &specdec::race_ns, "Benchmark hook: ns per bonus race over a (V,) float32 line on one thread", py::arg("line"), py::arg("reps"),
+        py::arg("seed_argmax") = true, no_gil);
+  m.def("line_stats", &specdec::line_stats, "Test hook: (m, z as float64) of each line of (N, V) float32 logits, through verify's chunked statistics",
+        py::arg("logits"), py::arg("temperature") = 1.0);
+  m.def("line_filter", &specdec::line_filter, "Test hook: (m, tau, z) of each line of (N, V) float32 logits, through verify's passes and filter",
+        py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), no_gil);
+  m.def("scheduler_selftest", &specdec::scheduler_selftest, "Test hook: run items that throw on the caller or a helper thread", py::arg("scheduler"),
+        py::arg("count"), py::arg("item_us"), py::arg("throw_on"), no_gil);
+  m.def("scheduler_selftest_started", &specdec::scheduler_selftest_started, "Test hook: items of scheduler_selftest started so far");
+}
