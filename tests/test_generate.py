@@ -812,27 +812,29 @@ def test_streamer_receives_each_step(kind):
 
 
 @pytest.mark.parametrize("keywords", [{}, {"temperature": 0.7, "top_k": 5, "top_p": 0.9}, {"do_sample": False}, {"repetition_penalty": 1.3, "min_p": 0.05}])
-def test_direct_draft_draws_equal_sample(keywords, monkeypatch):
-    """The loop's direct C++ draft draw gives the tokens sample() gives (same keys, same stream)."""
+def test_prepared_draft_draws_equal_sample(keywords, monkeypatch):
+    """The loop's prepared draft draw (a Sampler built once) gives the tokens sample() gives (same keys, same stream)."""
     target, draft = model_pair("llama-close")
     input_ids, attention_mask = left_pad(PROMPTS)
     used = []
-    original = draws._direct_draw
+    original = draws._prepared_sampler
 
-    def direct_draw(processed, run):
-        used.append(original(processed, run))
-        return used[-1]
+    def prepared_sampler(processed, run):
+        used.append((original(processed, run), processed.shape[0]))
+        return used[-1][0]
 
-    monkeypatch.setattr(draws, "_direct_draw", direct_draw)
+    monkeypatch.setattr(draws, "_prepared_sampler", prepared_sampler)
 
     def run():
         return specdec_ext.generate(target, draft, input_ids, attention_mask, max_new_tokens=12, num_draft_tokens=3,
                                     generator=torch.Generator().manual_seed(5), **keywords).sequences
 
-    direct = run()
-    assert used and all(used)  # every draft draw went straight to the kernel
-    monkeypatch.setattr(draws, "_direct_draw", lambda processed, run: False)
-    assert torch.equal(direct, run())
+    prepared = run()
+    assert used and all(isinstance(sampler, specdec_ext.Sampler) for sampler, _ in used)  # every draft draw went through a Sampler
+    # One Sampler per batch size (rows that finish leave the batch), reused at every later step of that size.
+    assert len({id(sampler) for sampler, _ in used}) == len({batch for _, batch in used}) < len(used)
+    monkeypatch.setattr(draws, "_prepared_sampler", lambda processed, run: None)
+    assert torch.equal(prepared, run())
 
 
 @pytest.mark.parametrize("method", ["token", "block"])

@@ -307,19 +307,15 @@ def test_a_triton_verifier_takes_logits_of_other_strides():
     assert torch.equal(first.tokens, specdec_ext.verify(target, draft, drafts, seeds=seeds, backend="eager").tokens)
 
 
-@pytest.mark.skipif("cpp" not in specdec_ext.available_backends("cpu"), reason="the C++ extension is not built")
-def test_a_sampler_draws_what_the_generation_loops_direct_draw_draws():
-    """generate.py's draft draw calls the C++ kernel directly with sample()'s validated rows
-    (api._sample_args) and a key from the loop's generator; a Sampler built once for the loop's
-    parameters draws the same tokens from the same generator state, so it can replace that path."""
-    from specdec_ext import _cpp_backend, api
-    from specdec_ext._philox import draw_base_key
-
+@pytest.mark.parametrize("backend", [b for b in ("cpp", "eager") if b in specdec_ext.available_backends("cpu")])
+def test_a_sampler_with_a_generator_draws_what_sample_draws(backend):
+    """The generation loop draws its drafts with a Sampler and its generator: from the same generator
+    state a Sampler draws what sample() draws, call after call (each call takes one key from it)."""
     logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(3)) * 3
     for params in ({"temperature": 0.8, "top_k": 20, "top_p": None}, {"temperature": 1.0, "top_k": None, "top_p": 0.9}):
-        args = api._sample_args(logits, generator=None, check=False, **params)
-        loop, prepared = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
-        sampler = specdec_ext.Sampler(5, 300, check=False, **params)
+        default, prepared = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+        sampler = specdec_ext.Sampler(5, 300, check=False, backend=backend, **params)
         for _ in range(3):
-            direct = _cpp_backend._C.sample(logits, args.temperature, args.top_k, args.top_p, None, None, draw_base_key(loop))
-            assert torch.equal(sampler(logits, generator=prepared), direct)
+            want = specdec_ext.sample(logits, generator=default, check=False, backend=backend, **params)
+            assert torch.equal(sampler(logits, generator=prepared), want)
+        assert torch.equal(default.get_state(), prepared.get_state())

@@ -1,9 +1,9 @@
 """The one place the loop draws draft tokens, from the law verification is told they come from.
 
 * :func:`draw_draft` -- a chain's next draft per row (token-wise or block verification), from its
-  processed draft line: with per-row keys (``seeds``), ``sample`` at the row's absolute position (the
-  same number decides it in any batch); with a generator, ``sample`` too (on the C++ backend by
-  :func:`_cpp_sample`, the loop's direct call of the kernel);
+  processed draft line, by a prepared :class:`~specdec_ext.Sampler` (``sample`` bound once to the
+  loop's parameters): with per-row keys (``seeds``) at the row's absolute position (the same number
+  decides it in any batch), else with a key from the loop's generator;
 * :func:`draw_children` -- a tree node's children, by one exponential race per level on the generator
   (draws without replacement are the race's first places, which ``sample`` does not return).
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import _cpp_backend, _params
-from .._philox import draw_base_key
-from ..api import _sample_args, sample
+from .. import _params
+from ..api import sample
+from ..prepared import Sampler
 from ..reference import process_lines
 
 
@@ -33,32 +33,26 @@ def draw_draft(raw: torch.Tensor, processed: torch.Tensor, run, keys: dict) -> t
     ``raw``: the same lines before the logits processors (an exact draw never reads them; a test
     substitutes a wrong draw that does). ``keys``: {"seeds", "offsets"} for keyed rows, else {}.
     """
-    if keys:
-        return sample(processed, check=False, backend=run.backend, **keys, **run.sampling)
-    if _direct_draw(processed, run):
-        return _cpp_sample(processed, run)
-    return sample(processed, generator=run.generator, check=False, backend=run.backend, **run.sampling)
+    draw = _prepared_sampler(processed, run)
+    if draw is None:
+        return sample(processed, generator=None if keys else run.generator, check=False, backend=run.backend, **keys, **run.sampling)
+    return draw(processed, generator=None if keys else run.generator, **keys)
 
 
-def _direct_draw(processed: torch.Tensor, run) -> bool:
-    """Whether the draw can call the C++ kernel directly: CPU logits of a kernel dtype, a CPU generator
-    (or none), the cpp backend available and chosen, eager execution."""
-    return (run.backend in ("auto", "cpp") and processed.is_cpu and processed.dtype in _params.LOGIT_DTYPES
-            and (run.generator is None or run.generator.device.type == "cpu") and _cpp_backend.is_available()
-            and not torch.compiler.is_compiling())
-
-
-def _cpp_sample(processed: torch.Tensor, run) -> torch.Tensor:
-    """``sample(processed, generator=run.generator, **run.sampling)`` as it runs on the C++ backend,
-    without re-validating the loop's own parameters at every token (on a CPU that validation cost as
-    much as the draw): the same key from the same generator, the same kernel and stream, so the same
-    tokens. The loop's only call below the public API; a prepared sampler replaces this function."""
-    batch = processed.shape[0]
-    rows = run.draft_rows.get(batch)
-    if rows is None:
-        args = _sample_args(processed, generator=None, check=False, **run.sampling)
-        rows = run.draft_rows[batch] = (args.temperature, args.top_k, args.top_p)
-    return _cpp_backend._C.sample(processed, *rows, None, None, draw_base_key(run.generator))
+def _prepared_sampler(processed: torch.Tensor, run) -> Sampler | None:
+    """The loop's :class:`~specdec_ext.Sampler` for lines like ``processed`` (built once per batch
+    size, dtype and device, with the loop's parameters validated once), or None where ``sample`` is
+    called instead: logits of a dtype the kernels do not take, or a loop traced by torch.compile.
+    Either way the same keys give the same tokens."""
+    if processed.dtype not in _params.LOGIT_DTYPES or torch.compiler.is_compiling():
+        return None
+    batch, vocab = processed.shape
+    signature = (batch, vocab, processed.dtype, processed.device)
+    draw = run.draft_samplers.get(signature)
+    if draw is None:
+        draw = run.draft_samplers[signature] = Sampler(batch, vocab, dtype=processed.dtype, device=processed.device, backend=run.backend, check=False,
+                                                       **run.sampling)
+    return draw
 
 
 def draw_children(lines: torch.Tensor, width: int, run) -> torch.Tensor:

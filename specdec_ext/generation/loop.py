@@ -54,7 +54,7 @@ class Run:
     new_tokens: list[int] = field(default_factory=list)
     context: Context | None = None  # the current step's prefixes, for processors
     processed: torch.Tensor | None = None  # the current step's processed target logits
-    draft_rows: dict = field(default_factory=dict)  # batch -> the direct draft draw's (temperature, top_k, top_p) rows
+    draft_samplers: dict = field(default_factory=dict)  # (batch, vocab, dtype, device) -> the draft draw's prepared Sampler
 
     @property
     def sampling(self) -> dict:
