@@ -15,8 +15,8 @@ import torch
 
 import specdec_ext
 from specdec_ext import _cpp_backend
-from specdec_ext.reference import filter_thresholds, process_lines
 from specdec_ext.api import verify_tree
+from specdec_ext.reference import filter_thresholds, process_lines
 
 needs_cpp = pytest.mark.skipif(not _cpp_backend.is_available(), reason=f"C++ extension unavailable: {_cpp_backend.unavailable_reason()}")
 pytestmark = needs_cpp
