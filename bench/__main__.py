@@ -37,16 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from . import micro
+    from . import micro, micro_report
+    from .harness.report import write_json
 
     if args.summary is not None:
         doc = json.loads(args.summary.read_text())
-        print(micro.format_header(doc))
+        print(micro_report.format_header(doc))
         if not args.goals_only:
-            print(micro.format_table(doc))
-        print(micro.format_goals(doc))
+            print(micro_report.format_table(doc))
+        print(micro_report.format_goals(doc))
         if args.plot:
-            micro.write_plot(doc, args.summary.with_suffix(".png"))
+            micro_report.write_plot(doc, args.summary.with_suffix(".png"))
         return 0
 
     import torch
@@ -64,19 +65,19 @@ def main(argv: list[str] | None = None) -> int:
     # overwrites the day's full result.
     partial = args.match or backends or set(ops) != {"verify", "sample"}
     tag = args.tag if args.tag is not None else (size if size != "default" else ("partial" if partial else None))
-    json_path, png_path = micro.output_paths(doc, out_dir, tag)
-    micro.write_json(doc, json_path)
+    json_path, png_path = micro_report.output_paths(doc, out_dir, tag)
+    write_json(doc, json_path)
     plotted = False
     if not args.no_plot:
         try:
-            plotted = micro.write_plot(doc, png_path)
+            plotted = micro_report.write_plot(doc, png_path)
         except Exception as error:  # a plotting problem must not cost the measurements
             print(f"plot failed: {type(error).__name__}: {error}", file=sys.stderr)
     print()
-    print(micro.format_header(doc))
-    print(micro.format_table(doc))
+    print(micro_report.format_header(doc))
+    print(micro_report.format_table(doc))
     print()
-    print(micro.format_goals(doc))
+    print(micro_report.format_goals(doc))
     print(f"\nwrote {json_path}" + (f" and {png_path}" if plotted else "") + f" in {time.time() - started:.0f} s")
     return 0
 

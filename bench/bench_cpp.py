@@ -45,7 +45,7 @@ per instruction set, as verify runs it (the bound seeded with the argmax) and un
 case's line, an LLM-like peaked line and a flat line (nothing can be pruned: every id pays its
 share of a Philox evaluation, a log and a divide); beside the same figures measured before stream
 v2 (``bench/results/cpu-cpp-2026-12-01-stream-v1.json``, one Philox evaluation per id, another run:
-load differs) and the latest same-process A/B of ``python -m bench.race_ab`` (v1 and v2 kernels
+load differs) and the latest same-process A/B of ``python -m bench.experiments.race_ab`` (v1 and v2 kernels
 alternating in one process, so the ratio holds on a busy machine).
 
 Writes a table to stdout and JSON to ``bench/results/cpu-cpp-<date>.json``.
@@ -54,14 +54,8 @@ Writes a table to stdout and JSON to ``bench/results/cpu-cpp-<date>.json``.
 from __future__ import annotations
 
 import argparse
-import datetime
-import gc
 import json
-import os
-import platform
-import random
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,9 +65,12 @@ import specdec_ext
 from specdec_ext import _cpp_backend, _params, ops
 from specdec_ext._philox import draw_base_key
 
-from .micro import device_name
+from .harness import baselines, report
+from .harness.env import load_average
+from .harness.timing import quantile, take_turns
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = report.RESULTS_DIR
+KIND = "measurement: the C++ kernel's verify calls against transformers, the eager reference and the read floor; trees, top-p sampling, the race per instruction set"
 CASES = [(1, 5, 128256), (16, 4, 32000), (1, 4, 1024)]
 GOALS = {
     (1, 5, 128256): {"transformers": 10.0, "eager": 3.0},
@@ -94,27 +91,14 @@ def make_inputs(batch: int, k: int, vocab: int, seed: int = 0):
     return target, draft, drafts
 
 
-def transformers_call(target, draft, drafts) -> Callable[[], object]:
-    from transformers.generation.utils import _speculative_sampling
-
-    batch, k_plus_1, _ = target.shape
-    k = k_plus_1 - 1
-    ids = torch.cat([torch.zeros_like(drafts[:, :1]), drafts], dim=1)  # a one-token prompt, then the drafts
-
-    def call():
-        return [_speculative_sampling(ids[b : b + 1], draft[b : b + 1], k, target[b : b + 1]) for b in range(batch)]
-
-    return call
-
-
 def methods(target, draft, drafts) -> dict[str, Callable[[], object]]:
     args = _params.validate_verify(target, draft, drafts, temperature=1.0, top_k=None, top_p=None, num_draft_tokens=None, generator=None, check=True)
     # A fresh key per call, as verify draws one: the work follows the accepted prefix, so a fixed
     # key would time one particular outcome.
     kernel_args = (args.target_logits, args.draft_logits, args.draft_tokens, args.temperature, args.top_k, args.top_p, args.num_draft_tokens, None, None)
     found = {
-        "transformers": transformers_call(target, draft, drafts),
-        "eager": lambda: specdec_ext.verify(target, draft, drafts, backend="eager"),
+        "transformers": baselines.transformers_verify(target, draft, drafts),
+        "eager": baselines.verify_call("eager", target, draft, drafts),
         "floor": lambda: (target.amax(), draft.amax()),
     }
     if _cpp_backend.is_available():
@@ -157,40 +141,15 @@ def measure(calls: dict[str, Callable[[], object]], budget_s: float, min_rounds:
     """Per-call seconds for every method. Methods take turns, round after round, so a busy machine
     slows them alike; within its turn a method first runs once untimed, so every timed call starts
     from its own warm caches rather than from whatever the previous method left (the eager
-    reference alone touches hundreds of MB)."""
-    for call in calls.values():  # lazy imports, first-touch allocations
-        call()
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    # As timeit does: no cyclic garbage collection while timing, so a collection triggered by one
-    # method's allocations is not charged to whichever method runs next.
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        rounds = 0
-        order = list(calls.items())
-        shuffle = random.Random(0).shuffle
-        while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() - start < budget_s):
-            shuffle(order)  # a new order every round: no method always follows the same one
-            for name, call in order:
-                call()
-                for _ in range(timed_per_round):
-                    t0 = time.perf_counter()
-                    call()
-                    samples[name].append(time.perf_counter() - t0)
-            rounds += 1
-            if rounds % 10 == 0:
-                gc.collect()  # now and then, untimed
-    finally:
-        gc.enable()
-    return samples
+    reference alone touches hundreds of MB). GC off while timing, collected every tenth round."""
+    return take_turns(calls, budget_s=budget_s, min_rounds=min_rounds, max_rounds=max_rounds, warmup=1, untimed=1, samples=timed_per_round, gc_every=10)
 
 
 def summarise(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {
         "median_us": statistics.median(ordered) * 1e6,
-        "p10_us": ordered[int(0.1 * (len(ordered) - 1))] * 1e6,
+        "p10_us": quantile(ordered, 0.1, inclusive=True) * 1e6,
         "min_us": ordered[0] * 1e6,
         "reps": len(ordered),
     }
@@ -234,7 +193,7 @@ def race_costs(vocab: int = 128256, rounds: int = 15, reps: int = 5) -> dict | N
         before = json.loads(BEFORE_STREAM_V2.read_text())
         costs["before_stream_v2"] = {"file": BEFORE_STREAM_V2.name, "us": before["race"]["us"], "host": before["host"], "date": before["date"]}
     same_process = sorted(RESULTS_DIR.glob("cpu-race-v1-v2-*.json"))
-    if same_process:  # python -m bench.race_ab: v1 and v2 alternating in one process
+    if same_process:  # python -m bench.experiments.race_ab: v1 and v2 alternating in one process
         ab = json.loads(same_process[-1].read_text())
         costs["stream_v1_v2_same_process"] = {"file": same_process[-1].name, "date": ab["date"], "us": ab["us"]}
     return costs
@@ -285,7 +244,7 @@ def run(threads: int | None, budget_s: float, scheduler: str | None, cases: list
         torch.set_num_threads(threads)
     if scheduler and _cpp_backend.is_available():
         _cpp_backend._C.set_scheduler(scheduler)
-    load_start = os.getloadavg()
+    load_start = load_average()
     rows = []
     for batch, k, vocab in cases or CASES:
         target, draft, drafts = make_inputs(batch, k, vocab)
@@ -317,18 +276,12 @@ def run(threads: int | None, budget_s: float, scheduler: str | None, cases: list
             case["block_ratio"] = stats["block"]["median_us"] / cpp
             case["block_ratio_nocheck"] = stats["block-nocheck"]["median_us"] / nocheck
         rows.append(case)
+    trees = tree_costs(budget_s / 2) if _cpp_backend.is_available() else None
+    sample_top_p = sample_top_p_costs(budget_s / 2) if _cpp_backend.is_available() else None
+    race_figures = race_costs() if race else None
     return {
+        **report.header(KIND, "cpu", load_start),
         "schema": 1,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": {
-            "cpu": device_name("cpu"),
-            "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "load_average_start": [round(x, 2) for x in load_start],
-            "load_average_end": [round(x, 2) for x in os.getloadavg()],
-            "platform": platform.platform(),
-        },
-        "versions": {"torch": torch.__version__, "specdec_ext": specdec_ext.__version__, "transformers": _version("transformers")},
         "kernel": {
             "available": _cpp_backend.is_available(),
             "isa": _cpp_backend.isa(),
@@ -340,28 +293,19 @@ def run(threads: int | None, budget_s: float, scheduler: str | None, cases: list
         "note": "measured with other jobs running on this machine unless load_average says otherwise; figures for publication are re-measured on a quiet machine",
         "timing": "methods take turns in a shuffled order each round; per turn one untimed call then two timed (time.perf_counter), warm caches, GC off; median (p10, min also kept)",
         "cases": rows,
-        "trees": tree_costs(budget_s / 2) if _cpp_backend.is_available() else None,
-        "sample_top_p": sample_top_p_costs(budget_s / 2) if _cpp_backend.is_available() else None,
-        "race": race_costs() if race else None,
+        "trees": trees,
+        "sample_top_p": sample_top_p,
+        "race": race_figures,
     }
-
-
-def _version(name: str) -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version(name)
-    except Exception:
-        return None
 
 
 def format_table(doc: dict) -> str:
     order = ["cpp", "cpp-nocheck", "block", "block-nocheck", "kernel", "kernel-nocheck", "cpp-op", "kernel-op", "kernel-openmp", "kernel-pool", "eager",
              "transformers", "floor"]
-    host, kernel = doc["host"], doc["kernel"]
+    host, load, kernel = doc["machine"], doc["load_average"], doc["kernel"]
     lines = [
         f"specdec_ext C++ kernel: {kernel['isa'] or 'unavailable'} / {kernel['scheduler']} scheduler, {kernel.get('compiler')}, "
-        f"{host['torch_threads']} threads, {host['cpu']} ({host['cpu_count']} CPUs), load {host['load_average_start']} -> {host['load_average_end']}",
+        f"{host['torch_threads']} threads, {host['cpu']} ({host['cpu_count']} CPUs), load {load['start']} -> {load['end']}",
         "",
         f"{'case':<24} {'method':<14} {'median us':>11} {'p10 us':>10} {'reps':>6}   notes",
     ]
@@ -422,7 +366,7 @@ def format_table(doc: dict) -> str:
                 lines.append(f"  {isa:<8} {name:<12} {old_text:>10} {modes['unseeded'][name]:>12.1f} {modes['seeded'][name]:>10.1f}   {ratio}")
         ab = race.get("stream_v1_v2_same_process")
         if ab:
-            lines.append(f"  same process, alternating ({ab['file']}, python -m bench.race_ab):")
+            lines.append(f"  same process, alternating ({ab['file']}, python -m bench.experiments.race_ab):")
             for isa, named in ab["us"].items():
                 for name, values in named.items():
                     lines.append(f"  {isa:<8} {name:<12} v1 {values['stream_v1_us']:>8.1f}  v2 {values['stream_v2_us']:>8.1f}   {values['speedup']:.2f}x faster")
@@ -451,12 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(doc))
     if args.no_write:
         return 0
-    args.out.mkdir(parents=True, exist_ok=True)
-    tag = "" if args.scheduler in (None, "auto") else f"-{args.scheduler}"
-    tag += f"-t{args.threads}" if args.threads else ""
-    tag += f"-{args.tag}" if args.tag else ""
-    path = args.out / f"cpu-cpp-{datetime.date.today().isoformat()}{tag}.json"
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    tags = [args.scheduler if args.scheduler not in (None, "auto") else "", f"t{args.threads}" if args.threads else "", args.tag]
+    path = report.write_json(doc, report.result_path(args.out, "cpu-cpp", doc["date"], tag="-".join(t for t in tags if t)))
     print(f"\nwrote {path}")
     return 0
 

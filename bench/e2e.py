@@ -16,16 +16,13 @@ forward, acceptance (accepted / judged drafts; transformers' assisted generation
 verification function), the Leviathan et al. prediction from the measured acceptance and draft/target
 cost for the loop's rows), ``goals`` (the ratios the issue asks for), ``step_breakdown`` (CPU: where a
 step of the loop goes, ms per step, against the forwards the prediction assumes) and the 1-minute
-load average before and after the run.
+load average at its start and end (the result header, bench/results/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
 from pathlib import Path
 
 import torch
@@ -33,7 +30,12 @@ from tqdm.auto import tqdm
 
 from specdec_ext import measure
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from .harness import report as results
+from .harness.env import load_average
+from .harness.report import fmt, markdown_table
+
+RESULTS = results.RESULTS_DIR
+KIND = "measurement: end-to-end decoding throughput, target-only, transformers assisted, the hook and specdec_ext.generate, side by side"
 
 
 def _embedded(device: torch.device):
@@ -215,8 +217,8 @@ def markdown_tables(report: dict) -> str:
     methods = ["target only", DEFAULT_ASSISTED, DEFAULT_HOOK, "assisted (transformers)", "generate(assistant_model) + hook", "specdec_ext.generate"]
     k = report.get("num_draft_tokens", 4)
     labels = ["target only", "assisted, defaults", "hook, defaults", f"assisted, K={k}", f"hook, K={k}", f"specdec_ext.generate, K={k}"]
-    lines = ["| setting | B | " + " | ".join(labels) + f" | hook K={k}: tokens / target forward | acceptance | predicted |",
-             "|---|---|" + "---|" * (len(methods) + 3)]
+    head = ["setting", "B", *labels, f"hook K={k}: tokens / target forward", "acceptance", "predicted"]
+    table = []
     for setting in dict.fromkeys(r["setting"] for r in rows):
         for batch in sorted({r["batch"] for r in rows if r["setting"] == setting}):
             cells, hook = [], None
@@ -225,40 +227,36 @@ def markdown_tables(report: dict) -> str:
                 cells.append("–" if r is None else f"{r['tokens_per_second']:.0f} tok/s ({r['speedup_vs_target']:.2f}×)")
                 if method == "generate(assistant_model) + hook":
                     hook = r
-            lines.append(f"| {setting} | {batch} | " + " | ".join(cells) + f" | {hook['tokens_per_target_forward']:.2f} | {hook['acceptance']:.3f} | "
-                         f"{hook['predicted_speedup']:.2f}× |")
-    out = ["\n".join(lines), ""]
+            table.append([setting, str(batch), *cells, f"{hook['tokens_per_target_forward']:.2f}", f"{hook['acceptance']:.3f}", f"{hook['predicted_speedup']:.2f}×"])
+    out = [markdown_table(head, table), ""]
     if report.get("goals"):
-        out.append("| setting | hook B=1 / assisted B=1, default call (goal ≥ 1.3) | the same, both K = 4 | hook B=8 / target-only B=8 (goal ≥ 1.5) "
-                   "| measured / predicted, K = 4 (goal ≥ 0.85) | the same, predicted with the measured 5-token target forward |")
-        out.append("|---|---|---|---|---|---|")
+        head = ["setting", "hook B=1 / assisted B=1, default call (goal ≥ 1.3)", "the same, both K = 4", "hook B=8 / target-only B=8 (goal ≥ 1.5)",
+                "measured / predicted, K = 4 (goal ≥ 0.85)", "the same, predicted with the measured 5-token target forward"]
+        table = []
         for setting, goal in report["goals"].items():
             def get(prefix, goal=goal):
                 return next((v for k, v in goal.items() if k.startswith(prefix)), float("nan"))
 
-            out.append(f"| {setting} | {get('hook B=1 vs transformers assisted, default'):.2f}× | {get('hook B=1 vs transformers assisted, both'):.2f}× "
-                       f"| {get('hook B=8'):.2f}× | {get('hook B=1 speed-up'):.2f}× / {get('predicted (Leviathan'):.2f}× = {get('measured / predicted (goal'):.2f} "
-                       f"| {get('hook B=1 speed-up'):.2f}× / {get('predicted with the measured'):.2f}× = {get('measured / predicted with'):.2f} |")
-        out.append("")
+            table.append([setting, f"{get('hook B=1 vs transformers assisted, default'):.2f}×", f"{get('hook B=1 vs transformers assisted, both'):.2f}×",
+                          f"{get('hook B=8'):.2f}×", f"{get('hook B=1 speed-up'):.2f}× / {get('predicted (Leviathan'):.2f}× = {get('measured / predicted (goal'):.2f}",
+                          f"{get('hook B=1 speed-up'):.2f}× / {get('predicted with the measured'):.2f}× = {get('measured / predicted with'):.2f}"])
+        out += [markdown_table(head, table), ""]
     breakdown = report.get("step_breakdown")
     if breakdown:
-        out.append(f"| ms per step (B=1, K={breakdown['num_draft_tokens']}, plain sampling) | as run | what the prediction assumes |")
-        out.append("|---|---|---|")
         plain = breakdown["plain_forwards_ms"]
         k = breakdown["num_draft_tokens"]
         step = breakdown["ms_per_step"]
-        out.append(f"| draft forwards ({k}) | {step['draft forwards']:.2f} | {k * plain['draft, 1 token']:.2f} ({k} plain single-token forwards) |")
-        out.append(f"| target forward ({k + 1} tokens) | {step['target forward']:.2f} | {plain['target, 1 token']:.2f} (one single-token forward; "
-                   f"a plain {k + 1}-token forward takes {plain[f'target, {k + 1} tokens']:.2f}) |")
+        table = [
+            [f"draft forwards ({k})", f"{step['draft forwards']:.2f}", f"{k * plain['draft, 1 token']:.2f} ({k} plain single-token forwards)"],
+            [f"target forward ({k + 1} tokens)", f"{step['target forward']:.2f}",
+             f"{plain['target, 1 token']:.2f} (one single-token forward; a plain {k + 1}-token forward takes {plain[f'target, {k + 1} tokens']:.2f})"],
+        ]
         for name in ("draft sampling", "verify (+ processors, EOS, write)", "cache bookkeeping (settle, crop, rows)", "loop Python (sync, tallies, stops)"):
-            out.append(f"| {name} | {step.get(name, 0.0):.2f} | 0 |")
-        out.append(f"| **step** | **{step['step total']:.2f}** | **{breakdown['predicted_step_ms']:.2f}** |")
-        out.append("")
+            table.append([name, f"{step.get(name, 0.0):.2f}", "0"])
+        table.append(["**step**", f"**{step['step total']:.2f}**", f"**{breakdown['predicted_step_ms']:.2f}**"])
+        head = [f"ms per step (B=1, K={breakdown['num_draft_tokens']}, plain sampling)", "as run", "what the prediction assumes"]
+        out += [markdown_table(head, table), ""]
     return "\n".join(out)
-
-
-def _fmt(value, spec: str) -> str:
-    return format(value, spec) if isinstance(value, (int, float)) and value == value else "-"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     max_new_tokens = args.max_new_tokens or (16 if args.quick else 128 if device.type == "cpu" else 64)
     batches = [1, 4] if args.quick else [1, 8] if device.type == "cpu" else [1, 8, 32]
     rounds = args.rounds or (3 if device.type == "cpu" and not args.quick else 1)
-    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    load_start = load_average()
     pairs = [_embedded(device)]
     if device.type == "cuda" and not args.quick:
         pairs.append(_llama_shaped(device))
@@ -304,26 +302,20 @@ def main(argv: list[str] | None = None) -> int:
     goal_rows = goals(rows) if not args.quick else None
     if breakdown is not None and goal_rows:
         add_block_cost_prediction(goal_rows, rows, breakdown)
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{platform.machine()}-{torch.get_num_threads()}threads"
-    import transformers
-
     report = {
-        "device": device_name, "date": dt.date.today().isoformat(), "torch": torch.__version__, "transformers": transformers.__version__,
+        **results.header(KIND, device.type, load_start),
         "num_draft_tokens": args.num_draft_tokens, "temperature": args.temperature, "max_new_tokens": max_new_tokens, "rounds": rounds,
-        "load_average_1min": {"before": load_before, "after": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")},
         "rows": rows, "goals": goal_rows, "step_breakdown": breakdown,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"e2e-{device.type}-{report['date']}"
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    load = report["load_average_1min"]
-    _plot(rows, out / f"{stem}.png", f"{device_name}, K={args.num_draft_tokens}, {max_new_tokens} new tokens, "
-                                     f"1-min load average {load['before']:.1f} → {load['after']:.1f}")
+    path = results.write_json(report, results.result_path(args.out, "e2e", report["date"], device.type))
+    load = {moment: (value or [None])[0] for moment, value in report["load_average"].items()}
+    threads = f", {report['machine']['torch_threads']} threads" if device.type == "cpu" else ""
+    _plot(rows, path.with_suffix(".png"), f"{report['device']}{threads}, K={args.num_draft_tokens}, {max_new_tokens} new tokens, "
+                                         f"1-min load average {fmt(load['start'], '.1f')} → {fmt(load['end'], '.1f')}")
     print(f"{'setting':<36} {'B':>2} {'method':<33} {'tok/s':>8} {'vs target':>9} {'tok/fwd':>7} {'accept':>6} {'pred':>6}")
     for r in rows:
         print(f"{r['setting']:<36} {r['batch']:>2} {r['method']:<33} {r['tokens_per_second']:>8.1f} {r['speedup_vs_target']:>8.2f}x "
-              f"{_fmt(r['tokens_per_target_forward'], '7.2f')} {_fmt(r['acceptance'], '6.3f')} {_fmt(r.get('predicted_speedup'), '5.2f')}")
+              f"{fmt(r['tokens_per_target_forward'], '7.2f')} {fmt(r['acceptance'], '6.3f')} {fmt(r.get('predicted_speedup'), '5.2f')}")
     if report["goals"]:
         print(json.dumps(report["goals"], indent=2))
     if breakdown:
@@ -331,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gaps:", json.dumps(breakdown["gaps_ms_per_step"], indent=1))
     if device.type == "cpu" and not args.quick:
         print(markdown_tables(report))
-    print(f"load average: {report['load_average_1min']}; wrote {out / stem}.json and .png")
+    print(f"load average: {report['load_average']}; wrote {path} and .png")
     return 0
 
 

@@ -4,7 +4,7 @@
 One run's ratios move by ±5 % with the machine (each method's tokens/s is the median of its rounds,
 and the assisted loops' step counts vary with the sampled text), so the goals are judged on the
 median of several consecutive runs. Writes bench/results/e2e-<device>-<date>-runs.json: each run's
-goals and 1-minute load average, and the medians; prints the medians as a table.
+goals and load average, and the medians; prints the medians as a table.
 
     python -m bench.e2e_runs --runs 5 -- --threads 1 --rounds 5
 """
@@ -12,7 +12,6 @@ goals and 1-minute load average, and the medians; prints the medians as a table.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
 import subprocess
@@ -20,7 +19,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from .harness import report as results
+from .harness.env import load_average
+from .harness.report import markdown_table
+
+RESULTS = results.RESULTS_DIR
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1:
         raise ValueError(f"--runs must be >= 1, got {args.runs}")
     runs, report = [], None
+    load_start = load_average()
     with tempfile.TemporaryDirectory() as scratch:
         for index in range(args.runs):
             out = Path(scratch) / str(index)
@@ -39,26 +43,20 @@ def main(argv: list[str] | None = None) -> int:
             report = json.loads(next(out.glob("e2e-*.json")).read_text())
             if not report.get("goals"):
                 raise ValueError("bench.e2e wrote no goals (--quick, or a GPU run): nothing to take the median of")
-            runs.append({"run": index + 1, "load_average_1min": report["load_average_1min"], "goals": report["goals"]})
+            runs.append({"run": index + 1, "load_average": report["load_average"], "goals": report["goals"]})
             print(f"run {index + 1}/{args.runs}: " + "; ".join(
                 f"{setting}: default call {goal['hook B=1 vs transformers assisted, default call (goal >= 1.3)']:.2f}x" for setting, goal in report["goals"].items()),
                 flush=True)
     medians = {setting: {name: statistics.median(run["goals"][setting][name] for run in runs) for name in goal}
                for setting, goal in runs[0]["goals"].items()}
+    kind = f"measurement: {args.runs} consecutive runs of `python -m bench.e2e {' '.join(args.e2e_args)}`, each in its own process"
     summary = {
-        "kind": f"measurement: {args.runs} consecutive runs of `python -m bench.e2e {' '.join(args.e2e_args)}`, each in its own process",
-        "date": dt.date.today().isoformat(), "device": report["device"], "torch": report["torch"], "transformers": report["transformers"],
+        **results.header(kind, report["device_type"], load_start),
         "num_draft_tokens": report["num_draft_tokens"], "max_new_tokens": report["max_new_tokens"], "median_over_runs": medians, "runs": runs,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"e2e-{report['device'].split('-')[0]}-{summary['date']}-runs.json"
-    path.write_text(json.dumps(summary, indent=2))
-    print("| setting | goal | " + " | ".join(f"run {run['run']}" for run in runs) + " | median |")
-    print("|---|---|" + "---|" * (len(runs) + 1))
-    for setting, goal in medians.items():
-        for name, value in goal.items():
-            print(f"| {setting} | {name} | " + " | ".join(f"{run['goals'][setting][name]:.2f}" for run in runs) + f" | {value:.2f} |")
+    path = results.write_json(summary, results.result_path(args.out, "e2e", summary["date"], report["device_type"], tag="runs"))
+    table = [[setting, name, *(f"{run['goals'][setting][name]:.2f}" for run in runs), f"{value:.2f}"] for setting, goal in medians.items() for name, value in goal.items()]
+    print(markdown_table(["setting", "goal", *(f"run {run['run']}" for run in runs), "median"], table))
     print(f"wrote {path}")
     return 0
 

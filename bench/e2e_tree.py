@@ -14,18 +14,13 @@ node's siblings have a real chance to succeed where the first child failed).
     python -m bench.e2e_tree --quick                  # a smoke run
 
 Writes bench/results/e2e-tree-<device>-<date>.json and .png and prints a table. Timings taken on a
-shared machine are noisy: the JSON records the load average before and after the run.
+shared machine are noisy: the JSON records the load average at the start and the end of the run.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import datetime as dt
-import json
-import os
-import platform
-import time
 from pathlib import Path
 
 import torch
@@ -34,7 +29,12 @@ from specdec_ext.generate import generate
 from specdec_ext.generation.shapes import candidate_trees
 from specdec_ext.measure import count_new_tokens
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from .harness import report as results
+from .harness.env import load_average
+from .harness.timing import timed
+
+RESULTS = results.RESULTS_DIR
+KIND = "measurement: chains (token-wise, block) and trees end to end, tokens per target forward and tokens/s, with exact expected acceptance on the same blocks"
 #: DRAFT@TEMPERATURE: the distilled draft at 1 and 2, and a weak draft (harder setting) at 1 and 1.5
 DEFAULT_SETTINGS = ("trained@1", "trained@2", "early-exit@1", "early-exit@1.5")
 
@@ -71,23 +71,13 @@ def parse_setting(text: str) -> tuple[str, float]:
     return name, float(temperature)
 
 
-def _timed(fn, device: torch.device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return out, time.perf_counter() - start
-
-
 def run(target, draft, ids, mask, eos, pad, *, temperature: float, nodes: list[int], max_new_tokens: int, seed: int, device,
         draft_name: str = "trained") -> list[dict]:
     common = {"max_new_tokens": max_new_tokens, "temperature": temperature, "eos_token_id": eos, "pad_token_id": pad}
     rows = []
 
     def record(method: str, n: int, tree, fn):
-        out, seconds = _timed(fn, device)
+        out, seconds = timed(fn, device)
         new = count_new_tokens(out.sequences, ids.shape[1], eos)
         stats = getattr(out, "stats", None)
         row = {"draft": draft_name, "temperature": temperature, "nodes": n, "method": method, "tree": list(tree) if tree else None, "new_tokens": new,
@@ -310,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     enc = tokenizer([prompts[i % len(prompts)] for i in range(args.batch)], return_tensors="pt", padding=True)
     ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    load_start = load_average()
     with torch.no_grad():
         generate(target, drafts["trained"], ids[:1], mask[:1], max_new_tokens=4, tree=(2, 1), eos_token_id=eos)  # warm-up
         rows, siblings, gains = [], [], []
@@ -320,20 +310,13 @@ def main(argv: list[str] | None = None) -> int:
         for name, t in args.settings:
             siblings.append({"draft": name, **sibling_acceptance(target, drafts[name], ids[:8], mask[:8], t, seed=args.seed)})
             gains += [{"draft": name, **g} for g in block_gain(target, drafts[name], ids[:8], mask[:8], t, args.nodes, seed=args.seed)]
-    import transformers
-
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{platform.machine()}-{torch.get_num_threads()}threads"
     report = {
-        "device": device_name, "date": dt.date.today().isoformat(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "batch": args.batch, "max_new_tokens": args.max_new_tokens, "seed": args.seed, "no_cpp": args.no_cpp, "drafts": DRAFTS,
-        "load_average_before": load_before, "load_average_after": os.getloadavg() if hasattr(os, "getloadavg") else None, "rows": rows,
+        **results.header(KIND, device.type, load_start),
+        "batch": args.batch, "max_new_tokens": args.max_new_tokens, "seed": args.seed, "no_cpp": args.no_cpp, "drafts": DRAFTS, "rows": rows,
         "summary": summarise(rows), "sibling_acceptance": siblings, "block_vs_token_same_drafts": gains,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"e2e-tree-{device.type}-{report['date']}"
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    _plot(report, out / f"{stem}.png")
+    path = results.write_json(report, results.result_path(args.out, "e2e-tree", report["date"], device.type))
+    _plot(report, path.with_suffix(".png"))
     for line in report["summary"]:
         print(line)
     for g in gains:
@@ -343,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['draft']} T={row['temperature']}: enter a child with 1 / 2 / 3 i.i.d. children {row['enter_one_child']:.3f} / {row['enter_two_iid']:.3f} / "
               f"{row['enter_three_iid']:.3f}, 2 without replacement {row['enter_two_without_replacement']:.3f}; target mass on the draft's top "
               + " / ".join(f"{w}: {m:.3f}" for w, m in row["target_mass_on_draft_top"].items()))
-    print(f"wrote {out / stem}.json and .png")
+    print(f"wrote {path} and .png")
     return 0
 
 

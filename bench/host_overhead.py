@@ -19,17 +19,15 @@ scales this host to a fast one. Writes ``bench/results/host-overhead-<date>.json
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
-import random
 import statistics
-import sys
-import time
-from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from .harness import report
+from .harness.env import load_average
+from .harness.timing import take_turns
+
+RESULTS_DIR = report.RESULTS_DIR
+KIND = "measurement: host time per call beside torch.empty of its output (C++ kernel; Triton launcher path with no-op kernels, CPU tensors)"
 TINY = (1, 4, 64)  # B, K, V
 MODEL = (1, 4, 128256)
 FILTERED = {"temperature": 0.7, "top_k": 50, "top_p": 0.9}
@@ -42,27 +40,12 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
-def _per_call_us(fn, calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) * 1e6 / calls
-
-
 def side_by_side(cases: dict, rounds: int, calls: int) -> dict[str, tuple[float, float]]:
     """(median, best) µs per call of every case over the rounds, the cases taking turns in a shuffled
-    order (one block of ``calls`` each per round). The best block is the one least disturbed by other jobs."""
-    for fn in cases.values():
-        for _ in range(50):  # caches, plans, templates, workspace
-            fn()
-    samples = {name: [] for name in cases}
-    order = list(cases)
-    shuffle = random.Random(0).shuffle
-    for _ in range(rounds):
-        shuffle(order)  # no case always runs right after the same other one (caches, branch predictors)
-        for name in order:
-            samples[name].append(_per_call_us(cases[name], calls))
-    return {name: (statistics.median(values), min(values)) for name, values in samples.items()}
+    order (one block of ``calls`` each per round, after 50 warm-up calls: caches, plans, templates,
+    workspace). The best block is the one least disturbed by other jobs."""
+    samples = take_turns(cases, min_rounds=rounds, max_rounds=rounds, warmup=50, block=calls)
+    return {name: (statistics.median(values) * 1e6, min(values) * 1e6) for name, values in samples.items()}
 
 
 def _inputs(torch, batch: int, k: int, vocab: int):
@@ -76,7 +59,6 @@ def _inputs(torch, batch: int, k: int, vocab: int):
 def cases() -> tuple[dict, dict]:
     """(name -> call, name -> the torch.empty it is compared with)."""
     os.environ["TRITON_INTERPRET"] = "1"  # the Triton path on CPU tensors (its kernels are replaced below)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import torch
 
     import specdec_ext
@@ -141,29 +123,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--out", default=RESULTS_DIR, help="folder for the JSON (default: bench/results)")
     options = parser.parse_args(argv)
-    load_before = os.getloadavg()
+    load_start = load_average()
     result = measure(options.rounds, options.calls)
-    import torch
-    import triton
-
-    report = {
-        "kind": "measurement: host time per call beside torch.empty of its output (C++ kernel; Triton launcher path with no-op kernels, CPU tensors)",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-        "machine": platform.processor() or platform.machine(),
-        "load_average": {"before": load_before, "after": os.getloadavg()},
-        "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "triton": triton.__version__},
-        **result,
-    }
+    doc = {**report.header(KIND, "cpu", load_start), **result}
     width = max(len(row["call"]) for row in result["rows"])
     print(f"{'call':<{width}}  {'median':>9}  {'ratio':>6}  {'best':>9}  {'ratio':>6}  reference (median / best)")
     for row in result["rows"]:
         print(f"{row['call']:<{width}}  {row['median_us']:6.2f} us  {row['ratio']:5.2f}x  {row['best_us']:6.2f} us  {row['best_ratio']:5.2f}x  "
               f"{row['reference']} ({row['reference_median_us']:.2f} / {row['reference_best_us']:.2f} us)")
-    print(f"load average before {load_before}, after {report['load_average']['after']}")
+    print(f"load average before {doc['load_average']['start']}, after {doc['load_average']['end']}")
     if not options.no_write:
-        path = RESULTS_DIR / f"host-overhead-{report['date']}.json"
-        path.write_text(json.dumps(report, indent=1) + "\n")
+        path = report.write_json(doc, report.result_path(options.out, "host-overhead", doc["date"]))
         print(f"wrote {path}")
     return 0
 

@@ -1,33 +1,22 @@
 """Microbenchmarks of :func:`specdec_ext.verify` and :func:`specdec_ext.sample` against the memory floor.
 
 Every (case, backend) pair is timed on several copies of its inputs, used in rotation, so a small
-case cannot run from a cache that a real decoding step would not have warmed. On CUDA each call is
-bracketed by CUDA events and the calls run back to back (no sync in between), so the time includes
-whatever launch overhead the GPU cannot hide; on CPU each call is timed with ``time.perf_counter``.
-The reported latency is the median.
+case cannot run from a cache that a real decoding step would not have warmed (the clocks:
+bench/harness/timing.py, ``time_rotated``). The reported latency is the median.
 
 The memory-traffic floor of a case is the bytes any exact verifier must read: every logits row once,
 plus one target row and one draft row per request for the resample (``sample``: the logits once plus
 one row per request). Dividing by the copy bandwidth measured in the same run (``dst.copy_(src)``,
 read + write) gives the floor time; ``x_floor`` is latency / floor time. Peak extra memory is what one
-call allocates on top of its inputs: ``torch.cuda.max_memory_allocated`` on CUDA, the peak resident
-set (VmHWM after a reset, Linux only) on CPU, "n/a" where neither works.
+call allocates on top of its inputs (bench/harness/memory.py). The table and the plot of a result:
+bench/micro_report.py.
 """
 
 from __future__ import annotations
 
-import ctypes
-import datetime
-import inspect
-import json
 import math
 import os
-import platform
-import re
 import signal
-import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -37,7 +26,12 @@ import torch
 
 import specdec_ext
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from .harness import baselines, report
+from .harness.env import device_name, device_slug, load_average
+from .harness.memory import PeakMemory
+from .harness.timing import capture_cuda_graph, time_rotated
+
+RESULTS_DIR = report.RESULTS_DIR
 # "With filters" means all three at once: the slowest path of every backend (threshold search).
 FILTERS = {"temperature": 0.8, "top_k": 50, "top_p": 0.9}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -48,6 +42,7 @@ BASELINE = {"verify": "transformers", "sample": "multinomial"}
 GRAPHED = "triton-graph"
 GRAPHED_MAX_BATCH = 8  # launch overhead matters at small batches only
 GRAPHED_MAX_SETS = 64  # one graph per rotated input set: cases needing more copies are left out
+KIND = "measurement: verify / sample latency per backend against transformers, the eager reference and the memory-traffic floor"
 
 # The grid of the issue; the CPU default is a reduced grid that finishes in minutes on 2 cores and
 # still holds the two reference points (B=1, K=5, V=128256 and B=16, K=4, V=32000).
@@ -199,13 +194,6 @@ def rotated_inputs(case: Case, device: str) -> list[dict[str, torch.Tensor]]:
 # ------------------------------------------------------------------------------------ the calls
 
 
-def _warpers(params: dict):
-    """transformers' own warpers, in the order its generation config applies them."""
-    from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-    return LogitsProcessorList([TemperatureLogitsWarper(params["temperature"]), TopKLogitsWarper(params["top_k"]), TopPLogitsWarper(params["top_p"])])
-
-
 def make_call(case: Case, backend: str, inputs: dict[str, torch.Tensor]) -> Callable[[], object]:
     params = FILTERS if case.filters else {}
     device = next(iter(inputs.values())).device
@@ -214,34 +202,13 @@ def make_call(case: Case, backend: str, inputs: dict[str, torch.Tensor]) -> Call
     if backend in ("triton", "cpp", "eager"):
         generator = torch.Generator(device=device).manual_seed(1)
         if case.op == "verify":
-            target, draft, drafts = inputs["target"], inputs["draft"], inputs["drafts"]
-            return lambda: specdec_ext.verify(target, draft, drafts, generator=generator, backend=backend, check=case.check, **params)
-        logits = inputs["logits"]
-        return lambda: specdec_ext.sample(logits, generator=generator, backend=backend, check=case.check, **params)
+            return baselines.verify_call(backend, inputs["target"], inputs["draft"], inputs["drafts"], generator=generator, check=case.check, **params)
+        return baselines.sample_call(backend, inputs["logits"], generator=generator, check=case.check, **params)
     if backend == "transformers":
-        return _transformers_verify(inputs, params)
+        return baselines.transformers_verify(inputs["target"], inputs["draft"], inputs["drafts"], params)
     if backend == "multinomial":
-        return _multinomial_sample(inputs, params)
+        return baselines.multinomial_sample(inputs["logits"], params)
     raise ValueError(f"unknown backend {backend!r}")
-
-
-def capture_cuda_graph(run: Callable[[], object], warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, object]:
-    """Capture ``run()`` in a CUDA graph; returns the graph and the outputs each replay rewrites.
-
-    Warm-up runs on a side stream first (Triton compiles, cached tensors and allocator pools
-    settle), as PyTorch's CUDA-graph notes advise. The default CUDA generator is graph-safe: every
-    replay of a verify call draws a fresh Philox key.
-    """
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = run()
-    return graph, outputs
 
 
 def _graphed_verify(inputs: dict[str, torch.Tensor], params: dict) -> Callable[[], object]:
@@ -256,131 +223,8 @@ def _graphed_verify(inputs: dict[str, torch.Tensor], params: dict) -> Callable[[
     return replay
 
 
-def _transformers_verify(inputs: dict[str, torch.Tensor], params: dict) -> Callable[[], object]:
-    """What transformers' assisted decoding does per verification, one row at a time.
 
-    ``_speculative_sampling`` takes batch 1, so B > 1 loops over rows. As in ``_assisted_decoding``,
-    the target logits are cast to float32 and each position runs through the logits processors; the
-    draft logits get the same processing (the assistant applies it while drafting, and our backends
-    do it inside ``verify``), so both sides start from the same raw logits.
-    """
-    from transformers.generation.utils import _speculative_sampling
-
-    # Older transformers releases take a required is_done_candidate (False = plain verification).
-    done = {"is_done_candidate": False} if "is_done_candidate" in inspect.signature(_speculative_sampling).parameters else {}
-    target, draft, drafts = inputs["target"], inputs["draft"], inputs["drafts"]
-    batch, k_plus_1, _ = target.shape
-    k = k_plus_1 - 1
-    # A one-token prompt, then the K drafts: only the last K ids are read.
-    ids = torch.cat([torch.zeros_like(drafts[:, :1]), drafts], dim=1)
-    warp = _warpers(params) if params else None
-
-    def process(logits: torch.Tensor, row_ids: torch.Tensor) -> torch.Tensor:
-        out = torch.empty_like(logits)
-        for i in range(logits.shape[1]):
-            out[:, i, :] = warp(row_ids[:, : 1 + i], logits[:, i, :])
-        return out
-
-    def call():
-        results = []
-        for b in range(batch):
-            row_ids = ids[b : b + 1]
-            new_logits = target[b : b + 1].to(torch.float32)
-            candidate_logits = draft[b : b + 1].to(torch.float32)
-            if warp is not None:
-                new_logits = process(new_logits, row_ids)
-                candidate_logits = process(candidate_logits, row_ids)
-            results.append(_speculative_sampling(row_ids, candidate_logits, k, new_logits, **done))
-        return results
-
-    return call
-
-
-def _multinomial_sample(inputs: dict[str, torch.Tensor], params: dict) -> Callable[[], object]:
-    """transformers' sampling step: processors, softmax, ``torch.multinomial``."""
-    logits = inputs["logits"]
-    warp = _warpers(params) if params else None
-    no_ids = torch.zeros((logits.shape[0], 1), dtype=torch.long, device=logits.device)
-
-    def call():
-        scores = logits.to(torch.float32)
-        if warp is not None:
-            scores = warp(no_ids, scores)
-        return torch.multinomial(scores.softmax(dim=-1), num_samples=1)
-
-    return call
-
-
-# ------------------------------------------------------------------------------------ timing
-
-
-@dataclass
-class Timing:
-    median_s: float
-    p20_s: float
-    p80_s: float
-    reps: int
-    wall_s: float | None = None  # CUDA: host time per call over the back-to-back loop
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _summary(times: list[float], wall: float | None = None) -> Timing:
-    return Timing(statistics.median(times), _quantile(times, 0.2), _quantile(times, 0.8), len(times), wall)
-
-
-def time_calls(calls: list[Callable[[], object]], device: str, budget_s: float, min_reps: int = 3, max_reps: int = 200, memory: bool = False) -> tuple[Timing, int | None]:
-    """Median time of calls taken in rotation, after a warm-up call (JIT compiles, lazy imports).
-
-    With ``memory``, one call after the warm-up also gives the peak extra memory (CUDA: the call
-    that sizes the loop; CPU: the first timed call, its clock read inside the measurement), so
-    slow baselines do not pay an extra call for it.
-    """
-    if device == "cuda":
-        return _time_cuda(calls, budget_s, min_reps, max_reps, memory)
-    start = time.perf_counter()
-    calls[0]()
-    if time.perf_counter() - start > 2.0:  # multi-second calls: two timed ones keep the CPU grid short
-        min_reps = 2
-    times: list[float] = []
-    peak = None
-    spent = 0.0
-    while len(times) < max_reps and (len(times) < min_reps or spent < budget_s):
-        call = calls[(len(times) + 1) % len(calls)]
-        with PeakMemory(device if memory and not times else None) as meter:
-            start = time.perf_counter()
-            call()
-            elapsed = time.perf_counter() - start
-        if memory and not times:
-            peak = meter.bytes
-        times.append(elapsed)
-        spent += elapsed
-    return _summary(times), peak
-
-
-def _time_cuda(calls, budget_s, min_reps, max_reps, memory) -> tuple[Timing, int | None]:
-    calls[0]()  # compiles on first use
-    with PeakMemory("cuda" if memory else None) as meter:
-        start = time.perf_counter()
-        calls[1 % len(calls)]()
-        torch.cuda.synchronize()
-        estimate = max(time.perf_counter() - start, 1e-6)
-    if estimate > 0.2:
-        min_reps = 2
-    reps = max(min_reps, min(max_reps, int(budget_s / estimate)))
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    torch.cuda.synchronize()
-    loop_start = time.perf_counter()
-    for i, (begin, end) in enumerate(events):
-        begin.record()
-        calls[i % len(calls)]()
-        end.record()
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - loop_start) / reps
-    return _summary([begin.elapsed_time(end) / 1e3 for begin, end in events], wall), meter.bytes
+# ----------------------------------------------------------------------------- copy bandwidth
 
 
 def copy_bandwidth(device: str, nbytes: int, reps: int = 10) -> float:
@@ -392,7 +236,7 @@ def copy_bandwidth(device: str, nbytes: int, reps: int = 10) -> float:
         src = torch.ones(elements, dtype=torch.float32, device=device)  # touched: no first-use page faults
         pairs.append((src, torch.zeros_like(src)))
     calls = [(lambda s=s, d=d: d.copy_(s)) for s, d in pairs]
-    timing, _ = time_calls(calls, device, budget_s=0.2 if device == "cuda" else 0.5, min_reps=reps, max_reps=4 * reps)
+    timing, _ = time_rotated(calls, device, budget_s=0.2 if device == "cuda" else 0.5, min_reps=reps, max_reps=4 * reps)
     return 2 * elements * 4 / timing.median_s
 
 
@@ -402,73 +246,7 @@ def copy_time(case: Case, device: str, budget_s: float) -> float:
     sets = max(2, min(16, math.ceil(2 * cache_bytes(device) / max(nbytes, 1)), (512 << 20) // max(nbytes, 1)))
     pairs = [(torch.ones(max(nbytes // 4, 1), device=device), torch.zeros(max(nbytes // 4, 1), device=device)) for _ in range(sets)]
     calls = [(lambda s=s, d=d: d.copy_(s)) for s, d in pairs]
-    return time_calls(calls, device, budget_s=budget_s, min_reps=5)[0].median_s
-
-
-# ------------------------------------------------------------------------------ peak memory
-
-
-class PeakMemory:
-    """Peak bytes allocated inside the ``with`` block beyond what was live when it began.
-
-    CUDA: the caching allocator's peak counter. CPU: the process's peak resident set (VmHWM, reset
-    through /proc/self/clear_refs) after ``malloc_trim`` returned free heap pages, so memory the
-    call reuses from earlier calls counts as well. It sees every allocation, the C++ backend's own
-    buffers included. ``bytes`` stays None where neither mechanism exists.
-    """
-
-    _libc = None
-
-    def __init__(self, device: str | None):
-        self.device = device  # None: measure nothing (lets callers keep one code path)
-        self.bytes: int | None = None
-
-    @classmethod
-    def supported(cls, device: str) -> bool:
-        if device == "cuda":
-            return True
-        if not sys.platform.startswith("linux"):
-            return False
-        try:
-            cls._libc = cls._libc or ctypes.CDLL("libc.so.6")
-            with open("/proc/self/clear_refs", "w") as fh:
-                fh.write("5")
-            return "VmHWM" in Path("/proc/self/status").read_text()
-        except OSError:
-            return False
-
-    @staticmethod
-    def _status(field: str) -> int:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-        raise OSError(field)
-
-    def __enter__(self):
-        if self.device is None:
-            self._base = None
-        elif self.device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self._base = torch.cuda.memory_allocated()
-        elif self.supported("cpu"):
-            self._libc.malloc_trim(0)
-            with open("/proc/self/clear_refs", "w") as fh:
-                fh.write("5")  # reset VmHWM to the current resident set
-            self._base = self._status("VmRSS")
-        else:
-            self._base = None
-        return self
-
-    def __exit__(self, *exc):
-        if self._base is None or exc[0] is not None:
-            return False
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-            self.bytes = torch.cuda.max_memory_allocated() - self._base
-        else:
-            self.bytes = max(0, self._status("VmHWM") - self._base)
-        return False
+    return time_rotated(calls, device, budget_s=budget_s, min_reps=5)[0].median_s
 
 
 # ---------------------------------------------------------------------------------- the run
@@ -480,49 +258,6 @@ class _Stop(Exception):
 
 def _on_sigterm(signum, frame):
     raise _Stop()
-
-
-def device_name(device: str) -> str:
-    if device == "cuda":
-        return torch.cuda.get_device_name(0)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
-
-
-def device_slug(device: str) -> str:
-    name = re.sub(r"\(r\)|\(tm\)|@.*$|\bcpu\b|\bprocessor\b", " ", device_name(device).lower())
-    slug = re.sub(r"[^a-z0-9]+", "-", name).strip("-") or device
-    return slug if device == "cuda" else f"cpu-{slug}"
-
-
-def _load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
-def versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__, "specdec_ext": getattr(specdec_ext, "__version__", None)}
-    for name in ("triton", "transformers"):
-        try:
-            found[name] = __import__(name).__version__
-        except Exception:
-            found[name] = None
-    found["cuda"] = torch.version.cuda
-    try:
-        root = Path(__file__).resolve().parent.parent
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=5).stdout.strip()
-        found["git"] = (commit + ("+dirty" if dirty else "")) or None
-    except (OSError, subprocess.SubprocessError):
-        found["git"] = None
-    return found
 
 
 def run(
@@ -547,7 +282,7 @@ def run(
     cases = run_order(grid_cases, device)
     per_measure = measure_budget_s or (0.1 if device == "cuda" else 0.3)
     started = time.time()
-    load_start = _load_average()
+    load_start = load_average()
     deadline = started + time_budget_s if time_budget_s else math.inf
     previous_handler = signal.signal(signal.SIGTERM, _on_sigterm) if hasattr(signal, "SIGTERM") else None
     rows: list[dict] = []
@@ -586,17 +321,9 @@ def run(
     backend_rank = {name: i for i, name in enumerate(("triton", GRAPHED, "cpp", "eager", "transformers", "multinomial"))}
     rows.sort(key=lambda r: (position[Case(**{k: r[k] for k in Case.__dataclass_fields__})], backend_rank.get(r["backend"], 99)))
     doc = {
+        **report.header(KIND, device, load_start),
         "schema": 1,
-        "device": device_name(device),
-        "device_type": device,
         "device_slug": device_slug(device),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "versions": versions(),
-        "host": {
-            "cpu": device_name("cpu"), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-            # CPU timings on a shared machine are only as good as its load: keep it with them.
-            "load_average_start": load_start, "load_average_end": _load_average(),
-        },
         "settings": {
             "grid": grid_name,
             "grid_axes": GRIDS[grid_name],
@@ -638,7 +365,7 @@ def _run_case(case: Case, names: list[str], device: str, budget: float, copy_cac
         row = _row(case, name, n_sets=len(sets), copy_s=copy_cache[copy_key])
         try:
             calls = [make_call(case, name, s) for s in sets]
-            timing, peak = time_calls(calls, device, budget, memory=True)
+            timing, peak = time_rotated(calls, device, budget, memory=True)
             row.update(median_us=timing.median_s * 1e6, p20_us=timing.p20_s * 1e6, p80_us=timing.p80_s * 1e6, reps=timing.reps, peak_extra_bytes=peak)
             if timing.wall_s is not None:
                 row["wall_us"] = timing.wall_s * 1e6
@@ -768,116 +495,3 @@ def evaluate_goals(doc: dict) -> list[dict]:
             if goal["target"] == "H200" and goal["status"] in ("pass", "fail"):
                 goal["status"] += f" (on {doc['device']}, not H200)"
     return goals
-
-
-# ------------------------------------------------------------------------------- reporting
-
-
-def _fmt(value, spec: str, missing: str = "-") -> str:
-    return missing if value is None else format(value, spec)
-
-
-def format_table(doc: dict) -> str:
-    head = f"{'op':6s} {'B':>4s} {'K':>2s} {'V':>6s} {'dtype':5s} {'filt':4s} {'backend':12s} {'median_us':>10s} {'floor_us':>9s} {'x_floor':>8s} {'GB/s':>7s} {'%copy':>6s} {'extraMiB':>9s} {'vs_base':>8s} {'vs_eager':>8s}"
-    lines = [head, "-" * len(head)]
-    for r in doc["results"]:
-        filt = ("on" if r["filters"] else "off") + ("+c" if r["check"] else "")
-        extra = None if r.get("peak_extra_bytes") is None else r["peak_extra_bytes"] / 2**20
-        if r.get("median_us") is None:
-            lines.append(f"{r['op']:6s} {r['batch']:4d} {r['k']:2d} {r['vocab']:6d} {r['dtype']:5s} {filt:4s} {r['backend']:12s} {r.get('error', 'not run')}")
-            continue
-        pct = None if r.get("fraction_of_copy_bw") is None else 100 * r["fraction_of_copy_bw"]
-        lines.append(
-            f"{r['op']:6s} {r['batch']:4d} {r['k']:2d} {r['vocab']:6d} {r['dtype']:5s} {filt:4s} {r['backend']:12s} "
-            f"{r['median_us']:10.1f} {_fmt(r.get('floor_us'), '9.1f')} {_fmt(r.get('x_floor'), '8.1f')} {_fmt(r.get('achieved_gbs'), '7.1f')} "
-            f"{_fmt(pct, '5.1f')}% {_fmt(extra, '9.2f', 'n/a')} {_fmt(r.get('speedup_vs_baseline'), '7.1f')}x {_fmt(r.get('speedup_vs_eager'), '7.1f')}x"
-        )
-    return "\n".join(lines)
-
-
-def format_goals(doc: dict) -> str:
-    width = max((len(g["goal"]) for g in doc["goals"]), default=0)
-    return "\n".join(f"{g['goal']:{width}s}  {g['status']:6s}  {g['measured']}" for g in doc["goals"])
-
-
-def format_header(doc: dict) -> str:
-    v = doc["versions"]
-    bw = doc["copy_bandwidth"].get("used_gbs")
-    state = "complete" if doc["complete"] else f"INCOMPLETE ({doc['skipped_cases']} cases skipped)"
-    return (
-        f"{doc['device']} | torch {v['torch']} triton {v['triton']} transformers {v['transformers']} | {doc['date']} | "
-        f"copy bandwidth {_fmt(bw, '.1f')} GB/s | {doc['settings']['grid']} grid, {doc['elapsed_s']} s, {state}"
-    )
-
-
-def output_paths(doc: dict, out_dir: Path, tag: str | None = None) -> tuple[Path, Path]:
-    stem = f"{doc['device_slug']}-{doc['date'][:10]}" + (f"-{tag}" if tag else "")
-    return out_dir / f"{stem}.json", out_dir / f"{stem}.png"
-
-
-def write_json(doc: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-
-
-def write_plot(doc: dict, path: Path) -> bool:
-    """Latency against V, one panel per (op, dtype) and batch, one line per backend; the floor dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    rows = [r for r in doc["results"] if r.get("median_us") and not r["check"]]
-    if not rows:
-        return False
-    axes_of_grid = doc["settings"].get("grid_axes") or {}
-    # The grid's batches only: a lone reference point would get a panel of its own.
-    batches = sorted({r["batch"] for r in rows} & set(axes_of_grid.get("batch", ()))) or sorted({r["batch"] for r in rows})
-    panels = [(op, dtype) for op in ("verify", "sample") for dtype in DTYPES if any(r["op"] == op and r["dtype"] == dtype for r in rows)]
-    verify_ks = sorted({r["k"] for r in rows if r["op"] == "verify"})
-    # One K per plot keeps the lines readable; the reference K (4) when the grid has it.
-    k_shown = 4 if 4 in verify_ks else (verify_ks[-1] if verify_ks else 0)
-    backends = list(dict.fromkeys(r["backend"] for r in rows))
-    colors = {b: f"C{i}" for i, b in enumerate(backends)}
-    fig, axes = plt.subplots(len(panels), len(batches), figsize=(3.6 * len(batches), 2.9 * len(panels)), squeeze=False)
-    for i, (op, dtype) in enumerate(panels):
-        for j, batch in enumerate(batches):
-            ax = axes[i][j]
-            chosen = [r for r in rows if r["op"] == op and r["dtype"] == dtype and r["batch"] == batch and (op == "sample" or r["k"] == k_shown)]
-            for backend in backends:
-                for filters, style, marker in ((False, "-", "o"), (True, ":", "^")):
-                    pts = sorted((r["vocab"], r["median_us"]) for r in chosen if r["backend"] == backend and r["filters"] == filters)
-                    if pts:
-                        ax.plot([v for v, _ in pts], [t for _, t in pts], style, marker=marker, ms=4, color=colors[backend])
-            floor = sorted({(r["vocab"], r["floor_us"]) for r in chosen if r.get("floor_us")})
-            if floor:
-                ax.plot([v for v, _ in floor], [t for _, t in floor], "--", marker="_", ms=12, color="black", lw=1)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            vocabs = sorted({r["vocab"] for r in chosen})
-            if vocabs:
-                ax.set_xticks(vocabs, [f"{round(v / 1000)}k" for v in vocabs])
-                ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-            ax.set_title(f"{op} B={batch}" + (f" K={k_shown}" if op == "verify" else "") + f" {dtype}", fontsize=9)
-            ax.tick_params(labelsize=7)
-            ax.grid(True, which="both", alpha=0.3)
-            if j == 0:
-                ax.set_ylabel("median latency (us)", fontsize=8)
-            if i == len(panels) - 1:
-                ax.set_xlabel("vocabulary V", fontsize=8)
-    from matplotlib.lines import Line2D
-
-    handles = [Line2D([], [], color=colors[b], marker="o", ms=3, label=b) for b in backends]
-    handles += [
-        Line2D([], [], color="gray", ls="-", marker="o", ms=4, label="filters off"),
-        Line2D([], [], color="gray", ls=":", marker="^", ms=4, label=f"filters on (T={FILTERS['temperature']}, k={FILTERS['top_k']}, p={FILTERS['top_p']})"),
-        Line2D([], [], color="black", ls="--", label="memory-traffic floor at copy bandwidth"),
-    ]
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False)
-    fig.suptitle(f"{doc['device']} ({doc['date'][:10]})", fontsize=10)
-    fig.tight_layout(rect=(0, 0.04 + 0.02 * math.ceil(len(handles) / 4), 1, 0.97))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True

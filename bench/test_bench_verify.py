@@ -23,6 +23,7 @@ import torch
 
 import specdec_ext
 from bench import micro
+from bench.harness.env import device_name
 
 DEVICE = os.environ.get("SPECDEC_BENCH_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 GRID = os.environ.get("SPECDEC_BENCH_GRID", "small")
@@ -57,7 +58,7 @@ def test_latency(benchmark, case, backend):
 
     step()  # compile and warm up outside the statistics
     benchmark.group = case.label()
-    benchmark.extra_info.update(device=micro.device_name(DEVICE), backend=name, floor_bytes=case.floor_bytes)
+    benchmark.extra_info.update(device=device_name(DEVICE), backend=name, floor_bytes=case.floor_bytes)
     benchmark(step)
     stats = getattr(benchmark, "stats", None)
     if stats is not None:  # None under --benchmark-disable

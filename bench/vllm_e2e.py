@@ -27,9 +27,13 @@ import json
 import os
 import subprocess
 import sys
-import time
+
+from .harness import report as results
+from .harness.env import load_average
+from .harness.timing import timed
 
 METHODS = ("draft_model", "eagle", "ngram")
+KIND = "measurement: vLLM serving with and without the specdec_ext plugin (tokens/s, acceptance), and top-p total variation against the exact law"
 
 
 def speculative_config(method: str, args) -> dict | None:
@@ -64,9 +68,7 @@ def serve_once(config: dict) -> dict:
                              seed=i, ignore_eos=True) for i in range(len(texts))]
     llm.generate(texts[:8], params[:8], use_tqdm=False)  # warm-up: compilation, CUDA graphs
     before = counters(llm)
-    start = time.perf_counter()
-    outputs = llm.generate(texts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
+    outputs, elapsed = timed(lambda: llm.generate(texts, params, use_tqdm=False), "cpu")  # generate returns when every output is done
     after = counters(llm)
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     drafted = after["num_draft_tokens"] - before["num_draft_tokens"]
@@ -158,6 +160,7 @@ def main(argv=None) -> None:
         print("RESULT" + json.dumps(serve_once(json.loads(args.worker))), flush=True)
         return
 
+    load_start = load_average()
     runs = []
     for method in args.methods:
         speculative = speculative_config(method, args)
@@ -179,11 +182,9 @@ def main(argv=None) -> None:
                 raise SystemExit(f"{method} (plugin={plugin}) failed:\n{done.stderr[-4000:]}")
             runs.append(json.loads(lines[-1][len("RESULT"):]))
             print(json.dumps(runs[-1]))
-    report = {"runner": args.runner, "serving": runs,
-              "top_p_tv": total_variation_top_p(args.tv_vocab, args.tv_rows, args.tv_draws, args.top_p, args.temperature)}
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"wrote {args.out}")
+    top_p_tv = total_variation_top_p(args.tv_vocab, args.tv_rows, args.tv_draws, args.top_p, args.temperature)
+    report = {**results.header(KIND, "cuda", load_start), "runner": args.runner, "serving": runs, "top_p_tv": top_p_tv}
+    print(f"wrote {results.write_json(report, args.out)}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,7 @@
-"""The ``specdec`` command: ``demo`` on the embedded model pair, ``generate`` on any local pair, ``bench``."""
+"""The ``specdec`` command: ``demo`` on the embedded model pair, ``generate`` on any local pair.
+
+Benchmarks are not part of the installed package: they run from a source checkout as ``python -m bench``.
+"""
 
 from __future__ import annotations
 
@@ -112,16 +115,6 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
-    repo = Path(__file__).resolve().parent.parent
-    if not (repo / "bench" / "__main__.py").is_file():
-        raise SystemExit("specdec: `specdec bench` runs from a source checkout (the bench/ folder next to specdec_ext/)")
-    sys.path.insert(0, str(repo))
-    from bench.__main__ import main as bench_main
-
-    return bench_main(args.bench_args) or 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Fast, exact speculative decoding for Hugging Face transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -161,9 +154,6 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="cpu")
     gen.set_defaults(func=cmd_generate)
 
-    bench = sub.add_parser("bench", help="kernel microbenchmarks (source checkout); arguments go to `python -m bench`")
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
-    bench.set_defaults(func=cmd_bench)
     return parser
 
 

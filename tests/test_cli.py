@@ -95,3 +95,10 @@ def test_unrelated_vocabularies_are_refused(tmp_path):
     other.save_pretrained(draft_dir)
     with pytest.raises(SystemExit, match="unrelated vocabularies"):
         cli.main(["generate", "--draft", str(draft_dir), "--prompt", "Market wrap:", "--max-new-tokens", "2"])
+
+
+def test_benchmarks_are_not_a_subcommand(capsys):
+    """The installed command never reaches into the source-only bench/ folder: `python -m bench` runs them."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench"])
+    assert exit_info.value.code == 2 and "invalid choice: 'bench'" in capsys.readouterr().err

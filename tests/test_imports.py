@@ -122,6 +122,13 @@ def test_the_graph_covers_the_three_packages():
     assert "specdec_ext" not in graph["specdec_ext._cpp_backend"]  # `from . import _C` is the extension, not the package
 
 
+def test_the_installed_packages_never_import_bench():
+    """bench/ exists in a source checkout only: an import of it from specdec_ext or the kernels fails once installed."""
+    graph = import_graph()
+    installed = {module: sorted(e for e in edges if e.split(".")[0] == "bench") for module, edges in graph.items() if module.split(".")[0] != "bench"}
+    assert not any(installed.values()), {module: edges for module, edges in installed.items() if edges}
+
+
 def test_no_import_cycle():
     found = cycles(import_graph())
     assert not found, "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in found)

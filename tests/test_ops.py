@@ -226,7 +226,7 @@ def test_check_false_replays_from_a_cuda_graph():
     expected = specdec_ext.verify(target, draft, tokens, temperature=temperature, backend="eager")
     inputs = [x.cuda() for x in (target, draft, tokens, temperature)]
 
-    from bench.micro import capture_cuda_graph
+    from bench.harness.timing import capture_cuda_graph
 
     graph, out = capture_cuda_graph(lambda: specdec_ext.verify(inputs[0], inputs[1], inputs[2], temperature=inputs[3], check=False))
     sampled = set()

@@ -1,4 +1,4 @@
-"""``python -m bench.compare_compilers``: the C++ kernel built with GCC and with clang, same benchmark.
+"""``python -m bench.experiments.compare_compilers``: the C++ kernel built with GCC and with clang, same benchmark.
 
 Builds the extension twice (``setup.py build_ext`` into ``build/compilers/<compiler>/``; clang with
 ``CC=clang CXX=clang++ LDSHARED="clang++ -shared"``), then runs ``python -m bench.bench_cpp`` on the
@@ -12,7 +12,6 @@ method's median, and clang / GCC ratios (the goal: clang within 1.2x of GCC).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -21,8 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = ROOT / "bench" / "results"
+from ..harness import report
+from ..harness.env import ROOT, load_average
+
+RESULTS_DIR = report.RESULTS_DIR
+KIND = "measurement: bench_cpp on GCC and clang builds of the C++ kernel, alternating runs, with clang / GCC ratios"
 COMPILERS = {
     "gcc": {"CC": "gcc", "CXX": "g++", "LDSHARED": "g++ -shared"},
     "clang": {"CC": "clang", "CXX": "clang++", "LDSHARED": "clang++ -shared"},
@@ -94,12 +96,13 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.compare_compilers", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.experiments.compare_compilers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="alternating runs per compiler (default 3)")
     parser.add_argument("--budget", type=float, default=8.0, help="bench_cpp's timing budget per case, seconds (default 8)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--summarise-only", action="store_true", help="summarise the runs already in build/compilers/runs (no build, no timing)")
     args = parser.parse_args(argv)
+    args.load_start = load_average()
     work = ROOT / "build" / "compilers"
     if args.summarise_only:
         runs = {name: [json.loads(p.read_text()) for p in sorted((work / "runs").glob(f"cpu-cpp-*-{name}-r*.json"))] for name in COMPILERS}
@@ -125,17 +128,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def write(runs: dict[str, list[dict]], args) -> int:
     doc = {
+        **report.header(KIND, "cpu", args.load_start),
         "schema": 1,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": runs["gcc"][0]["host"],
-        "versions": runs["gcc"][0]["versions"],
         "rounds": args.rounds,
         "note": "bench_cpp on the two large cases, GCC and clang builds alternating; measured with other jobs running on this machine unless the load averages say otherwise",
         **summarise(runs),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"cpu-cpp-compilers-{datetime.date.today().isoformat()}.json"
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    path = report.write_json(doc, report.result_path(args.out, "cpu-cpp-compilers", doc["date"]))
     print(json.dumps({k: doc[k] for k in ("ratios_clang_over_gcc", "ratios_clang_over_gcc_normalised_by_transformers", "goal")}, indent=2))
     print(f"wrote {path}")
     return 0

@@ -1,7 +1,7 @@
 // The exponential race of stream v1 (one Philox evaluation per vocabulary id; kernels from git
 // history, compiled with their namespace renamed to specdec_v1) and of the current kernels, timed
 // alternately in one process on the same lines, one thread, 8192-id chunks as verify runs them.
-// Built and run by bench/race_ab.py; prints one JSON object.
+// Built and run by bench/experiments/race_ab.py; prints one JSON object.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -1,16 +1,19 @@
-"""``python -m bench.race_ab``: the race before and after stream v2, in one process.
+"""``python -m bench.experiments.race_ab``: the race before and after stream v2, in one process.
 
 Takes the stream-v1 kernels (csrc/ at ``--before``, default: the commit before contract v2) out of
 git history, compiles them with their namespace renamed beside the current kernels, and times the
-bonus race over 128256-entry lines alternately on one thread (bench/race_ab/race_ab.cpp): the
+bonus race over 128256-entry lines alternately on one thread (bench/experiments/race_ab/race_ab.cpp): the
 B=1 case's line, an LLM-like peaked line and a flat line. Same process, same machine state, so
 the ratio holds even on a busy machine. Writes ``bench/results/cpu-race-v1-v2-<date>.json``.
+
+The kernels' race arguments have changed since (csrc/kernel.h: ``RaceArgs`` lost ``one_hot``), so
+race_ab.cpp builds only against the csrc/ of its time: check out d7752c8, which wrote the kept
+result, to rerun it.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -18,8 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = ROOT / "bench" / "results"
+from ..harness import report
+from ..harness.env import ROOT, load_average
+
+RESULTS_DIR = report.RESULTS_DIR
+KIND = "measurement: the bonus race of the stream-v1 and the current kernels, alternating in one process"
 BEFORE = "f4b2734"  # main before contract v2 (stream v1)
 KERNEL_FILES = ["kernel.h", "kernel_impl.h", "kernel_avx2.cpp", "kernel_avx512.cpp", "kernel_base.cpp", "fastmath.h", "philox.h"]
 FLAGS = ["-std=c++17", "-O3", "-ffp-contract=off", "-fno-trapping-math", "-fno-math-errno", "-Wno-psabi"]
@@ -41,7 +47,7 @@ def build(before: str, work: Path, cxx: str) -> Path:
         extra = baseline_flags() if name == "kernel_base" else []
         jobs.append([cxx, *FLAGS, *extra, "-Dspecdec=specdec_v1", f"-I{old}", "-c", str(old / f"{name}.cpp"), "-o", str(work / f"v1_{name}.o")])
         jobs.append([cxx, *FLAGS, *extra, f"-I{csrc}", "-c", str(csrc / f"{name}.cpp"), "-o", str(work / f"v2_{name}.o")])
-    jobs.append([cxx, *FLAGS, f"-I{csrc}", "-c", str(ROOT / "bench" / "race_ab" / "race_ab.cpp"), "-o", str(work / "race_ab.o")])
+    jobs.append([cxx, *FLAGS, f"-I{csrc}", "-c", str(Path(__file__).resolve().parent / "race_ab" / "race_ab.cpp"), "-o", str(work / "race_ab.o")])
     running = [subprocess.Popen(job) for job in jobs]
     if any(process.wait() != 0 for process in running):
         raise SystemExit("compiling the race A/B failed")
@@ -51,24 +57,22 @@ def build(before: str, work: Path, cxx: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.race_ab", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.experiments.race_ab", description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", default=BEFORE, help=f"git revision of the stream-v1 kernels (default {BEFORE})")
     parser.add_argument("--reps", type=int, default=31, help="alternating repetitions per line and instruction set")
     parser.add_argument("--cxx", default=os.environ.get("CXX", "g++"))
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     binary = build(args.before, ROOT / "build" / "race-ab", args.cxx)
-    load_start = os.getloadavg()
+    load_start = load_average()
     measured = json.loads(subprocess.run([str(binary), str(args.reps)], capture_output=True, text=True, check=True).stdout)
     for lines in measured["us"].values():
         for values in lines.values():
             values["speedup"] = round(values["stream_v1_us"] / values["stream_v2_us"], 2)
     version = subprocess.run([args.cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     doc = {
+        **report.header(KIND, "cpu", load_start),
         "schema": 1,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": {"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
-                 "load_average_start": [round(x, 2) for x in load_start], "load_average_end": [round(x, 2) for x in os.getloadavg()]},
         "compiler": version,
         "before": args.before,
         "what": "median us per bonus race over one 128256-entry line, one thread, 8192-id chunks; v1: one Philox evaluation per id; "
@@ -76,9 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         "note": "v1 and v2 alternate in one process, so the ratio holds under load; absolute figures measured with other jobs running unless the load averages say otherwise",
         **measured,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"cpu-race-v1-v2-{datetime.date.today().isoformat()}.json"
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    path = report.write_json(doc, report.result_path(args.out, "cpu-race-v1-v2", doc["date"]))
     for isa, lines in doc["us"].items():
         for name, values in lines.items():
             print(f"{isa:<7} {name:<12} stream v1 {values['stream_v1_us']:8.1f} us   stream v2 {values['stream_v2_us']:8.1f} us   {values['speedup']:.2f}x")

@@ -1,4 +1,4 @@
-"""``python -m bench.identity_rate``: how often two backends give different tokens for the same keys.
+"""``python -m bench.experiments.identity_rate``: how often two backends give different tokens for the same keys.
 
 The backends evaluate the same float32 formulas but sum normalisers (and top-p masses) in different
 orders, so p(x) can differ in the last bit, and a decision whose two sides are that close can go
@@ -16,9 +16,6 @@ nothing differs) and writes ``bench/results/identity-<date>.json``.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
 from pathlib import Path
 
 import torch
@@ -27,7 +24,11 @@ from tqdm import tqdm
 
 import specdec_ext
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from ..harness import report as results
+from ..harness.env import load_average
+
+RESULTS_DIR = results.RESULTS_DIR
+KIND = "measurement: rows where two backends gave different tokens under the same keys, with a 95% upper bound on the per-row rate"
 
 
 def random_calls(chunk: int, vocab: int, k: int, seed: int):
@@ -79,21 +80,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    results = []
+    load_start = load_average()
+    found = []
     backends = specdec_ext.available_backends("cpu")
     if "cpp" in backends:
-        results.append(compare("cpp", "eager", args.rows, args.chunk, args.vocab, args.k))
+        found.append(compare("cpp", "eager", args.rows, args.chunk, args.vocab, args.k))
     if args.triton_rows and "triton" in backends:
-        results.append(compare("triton", "eager", args.triton_rows, min(args.chunk, 256), args.vocab, args.k))
-    for r in results:
+        found.append(compare("triton", "eager", args.triton_rows, min(args.chunk, 256), args.vocab, args.k))
+    for r in found:
         print(f"{r['backends'][0]} vs {r['backends'][1]}: {r['differing_rows']} of {r['rows']} rows differ; per-row rate <= {r['upper_bound_95']:.2e} (95%)")
-    date = datetime.date.today().isoformat()
-    out = args.out or RESULTS_DIR / f"identity-{date}.json"
-    report = {
-        "date": date, "machine": platform.processor() or platform.machine(), "torch": torch.__version__, "vocab": args.vocab, "k": args.k,
-        "results": results,
-    }
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    doc = {**results.header(KIND, "cpu", load_start), "vocab": args.vocab, "k": args.k, "results": found}
+    out = results.write_json(doc, args.out or results.result_path(RESULTS_DIR, "identity", doc["date"]))
     print(f"wrote {out}")
 
 
