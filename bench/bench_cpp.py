@@ -45,7 +45,7 @@ per instruction set, as verify runs it (the bound seeded with the argmax) and un
 case's line, an LLM-like peaked line and a flat line (nothing can be pruned: every id pays its
 share of a Philox evaluation, a log and a divide); beside the same figures measured before stream
 v2 (``bench/results/cpu-cpp-2026-12-01-stream-v1.json``, one Philox evaluation per id, another run:
-load differs) and the latest same-process A/B of ``python -m bench.experiments.race_ab`` (v1 and v2 kernels
+load differs) and the latest same-process A/B of the race_ab study (bench/race_ab.py at commit d7752c8; v1 and v2 kernels
 alternating in one process, so the ratio holds on a busy machine).
 
 Writes a table to stdout and JSON to ``bench/results/cpu-cpp-<date>.json``.
@@ -193,7 +193,7 @@ def race_costs(vocab: int = 128256, rounds: int = 15, reps: int = 5) -> dict | N
         before = json.loads(BEFORE_STREAM_V2.read_text())
         costs["before_stream_v2"] = {"file": BEFORE_STREAM_V2.name, "us": before["race"]["us"], "host": before["host"], "date": before["date"]}
     same_process = sorted(RESULTS_DIR.glob("cpu-race-v1-v2-*.json"))
-    if same_process:  # python -m bench.experiments.race_ab: v1 and v2 alternating in one process
+    if same_process:  # the race_ab study (git history): v1 and v2 alternating in one process
         ab = json.loads(same_process[-1].read_text())
         costs["stream_v1_v2_same_process"] = {"file": same_process[-1].name, "date": ab["date"], "us": ab["us"]}
     return costs
@@ -366,7 +366,7 @@ def format_table(doc: dict) -> str:
                 lines.append(f"  {isa:<8} {name:<12} {old_text:>10} {modes['unseeded'][name]:>12.1f} {modes['seeded'][name]:>10.1f}   {ratio}")
         ab = race.get("stream_v1_v2_same_process")
         if ab:
-            lines.append(f"  same process, alternating ({ab['file']}, python -m bench.experiments.race_ab):")
+            lines.append(f"  same process, alternating ({ab['file']}, the race_ab study):")
             for isa, named in ab["us"].items():
                 for name, values in named.items():
                     lines.append(f"  {isa:<8} {name:<12} v1 {values['stream_v1_us']:>8.1f}  v2 {values['stream_v2_us']:>8.1f}   {values['speedup']:.2f}x faster")

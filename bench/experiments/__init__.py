@@ -1,5 +1,4 @@
 """Past studies, kept runnable beside the results they wrote (bench/results/README.md), but not
-benchmarks to rerun on every change: ``race_ab`` (the race of the stream-v1 kernels against the
-current ones, in one process), ``compare_compilers`` (``bench_cpp`` on GCC and clang builds) and
+benchmarks to rerun on every change: ``compare_compilers`` (``bench_cpp`` on GCC and clang builds) and
 ``identity_rate`` (how often two backends give different tokens for the same keys). Run from the
 checkout root: ``python -m bench.experiments.<name>``."""
