@@ -35,25 +35,20 @@ def _languages(params):
     return [language(seed, vocab=3, depth=3, **params) for seed in range(2)]
 
 
+# i.i.d. siblings under every processing; siblings drawn without replacement under the first two.
+SIBLING_CASES = [("iid", params) for params in PROCESSING] + [("without_replacement", params) for params in PROCESSING[:2]]
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("params", PROCESSING, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "plain")
-def test_iid_siblings_are_exact(shape, params):
+@pytest.mark.parametrize(("siblings", "params"), SIBLING_CASES,
+                         ids=lambda case: case if isinstance(case, str) else ",".join(f"{k}={v}" for k, v in case.items()) or "plain")
+def test_siblings_are_exact(shape, siblings, params):
     for lang in _languages(params):
-        law = tree_law(lang, SHAPES[shape], "iid")
+        law = tree_law(lang, SHAPES[shape], siblings)
         assert abs(sum(law.values()) - 1) < EXACT
         assert max_violation(lang, law) < EXACT
         # Testing the second sibling against p instead of the residual left by the first is biased.
-        assert max_violation(lang, tree_law(lang, SHAPES[shape], "iid", "reuse_r")) > WRONG
-
-
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("params", PROCESSING[:2], ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "plain")
-def test_siblings_without_replacement_are_exact(shape, params):
-    for lang in _languages(params):
-        law = tree_law(lang, SHAPES[shape], "without_replacement")
-        assert abs(sum(law.values()) - 1) < EXACT
-        assert max_violation(lang, law) < EXACT
-        assert max_violation(lang, tree_law(lang, SHAPES[shape], "without_replacement", "reuse_r")) > WRONG
+        assert max_violation(lang, tree_law(lang, SHAPES[shape], siblings, "reuse_r")) > WRONG
 
 
 def test_without_replacement_needs_the_renormalised_proposal():
