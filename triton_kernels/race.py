@@ -61,6 +61,43 @@ def _combine_argmax(part_m_ptr, part_i_ptr, first_line, positions, used, parts_u
 
 
 @triton.jit
+def chunk_winner(race_val_ptr, race_idx_ptr, row64, num_chunks, FINAL_BLOCK: tl.constexpr):
+    """(best key, its id) over the row's chunk results: the lowest id among equal keys (chunks are
+    in id order). Read with .cg: the other programs' results are in L2, not in this SM's L1."""
+    winner_key = -1.0
+    winner = 0
+    for first in range(0, num_chunks, FINAL_BLOCK):
+        chunks = first + tl.arange(0, FINAL_BLOCK)
+        cmask = chunks < num_chunks
+        vals = tl.load(race_val_ptr + row64 * num_chunks + chunks, mask=cmask, other=-1.0, cache_modifier=".cg")
+        idxs = tl.load(race_idx_ptr + row64 * num_chunks + chunks, mask=cmask, other=2147483647, cache_modifier=".cg")
+        block_best = tl.max(vals, axis=0)
+        block_winner = tl.min(tl.where(cmask & (vals == block_best), idxs, 2147483647), axis=0)
+        better = block_best > winner_key  # an earlier block keeps a tie
+        winner = tl.where(better, block_winner, winner)
+        winner_key = tl.where(better, block_best, winner_key)
+    return winner_key, winner
+
+
+@triton.jit
+def emitted_logprobs(t_line, winner, V, positions, j, raw_x, inv_t, t_max, t_norm, t_tau, greedy, part_rm_ptr, part_rz_ptr, t_first, t_lines,
+                     t_parts, LOGPROBS: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr):
+    """Log-probabilities of the emitted tokens of a row: the drafts' raw logits ``raw_x`` before
+    position j, the winner's at j (its line ``t_line``); processed (LOGPROBS 1) or raw (2)."""
+    raw_w = tl.load(t_line + tl.minimum(tl.maximum(winner, 0), V - 1)).to(tl.float32)
+    raw_e = tl.where(positions == j, raw_w, raw_x)
+    s_e = raw_e * inv_t
+    processed = tl.where(s_e >= t_tau, (s_e - t_max) - tl.log(t_norm), float("-inf"))
+    if LOGPROBS == 2:
+        r_max, r_norm, _ = _combine_lines(part_rm_ptr, part_rz_ptr, t_first, positions, t_lines, t_parts, PARTS, PP)
+        raw_lp = (raw_e - r_max) - tl.log(r_norm)
+        # Greedy lines hold their raw statistics in part_m / part_z (inv_t = 1 there).
+        return tl.where(greedy, processed, raw_lp)
+    else:
+        return processed
+
+
+@triton.jit
 def _pick(values, positions, j, other):
     """values[j] of a per-position vector."""
     return tl.max(tl.where(positions == j, values, other), axis=0)
@@ -333,18 +370,7 @@ def race_kernel(
 
     # 3. The last program of the row finalises.
     if ticket == num_chunks - 1:
-        winner_key = -1.0
-        winner = 0
-        for first in range(0, num_chunks, FINAL_BLOCK):
-            chunks = first + tl.arange(0, FINAL_BLOCK)
-            cmask = chunks < num_chunks
-            vals = tl.load(race_val_ptr + row64 * num_chunks + chunks, mask=cmask, other=-1.0, cache_modifier=".cg")
-            idxs = tl.load(race_idx_ptr + row64 * num_chunks + chunks, mask=cmask, other=2147483647, cache_modifier=".cg")
-            block_best = tl.max(vals, axis=0)
-            block_winner = tl.min(tl.where(cmask & (vals == block_best), idxs, 2147483647), axis=0)
-            better = block_best > winner_key  # chunks are in index order: an earlier block keeps a tie
-            winner = tl.where(better, block_winner, winner)
-            winner_key = tl.where(better, block_best, winner_key)
+        winner_key, winner = chunk_winner(race_val_ptr, race_idx_ptr, row64, num_chunks, FINAL_BLOCK)
         if rejected & stochastic & (invalid == 0) & (winner_key <= 0.0):
             # Every residual is zero: race p over the whole line.
             _, winner = _race_range(
@@ -358,17 +384,8 @@ def race_kernel(
         tl.store(out_tokens_ptr + row64 * (K + 1) + positions, emitted.to(tl.int64), mask=positions <= K)
         tl.store(out_accepted_ptr + row, tl.where(invalid, 0, j).to(tl.int64))
         if LOGPROBS != 0:
-            raw_w = tl.load(t_line + tl.minimum(tl.maximum(winner, 0), V - 1)).to(tl.float32)
-            raw_e = tl.where(positions == j, raw_w, raw_x)
-            s_e = raw_e * inv_t
-            processed = tl.where(s_e >= t_tau, (s_e - t_max) - tl.log(t_norm), float("-inf"))
-            if LOGPROBS == 2:
-                r_max, r_norm, _ = _combine_lines(part_rm_ptr, part_rz_ptr, t_first, positions, t_lines, t_parts, PARTS, PP)
-                raw_lp = (raw_e - r_max) - tl.log(r_norm)
-                # Greedy lines hold their raw statistics in part_m / part_z (inv_t = 1 there).
-                values = tl.where(greedy, processed, raw_lp)
-            else:
-                values = processed
+            values = emitted_logprobs(t_line, winner, V, positions, j, raw_x, inv_t, t_max, t_norm, t_tau, greedy, part_rm_ptr, part_rz_ptr, t_first,
+                                      t_lines, t_parts, LOGPROBS, PARTS, PP)
             tl.store(out_logprobs_ptr + row64 * (K + 1) + positions, tl.where(emitted >= 0, values, float("nan")), mask=positions <= K)
         if ACCEPT_PROBS:
             ratio = tl.where(q_x > 0, tl.minimum(tl.math.div_rn(p_x, tl.where(q_x > 0, q_x, 1.0)), 1.0), (p_x > 0).to(tl.float32))
