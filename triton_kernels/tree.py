@@ -29,39 +29,11 @@ y & 3 of (y >> 2, P_lo, P_hi, 1)), P = offset + depth (specdec_ext/_philox.py).
 import triton
 import triton.language as tl
 
-from .race import _combine_argmax, _combine_lines, _prob, chunk_winner, emitted_logprobs
+from .race import _combine_argmax, _combine_lines, _prob, chunk_winner, emitted_logprobs, keep_better, lanes_winner, row_parameters
 from .random import fast_reciprocal, log2_uniform, position_words, race_uniforms, ranked_coins, reciprocal
 
 # --------------------------------------------------------------------------------------------------
 # Shared by the walks and the races
-
-
-@triton.jit
-def _row_parameters(temperature_ptr, top_k_ptr, top_p_ptr, count_ptr, seeds_ptr, offsets_ptr, base_key, row, limit,
-                    HAS_SEEDS: tl.constexpr, HAS_OFFSETS: tl.constexpr):
-    """(temperature, inv_t, count clamped to [0, limit], key, offset, invalid) of a row; invalid for
-    any parameter, count, key or offset out of range (check=True has raised before)."""
-    row64 = row.to(tl.int64)
-    temperature = tl.load(temperature_ptr + row)
-    inv_t = tl.math.div_rn(1.0, tl.where(temperature > 0, temperature, 1.0))
-    requested = tl.load(count_ptr + row)
-    top_k = tl.load(top_k_ptr + row)
-    top_p = tl.load(top_p_ptr + row)
-    temperature_ok = (temperature >= 0) & (temperature != float("inf"))  # False for NaN
-    top_p_ok = (top_p > 0) & (top_p <= 1)
-    invalid = (temperature_ok == 0) | (top_k < 0) | (top_p_ok == 0) | (requested < 0) | (requested > limit)
-    if HAS_SEEDS:
-        key = tl.load(seeds_ptr + row)
-        invalid = invalid | (key < 0)
-    else:
-        key = base_key + row64
-    if HAS_OFFSETS:
-        offset = tl.load(offsets_ptr + row)
-        invalid = invalid | (offset < 0)
-    else:
-        offset = row64 * 0
-    count = tl.minimum(tl.maximum(requested, 0), limit).to(tl.int32)
-    return temperature, inv_t, count, key, offset, invalid
 
 
 @triton.jit
@@ -170,18 +142,9 @@ def tree_walk_kernel(
     walk_counter_ptr,  # (2,) int32, 0 between calls: programs arrived, deepest used node so far
     depth_ptr,  # (1,) int32 out: the call's deepest used node D
     base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
-    batch,
-    N,
-    V,
-    Vd,
-    t_stride_b,
-    t_stride_n,
-    d_stride_b,
-    d_stride_n,
-    tok_stride_b,
-    parent_stride_b,
-    t_parts,  # statistics partials of a target (draft) line
-    d_parts,
+    batch, N, V, Vd,  # sizes
+    t_stride_b, t_stride_n, d_stride_b, d_stride_n, tok_stride_b, parent_stride_b,  # strides, in elements
+    t_parts, d_parts,  # statistics partials of a target (draft) line
     PARTS: tl.constexpr,  # statistics partial slots per line
     PP: tl.constexpr,  # next power of two of PARTS
     NP: tl.constexpr,  # next power of two of max(N, 1): node vectors
@@ -195,7 +158,7 @@ def tree_walk_kernel(
 ):
     row = tl.program_id(0)
     row64 = row.to(tl.int64)
-    temperature, inv_t, used, key, offset, invalid = _row_parameters(temperature_ptr, top_k_ptr, top_p_ptr, num_nodes_ptr, seeds_ptr, offsets_ptr,
+    temperature, inv_t, used, key, offset, invalid = row_parameters(temperature_ptr, top_k_ptr, top_p_ptr, num_nodes_ptr, seeds_ptr, offsets_ptr,
                                                                     base_key, row, N, HAS_SEEDS, HAS_OFFSETS)
     greedy = temperature == 0
     sampled = temperature != 0
@@ -347,34 +310,27 @@ def block_walk_kernel(
     gathered_ptr,  # (lines,) float32: each position's raw logit at its draft token (stats.py)
     state_f_ptr,  # (B, 8) float32 out: row state (module docstring)
     state_i_ptr,  # (B, 8) int32 out
-    base_key: tl.int64,
-    batch,
-    K,
-    V,
-    Vd,
-    t_stride_b,
-    t_stride_k,
-    d_stride_b,
-    d_stride_k,
-    tok_stride_b,
-    t_parts,
-    d_parts,
+    base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
+    batch, K, V, Vd,  # sizes
+    t_stride_b, t_stride_k, d_stride_b, d_stride_k, tok_stride_b,  # strides, in elements
+    t_parts, d_parts,  # statistics partials of a target (draft) line
     PARTS: tl.constexpr,
     PP: tl.constexpr,
     KP: tl.constexpr,  # next power of two of K + 1
-    HAS_DRAFT: tl.constexpr,
-    HAS_SEEDS: tl.constexpr,
-    HAS_OFFSETS: tl.constexpr,
-    CHECK: tl.constexpr,
-    FILTERED: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,  # draft logits (else one-hot drafts)
+    HAS_SEEDS: tl.constexpr,  # per-row keys
+    HAS_OFFSETS: tl.constexpr,  # per-row positions
+    CHECK: tl.constexpr,  # blank for a bad value in any used line (greedy rows' draft lines too)
+    FILTERED: tl.constexpr,  # top-k / top-p: the lines' cut-offs in tau
     BLOCK: tl.constexpr,  # ids per step of a residual-mass pass
 ):
+    # The row, all positions at once where they do not depend on each other (as the chain's race).
     row = tl.program_id(0)
-    row64 = row.to(tl.int64)
-    temperature, inv_t, n, key, offset, invalid = _row_parameters(temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr,
-                                                                 base_key, row, K, HAS_SEEDS, HAS_OFFSETS)
-    greedy = temperature == 0
     positions = tl.arange(0, KP)
+    temperature, inv_t, n, key, offset, invalid = row_parameters(temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr,
+                                                                 base_key, row, K, HAS_SEEDS, HAS_OFFSETS)
+    row64 = row.to(tl.int64)
+    greedy = temperature == 0
     sampled_v = tl.where(temperature != 0, positions >= 0, positions < 0)  # per-position copy of a row flag
     t_first = row * (K + 1)
     d_first = batch * (K + 1) + row * K
@@ -487,13 +443,9 @@ def _residual_race(
         # w / E with E = -ln(2) log2(u): the positive factor ln(2) does not move the argmax.
         race_key = w * -fast_reciprocal(log2_uniform(race_uniforms(key, tile_start, p_lo, p_hi, 1, BLOCK), INTERPRET), INTERPRET)
         race_key = tl.where(idx < end, race_key, -1.0)
-        better = race_key > lane_best  # strict: an earlier tile keeps a tie (lower id)
-        lane_best = tl.where(better, race_key, lane_best)
-        lane_tile = tl.where(better, tile, lane_tile)
+        lane_best, lane_tile = keep_better(race_key, lane_best, lane_tile, tile)
         tile += 1
-    best = tl.max(lane_best, axis=0)
-    lane_index = start + lane_tile * BLOCK + tl.arange(0, BLOCK)
-    return best, tl.min(tl.where(lane_best == best, lane_index, 2147483647), axis=0)
+    return lanes_winner(lane_best, lane_tile, start, BLOCK)
 
 
 @triton.jit
@@ -585,17 +537,10 @@ def tree_race_kernel(
     out_tokens_ptr,  # (B, D+1) int64 out
     out_accepted_ptr,  # (B,) int64 out
     out_nodes_ptr,  # (B, D) int64 out: accepted_nodes
-    base_key: tl.int64,
-    N,
-    V,
-    Vd,
-    t_stride_b,
-    t_stride_n,
-    d_stride_b,
-    d_stride_n,
-    tok_stride_b,
-    tiles_per_chunk,  # race tiles (BLOCK ids) per chunk
-    num_chunks,  # programs per row
+    base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
+    N, V, Vd,  # sizes
+    t_stride_b, t_stride_n, d_stride_b, d_stride_n, tok_stride_b,  # strides, in elements
+    tiles_per_chunk, num_chunks,  # race tiles (BLOCK ids) per chunk, programs per row
     D,  # the outputs' depth (tree_walk_kernel's deepest used node, or N)
     NP: tl.constexpr,  # next power of two of max(N, 1)
     D1P: tl.constexpr,  # next power of two of N + 1
@@ -645,19 +590,11 @@ def block_race_kernel(
     out_tokens_ptr,  # (B, K+1) int64 out
     out_accepted_ptr,  # (B,) int64 out
     out_logprobs_ptr,  # (B, K+1) float32 out (LOGPROBS != 0)
-    base_key: tl.int64,
-    batch,
-    K,
-    V,
-    Vd,
-    t_stride_b,
-    t_stride_k,
-    d_stride_b,
-    d_stride_k,
-    tok_stride_b,
-    t_parts,
-    tiles_per_chunk,
-    num_chunks,
+    base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
+    batch, K, V, Vd,  # sizes
+    t_stride_b, t_stride_k, d_stride_b, d_stride_k, tok_stride_b,  # strides, in elements
+    t_parts,  # statistics partials of a target line
+    tiles_per_chunk, num_chunks,  # race tiles (BLOCK ids) per chunk, programs per row
     PARTS: tl.constexpr,
     PP: tl.constexpr,
     KP: tl.constexpr,  # next power of two of K + 1
