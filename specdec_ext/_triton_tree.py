@@ -33,8 +33,8 @@ from ._params import LOGPROBS_NONE, TreeArgs, VerifyArgs
 
 # The walk: warps per program (one program per row) and ids per step of a residual-mass pass (the
 # interpreter pays per step: one step over small vocabularies).
-WALK_WARPS = 4
-WALK_BLOCK = 1024
+WALK_WARPS = 16
+WALK_BLOCK = 4096
 _INTERPRETER_WALK_BLOCK = 4096
 STATE = 8  # floats and ints of row state per row (tree.py's module docstring)
 
