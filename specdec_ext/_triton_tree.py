@@ -211,8 +211,10 @@ class Runner:
         if batch:
             for launch, arguments, options in self.before:
                 launch(*arguments(call, base_key, None), **options)
-        depth = self.width
-        if self.tree and batch and self.width and not _capturing(device):
+        depth = self.width  # a block's K; a tree's N, its widest (inside CUDA-graph capture)
+        if self.tree and not (batch and self.width):
+            depth = 0  # no node in use
+        elif self.tree and not _capturing(device):
             depth = int(self.depth)  # published by tree_walk_kernel: the one host read
         # (A tree's accepted_nodes take the chain outputs' logprobs slot.)
         out = chain.Outputs(
