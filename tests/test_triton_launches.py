@@ -7,6 +7,7 @@ depth, the outputs' width, and nothing else), and the same launches the GPU mode
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -245,3 +246,20 @@ def test_tree_and_block_counters_reset_themselves():
         _triton_tree.verify_tree(tree, 1, race_chunks=chunks, race_block=64)
         _triton_tree.verify_block(block, 1, race_chunks=chunks, race_block=64)
         assert int(_triton_backend.workspace(torch.device("cpu")).counters.abs().sum()) == 0
+
+
+def test_tree_and_block_batch_size_does_not_enter_the_compiled_signature():
+    """As for chains: the walks' and races' batch-dependent integers (and a tree's depth D) are not
+    specialised, and the constexprs of a call's launches do not depend on B."""
+    k = _triton_backend.kernels()
+    for kernel, names in ((k.tree_walk_kernel, ("base_key", "batch", "t_parts", "d_parts")), (k.block_walk_kernel, ("base_key", "batch", "t_parts", "d_parts")),
+                          (k.tree_race_kernel, ("base_key", "tiles_per_chunk", "num_chunks", "D")),
+                          (k.block_race_kernel, ("base_key", "batch", "t_parts", "tiles_per_chunk", "num_chunks"))):
+        declared = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize", ())
+        assert set(names) <= set(declared), (kernel, declared)
+    from bench.gpu_model import Call, meta_args
+
+    for call in (Call("tree", 1, 6, 500, method="tree", siblings="without_replacement", top_k=5), Call("block", 1, 3, 500, method="block", logprobs=1)):
+        constexprs = [[launch.constexprs for launch in _triton_tree.launches_for(meta_args(dataclasses.replace(call, batch=batch)), 0, sm_count=132)]
+                      for batch in (1, 3, 64)]
+        assert constexprs[0] == constexprs[1] == constexprs[2]
