@@ -31,11 +31,11 @@ import torch
 from . import _triton_backend as chain
 from ._params import LOGPROBS_NONE, TreeArgs, VerifyArgs
 
-# The walk: warps per program (one program per row) and ids per step of a residual-mass pass (the
-# interpreter pays per step: one step over small vocabularies).
+# The walk: warps per program (one program per row: its residual-mass passes over a line are on
+# the call's critical path, so a wide program) and ids per step of such a pass (8 per thread; the
+# interpreter, which pays per step, takes small vocabularies in one).
 WALK_WARPS = 16
 WALK_BLOCK = 4096
-_INTERPRETER_WALK_BLOCK = 4096
 STATE = 8  # floats and ints of row state per row (tree.py's module docstring)
 
 kernels = chain.kernels
@@ -106,7 +106,6 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
     found = [chain.Template(t.name, t.kernel, t.grid, lambda c, key, o, _t=t: _t.arguments(c.chain, key, o), t.constexprs, t.num_warps)
              for t in chain.line_templates(view, geo, bufs, layout)]
     batch, positions = view.batch, view.num_positions
-    walk_block = _INTERPRETER_WALK_BLOCK if geo.interpret else WALK_BLOCK
 
     def keys(a: VerifyArgs) -> tuple:
         placeholder = a.temperature  # for the absent optional tensors: never read
@@ -124,7 +123,7 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
                                rows.removed, rows.path, rows.walk_counters, rows.depth, key, batch, positions, *tail, c.parents.stride(0),
                                sh.t_parts, sh.d_parts),
             {"PARTS": parts, "PP": _pow2(parts), "NP": slots, **common, "WITHOUT_REPLACEMENT": sh.has_draft and args.siblings == "without_replacement",
-             "CHECK": view.check, "BLOCK": walk_block},
+             "CHECK": view.check, "BLOCK": WALK_BLOCK},
             WALK_WARPS,
         ))
         found.append(chain.Template(
@@ -142,7 +141,7 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
         lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.chain.temperature, c.chain.top_k, c.chain.top_p,
                            c.chain.num_draft_tokens, *keys(c.chain), b.tau, b.part_m, b.part_z, b.part_i, b.gathered, rows.state_f, rows.state_i,
                            key, batch, positions, *tail[:-1], sh.tok_stride, sh.t_parts, sh.d_parts),
-        {"PARTS": parts, "PP": _pow2(parts), "KP": kp, **common, "CHECK": view.check, "BLOCK": walk_block},
+        {"PARTS": parts, "PP": _pow2(parts), "KP": kp, **common, "CHECK": view.check, "BLOCK": WALK_BLOCK},
         WALK_WARPS,
     ))
     found.append(chain.Template(
