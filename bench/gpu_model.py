@@ -1,9 +1,10 @@
-"""``python -m bench.gpu_model``: an H200 time ESTIMATE of the Triton verify call, without a GPU.
+"""``python -m bench.gpu_model``: an H200 time ESTIMATE of the Triton verify calls (chains, blocks and trees), without a GPU.
 
 For each goal shape the model
 
-1. plans the call exactly as the launcher does (``_triton_backend.launches_for`` on ``meta``
-   tensors of the real shapes: same kernels, grids, arguments and constexprs);
+1. plans the call exactly as the launcher does (``_triton_backend.launches_for``, or
+   ``_triton_tree.launches_for`` for blocks and trees, on ``meta`` tensors of the real shapes:
+   same kernels, grids, arguments and constexprs);
 2. compiles every launch for sm_90 with the JIT's own argument specialisation
    (``_triton_backend.compile_launch``) and disassembles it with the ``cuobjdump`` Triton ships;
 3. reads the SASS: registers, spills, the loops (backward branches) and the instructions of each
@@ -73,6 +74,8 @@ ASSUMPTIONS = {
     "l2_atomics_per_s": 5e11,
     "rejected_rows": "every row rejects at its last draft position: the race reads a target and a draft line (the heavier loop)",
     "sampled_rows": "every row samples (temperature > 0); greedy rows would skip the race and read no draft line",
+    "tree_rows": "a tree row walks tree_depth contexts and rejects one child at each before entering the next (one residual-mass pass over its line "
+                 "per context); a block row stops one position before n (one residual-mass pass); both race a residual with a draft line",
 }
 
 # Opcode -> execution pipe. Anything unlisted is "alu".
@@ -357,6 +360,11 @@ class Call:
     # the measured distribution (MEASURED) or 1.0 for the whole-line fallback rows.
     search_fraction: float = 0.0
     search_passes: float | None = None  # None: PASSES // 2 (one search, top-k or top-p)
+    # "token" (verify), "block" (verify(method="block")) or "tree" (verify_tree: k is then the
+    # number of nodes N, the target and draft logits have N+1 contexts).
+    method: str = "token"
+    siblings: str = "iid"  # a tree's sibling mode
+    tree_depth: int | None = None  # a tree's deepest node D (default: k, a chain-shaped tree)
 
     @property
     def whole_line(self) -> bool:
@@ -379,17 +387,24 @@ class Call:
 
 
 def meta_args(call: Call):
-    """VerifyArgs of ``call`` on the meta device (shapes, dtypes, flags; no data)."""
+    """VerifyArgs (TreeArgs for a tree) of ``call`` on the meta device (shapes, dtypes, flags; no data)."""
     import torch
 
-    from specdec_ext._params import VerifyArgs
+    from specdec_ext._params import TreeArgs, VerifyArgs
 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     meta = torch.device("meta")
     b, k, v = call.batch, call.k, call.vocab
     target = torch.empty(b, k + 1, v, dtype=dtypes[call.dtype], device=meta)
-    draft = torch.empty(b, k, call.draft_vocab or v, dtype=dtypes[call.draft_dtype or call.dtype], device=meta) if call.draft == "logits" and k else None
     row = lambda dt: torch.empty(b, dtype=dt, device=meta)  # noqa: E731
+    if call.method == "tree":
+        draft = torch.empty(b, k + 1, call.draft_vocab or v, dtype=dtypes[call.draft_dtype or call.dtype], device=meta) if call.draft == "logits" else None
+        return TreeArgs(
+            target, draft, torch.empty(b, k, dtype=torch.int64, device=meta), torch.empty(b, k, dtype=torch.int64, device=meta), row(torch.float32),
+            row(torch.int64), row(torch.float32), row(torch.int64), call.siblings, None, call.check, row(torch.int64) if call.seeds else None,
+            row(torch.int64) if call.offsets else None, call.filtered,
+        )
+    draft = torch.empty(b, k, call.draft_vocab or v, dtype=dtypes[call.draft_dtype or call.dtype], device=meta) if call.draft == "logits" and k else None
     return VerifyArgs(
         target, draft, torch.empty(b, k, dtype=torch.int64, device=meta), row(torch.float32), row(torch.int64), row(torch.float32), row(torch.int64),
         None, call.check, call.filtered, row(torch.int64) if call.seeds else None, row(torch.int64) if call.offsets else None, call.stream,
@@ -398,9 +413,12 @@ def meta_args(call: Call):
 
 
 def launches(call: Call, multiprocessors: int):
-    from specdec_ext import _triton_backend
+    """The launches of ``call`` as its launcher plans them (the chain's, or the tree and block one's)."""
+    from specdec_ext import _triton_backend, _triton_tree
 
-    return _triton_backend.launches_for(meta_args(call), base_key=(1 << 40) + 3, sm_count=multiprocessors)
+    if call.method == "token":
+        return _triton_backend.launches_for(meta_args(call), base_key=(1 << 40) + 3, sm_count=multiprocessors)
+    return _triton_tree.launches_for(meta_args(call), base_key=(1 << 40) + 3, depth=call.tree_depth, sm_count=multiprocessors)
 
 
 _CODE_CACHE: dict = {}
@@ -484,6 +502,14 @@ LOOP_KINDS = {
     "search ticket loop": "whole-line search items: searched lines x chunks per pass over the programs (search_fraction, search_passes: MEASURED)",
     "histogram tile": "CHUNK / TILE steps per search item",
     "histogram sum": "the last item of a line's pass sums the chunks' histograms, four chunks per step",
+    "node pass": "a tree walk's passes over the nodes (the tree's check, each node's depth): N per row",
+    "context step": "a tree walk's contexts: tree_depth + 1 per row",
+    "line check step": "check=True: every context a tree row could use, N + 1 per row",
+    "sibling test": "a tree walk's test of each node at each context (is it a child?): N per context",
+    "residual-mass tile": "a pass over a line after a rejection (tree) or at a stop candidate (block): the line's vocabulary in walk blocks",
+    "removed-id test": "one removed sibling per step of a residual tile (a tree without replacement or with deterministic siblings): 1 per tile",
+    "block position step": "block verification's p_i, one per draft position: K per row",
+    "stop search step": "block verification's search for the last passing coin from n down: 2 per row (a stop one position before n)",
 }
 
 
@@ -534,6 +560,33 @@ def loop_kinds(kernel: str, code: KernelCode) -> list[str | None]:
         name(rare, ["zero-residual race (rare)"] * len(rare))
         final = [loop for loop in code.loops if loop.has("LDG") and not loop.has("MUFU") and loop.after_atomic]
         name(final, ["finalising block"] * len(final))
+    elif kernel in ("tree_walk", "block_walk"):
+        has_children = {loop.parent for loop in code.loops if loop.parent is not None}
+        kind_of = {}
+        for n, loop in enumerate(code.loops):
+            parent = kind_of.get(loop.parent)
+            if loop.parent is None:
+                if kernel == "block_walk":
+                    kind = "stop search step" if loop.start in has_children else "block position step"
+                else:
+                    kind = "context step" if loop.start in has_children else "line check step" if loop.has("LDG") else "node pass"
+            elif parent in ("context step",):
+                kind = "sibling test"
+            elif parent in ("sibling test", "stop search step"):
+                kind = "residual-mass tile"
+            elif parent == "residual-mass tile":
+                kind = "removed-id test"
+            else:
+                kind = None
+            kind_of[loop.start] = kinds[n] = kind
+    elif kernel in ("tree_race", "block_race"):
+        for n, loop in enumerate(code.loops):
+            if loop.parent is not None:
+                kinds[n] = "removed-id test"
+            elif loop.has("MUFU"):
+                kinds[n] = "zero-residual race (rare)" if loop.after_atomic else "residual race tile"
+            elif loop.after_atomic and loop.has("LDG"):
+                kinds[n] = "finalising block"
     elif kernel == "cutoff":
         parents = {loop.parent for loop in code.loops if loop.parent is not None}
         for n, loop in enumerate(code.loops):
@@ -555,6 +608,51 @@ def _logits_bytes(call: Call) -> int:
     return lines * call.vocab * call.itemsize
 
 
+def _tree_work(launch, call: Call, phase: str) -> dict:
+    """What each program of a tree or block walk or race executes (ASSUMPTIONS["tree_rows"])."""
+    from specdec_ext import _triton_backend
+
+    c = launch.constexprs
+    has_draft = call.draft == "logits"
+    itemsize = call.itemsize
+    if phase.endswith("_race"):
+        chunks = launch.args[-2] if phase == "tree_race" else launch.args[-1]
+        block = c["BLOCK"]
+        tiles = math.ceil(call.vocab / block) / chunks
+        removes = phase == "tree_race" and (call.siblings == "without_replacement" or not has_draft)
+        return {
+            "loops": {"residual race tile": (tiles, block), "removed-id test": (tiles if removes else 0.0, block),
+                      "finalising block": (math.ceil(chunks / _triton_backend.FINAL_BLOCK) / chunks, c["FINAL_BLOCK"])},
+            "programs_used": call.batch * chunks,
+            "bytes": call.batch * (2 if has_draft else 1) * call.vocab * itemsize + call.batch * 64,
+            # the row state; the chunk's logits; the arrival atomic; the last program's read of the chunk results
+            "rounds": ["l2", "l2" if _logits_bytes(call) < ASSUMPTIONS["l2_bytes"] / 2 else "dram", "l2", "l2"],
+            "final_trips": math.ceil(chunks / _triton_backend.FINAL_BLOCK),
+        }
+    block = c["BLOCK"]
+    tiles = math.ceil(call.vocab / block)
+    if phase == "tree_walk":
+        depth = call.tree_depth if call.tree_depth is not None else call.k
+        removes = call.siblings == "without_replacement" or not has_draft
+        return {
+            "loops": {"node pass": (call.k, 1), "context step": (depth + 1, 1), "line check step": (call.k + 1 if call.check else 0, 1),
+                      "sibling test": ((depth + 1) * call.k, 1), "residual-mass tile": (depth * tiles, block),
+                      "removed-id test": (depth * tiles if removes else 0.0, block)},
+            "programs_used": call.batch,
+            "bytes": call.batch * depth * (2 if has_draft else 1) * call.vocab * itemsize + call.batch * (depth + 1) * c["PARTS"] * 16,
+            # per context: its line statistics, then the rejected child's logits, then the line (a residual-mass pass)
+            "rounds": ["l2", "l2"] * (depth + 1) + ["dram"] * depth,
+        }
+    # block_walk: every position's p_i, then the stop one position before n (one residual-mass pass)
+    return {
+        "loops": {"block position step": (call.k, 1), "stop search step": (2, 1), "residual-mass tile": (tiles, block)},
+        "programs_used": call.batch,
+        "bytes": call.batch * (2 if has_draft else 1) * call.vocab * itemsize + call.batch * (2 * call.k + 1) * c["PARTS"] * 8,
+        # the partials of every line (one round), the coin's line, the residual-mass pass
+        "rounds": ["l2", "l2", "dram"],
+    }
+
+
 def _search_passes(call: Call, launch) -> float:
     """Passes of the whole-line search per searched line: one search (top-k or top-p) takes
     PASSES // 2 over a full key range; MEASURED's mean when the call names it."""
@@ -567,6 +665,8 @@ def _work(launch, call: Call, phase: str) -> dict:
     round trips on its critical path."""
     from specdec_ext import _triton_backend
 
+    if phase in ("tree_walk", "tree_race", "block_walk", "block_race"):
+        return _tree_work(launch, call, phase)
     args = launch.args
     c = launch.constexprs
     lines_t = call.batch * (call.k + 1)
@@ -696,7 +796,7 @@ def estimate_launch(launch, call: Call, phase: str | None = None) -> LaunchEstim
     # instructions at the issue interval of a warp with few neighbours on its scheduler.
     rounds = sum(a["dram_latency_us"] if r == "dram" else a["l2_latency_us"] for r in work["rounds"])
     program_us = rounds + (per_warp * a["cycles_per_instruction_alone"] + barriers * a["barrier_latency_cycles"]) / clock
-    if launch.name == "race":  # the last program of a row also finalises
+    if launch.name.endswith("race"):  # the last program of a row also finalises
         program_us += a["l2_latency_us"] * work["final_trips"]
     # Waves: a full one keeps `ctas` programs on every multiprocessor, whose schedulers share
     # their instructions; the last, partial wave takes at least one program's critical path.
@@ -793,6 +893,15 @@ def sweep_calls() -> list[Call]:
     calls.append(Call("B=64 K=8 bf16 logprobs raw + accept_probs + seeds/offsets", **_B64, logprobs=2, accept_probs=True, seeds=True, offsets=True))
     calls.append(Call("B=8 K=4 V=32000 bf16", 8, 4, 32000, "bf16"))
     calls.append(Call("sample B=1 V=128256 fp32", 1, 0, 128256, "fp32", draft="one-hot", stream=2))
+    # Blocks and trees (the tree: 8 nodes, 4 deep)
+    calls.append(Call("block B=1 K=4 V=128256 fp32", **_B1, method="block"))
+    calls.append(Call("block B=64 K=8 V=128256 bf16", **_B64, method="block"))
+    calls.append(Call("block B=64 K=8 bf16 T=0.7 top-k 50 top-p 0.9", **_B64, temperature=0.7, top_k=50, top_p=0.9, method="block"))
+    calls.append(Call("tree B=1 N=8 D=4 V=128256 fp32 iid", 1, 8, 128256, "fp32", method="tree", tree_depth=4))
+    calls.append(Call("tree B=64 N=8 D=4 V=128256 bf16 without replacement", 64, 8, 128256, "bf16", method="tree", siblings="without_replacement",
+                      tree_depth=4))
+    calls.append(Call("tree B=64 N=8 D=4 bf16 deterministic siblings top-k 50", 64, 8, 128256, "bf16", draft="one-hot", temperature=0.7, top_k=50,
+                      method="tree", tree_depth=4))
     return calls
 
 

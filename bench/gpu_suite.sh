@@ -176,21 +176,50 @@ fi
 export TRITON_INTERPRET=0
 # The first launches JIT-compile every kernel variant they use (a few seconds each).
 run_stage cuda_identity "$(stage_limit 90)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider bench/test_bench_verify.py -k test_cuda_matches_eager -rs
-# Stream v2 on CUDA (seeds, offsets, logprobs, accept_probs), graph replay, allocations, ops.
-run_stage tests_gpu "$(stage_limit 110)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests -rs
+# Stream v2 on CUDA (seeds, offsets, logprobs, accept_probs), graph replay, allocations, ops; for
+# chains, blocks and trees. The trees' and blocks' CUDA-graph capture and replay first (they are
+# newer than the chains'), then every other GPU test.
+run_stage graph_trees "$(stage_limit 60)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_triton_cuda.py -k "graph_replays_trees or graph_replays_blocks" -rs
+run_stage tests_gpu "$(stage_limit 110)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests -rs -k "not graph_replays_trees and not graph_replays_blocks"
 
 # 3b. The GPU model's goal rows (bench/gpu_model.py: unfiltered, top-k 50 + top-p 0.9, top-p 0.95,
 # the whole-line fallback's top-k 1000 and flat top-p 0.99, at B=64 K=8 bf16 and B=1 K=4 fp32),
 # each captured once in a CUDA graph and replayed: the median replay in µs and the ratio to the
-# unfiltered row of its shape, to set beside the model's estimates. A dry run times the same
-# calls eagerly, on CPU and small shapes.
-run_stage goal_rows "$(stage_limit 120)" "$BENCH_LOG" "$PY" - "$DRY" <<'EOF'
+# unfiltered row of its shape, to set beside the model's estimates; then the model's block and
+# tree rows the same way. A dry run times the same calls eagerly, on CPU and small shapes.
+run_stage goal_rows "$(stage_limit 150)" "$BENCH_LOG" "$PY" - "$DRY" <<'EOF'
 import statistics, sys, time
 import torch
 import specdec_ext
 
 dry = sys.argv[1] == "1"
 device = "cpu" if dry else "cuda"
+
+
+def median_us(call):
+    """The median time of ``call``: CUDA-graph replays on a GPU, one eager call in a dry run."""
+    for _ in range(1 if dry else 3):  # the first call compiles the kernels' variants
+        call()
+    times = []
+    if dry:
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1e6)
+    else:
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(50):
+            begin.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(begin.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
 shapes = {"B=64 K=8 V=128256 bf16": (64, 8, 128256, torch.bfloat16), "B=1 K=4 V=128256 fp32": (1, 4, 128256, torch.float32)}
 rows = [("unfiltered", {}, 2.0), ("T=0.7 top-k 50 top-p 0.9", {"temperature": 0.7, "top_k": 50, "top_p": 0.9}, 2.0),
         ("top-p 0.95", {"top_p": 0.95}, 2.0), ("top-k 1000 (whole-line search)", {"top_k": 1000}, 2.5),
@@ -207,30 +236,30 @@ for shape, (batch, k, vocab, dtype) in shapes.items():
         draft = (target[:, :k].float() + torch.randn(batch, k, vocab, device=device, generator=g)).to(dtype)
         tokens = torch.randint(0, vocab, (batch, k), device=device, generator=g)
         seeds = torch.arange(batch, device=device) + 7
-        call = lambda: specdec_ext.verify(target, draft, tokens, seeds=seeds, backend="triton", check=False, **params)  # noqa: E731
-        for _ in range(1 if dry else 3):  # the first call compiles the kernels' variants
-            call()
-        times = []
-        if dry:
-            for _ in range(1):
-                start = time.perf_counter()
-                call()
-                times.append((time.perf_counter() - start) * 1e6)
-        else:
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                call()
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            for _ in range(50):
-                begin.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                times.append(begin.elapsed_time(end) * 1e3)
-        median = statistics.median(times)
+        median = median_us(lambda: specdec_ext.verify(target, draft, tokens, seeds=seeds, backend="triton", check=False, **params))
         base = base or median
         print(f"goal row | {shape} | {name}: {'eager' if dry else 'graph replay'} median {median:.1f} us, {median / base:.2f}x unfiltered (goal <= {limit}x)")
+# Blocks and trees (the tree: 8 nodes, 4 deep; inside a captured graph its outputs are N + 1 wide).
+parents = [-1, 0, 0, 1, 2, 3, -1, 6]
+tree_rows = [("block B=1 K=4 V=128256 fp32", "block", 1, 4, 128256, torch.float32, {}),
+             ("block B=64 K=8 V=128256 bf16", "block", 64, 8, 128256, torch.bfloat16, {}),
+             ("tree B=1 N=8 D=4 V=128256 fp32 iid", "tree", 1, 8, 128256, torch.float32, {}),
+             ("tree B=64 N=8 D=4 V=128256 bf16 without replacement", "tree", 64, 8, 128256, torch.bfloat16, {"siblings": "without_replacement"})]
+if dry:
+    tree_rows = [(name + " (dry run: B=2 V=3000)", kind, 2, k, 3000, dtype, params) for name, kind, _, k, _, dtype, params in tree_rows[1::2]]
+g = torch.Generator(device=device).manual_seed(0)
+for name, kind, batch, k, vocab, dtype, params in tree_rows:
+    lines = k + 1 if kind == "tree" else k
+    target = (3 * torch.randn(batch, k + 1, vocab, device=device, generator=g)).to(dtype)
+    draft = (target[:, :lines].float() + torch.randn(batch, lines, vocab, device=device, generator=g)).to(dtype)
+    tokens = torch.randint(0, vocab, (batch, k), device=device, generator=g)
+    seeds = torch.arange(batch, device=device) + 7
+    tree = torch.tensor([parents] * batch, device=device)
+    if kind == "tree":
+        call = lambda: specdec_ext.verify_tree(target, draft, tokens, tree, seeds=seeds, backend="triton", check=False, **params)  # noqa: E731
+    else:
+        call = lambda: specdec_ext.verify(target, draft, tokens, seeds=seeds, method="block", backend="triton", check=False)  # noqa: E731
+    print(f"model row | {name}: {'eager' if dry else 'graph replay'} median {median_us(call):.1f} us")
 EOF
 
 # 4. The microbenchmark grid. Its own time budget ends before the stage limit, so it writes its

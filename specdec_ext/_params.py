@@ -83,6 +83,7 @@ class TreeArgs(NamedTuple):
     check: bool
     seeds: torch.Tensor | None = None  # (B,) int64 per-row Philox keys; None = base_key + row
     offsets: torch.Tensor | None = None  # (B,) int64 absolute position of each row's context 0; None = 0
+    filtered: bool = True  # False when top-k and top-p are off for every row (lets backends skip the cut-offs)
 
     @property
     def batch(self) -> int:
@@ -441,10 +442,10 @@ def validate_tree(target_logits, draft_logits, draft_tokens, parents, *, tempera
     check_generator(generator)
     seeds = row_vector(seeds, "seeds", batch, device)
     offsets = row_vector(offsets, "offsets", batch, device)
-    temperature_t, top_k_t, top_p_t, _ = row_parameters(temperature, top_k, top_p, batch, device, check)
+    temperature_t, top_k_t, top_p_t, filtered = row_parameters(temperature, top_k, top_p, batch, device, check)
     num_nodes_t = row_counts(num_nodes, "num_nodes", batch, nodes, device, check, TREE)
     return TreeArgs(target_logits, draft_logits, draft_tokens, parents.long(), temperature_t, top_k_t, top_p_t, num_nodes_t,
-                    siblings, generator, check, seeds, offsets)
+                    siblings, generator, check, seeds, offsets, filtered)
 
 
 # ---------------------------------------------------------------------------------------------

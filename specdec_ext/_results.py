@@ -54,7 +54,8 @@ class TreeResult(NamedTuple):
 
     Attributes:
         tokens (torch.Tensor): ``int64`` of shape ``(batch_size, D + 1)``, D the depth of the deepest
-            node any row of the batch uses. Row b holds the tokens of the ``num_accepted[b]`` nodes it
+            node any row of the batch uses (on CUDA inside a CUDA-graph capture, where that depth
+            cannot be read on the host, D is N, the number of nodes). Row b holds the tokens of the ``num_accepted[b]`` nodes it
             entered, root to leaf, then the corrected or bonus token drawn at the context where the
             walk stopped, then **-1** padding. A blanked row (``check=False`` and a bad value or a bad
             tree) is -1 throughout.

@@ -1,235 +1,299 @@
-"""Launchers of the Triton tree and block verification kernels (triton_kernels/tree.py)."""
+"""Launchers of the Triton tree and block verification kernels (triton_kernels/tree.py).
+
+Built on the chain's launcher (:mod:`specdec_ext._triton_backend`): the same workspace per device
+and CUDA stream, the same geometry, and the chain's line statistics launches
+(:func:`~specdec_ext._triton_backend.line_templates`), which leave every target and draft line's
+statistics partials and cut-off. A tree is read as a chain of K = N positions: its N+1 target
+contexts are the chain's K+1 target lines, its first N draft contexts the chain's K draft lines
+(context N, the last node's, has no children), and ``num_nodes`` plays ``num_draft_tokens``
+(context c < n_b is the only kind that can have children). Then the walk and the race.
+
+What a call costs the device: three launches without top-k / top-p (line statistics, walk, race
+with its own finalisation), five with them (the chain's three statistics launches). No allocation
+besides the outputs; the partial results live in the workspace, whose arrival counters the
+kernels reset themselves (a captured CUDA graph replays the launches as they are). Blocks never
+synchronise with the host. A tree's outputs are (B, D+1) and (B, D), D its deepest used node over
+the batch: the walk publishes D, and the launcher reads that one integer before the race (inside
+CUDA graph capture, where nothing can be read, D = N: the outputs are then padded with -1, as
+they are beyond each row's depth anyway).
+
+Like the chain's, the plan of a call is a list of templates bound once per call signature
+(:class:`Runner`); :func:`launches_for` fills them in without running them, for the compile check
+(tests/triton_compile_check.py) and the GPU model (bench/gpu_model.py).
+"""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-from functools import cache
-from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-from ._params import TreeArgs, VerifyArgs, inverse_temperature, parameter_problems
-from ._philox import key_per_row
-from .reference_tree import tree_keys, tree_layout
+from . import _triton_backend as chain
+from ._params import LOGPROBS_NONE, TreeArgs, VerifyArgs
 
-_GPU_BLOCK = 1024
-_INTERPRETER_BLOCK = 4096
-# Keys tested per pass of the top-k / top-p cut-off search: 2**32 keys take log_17(2**32) ~ 8 passes.
-_SECTIONS = 16
+# The walk: warps per program (one program per row: its residual-mass passes over a line are on
+# the call's critical path, so a wide program) and ids per step of such a pass (8 per thread; the
+# interpreter, which pays per step, takes small vocabularies in one).
+WALK_WARPS = 16
+WALK_BLOCK = 4096
+STATE = 8  # floats and ints of row state per row (tree.py's module docstring)
 
-
-@cache
-def kernels():
-    """triton_kernels/tree.py: installed as ``specdec_ext.kernels.tree``, or from a source checkout."""
-    try:
-        from .kernels import tree as module  # installed (pip install .) or editable install
-
-        return module
-    except ImportError:
-        pass
-    path = Path(__file__).resolve().parent.parent / "triton_kernels" / "tree.py"
-    spec = importlib.util.spec_from_file_location("specdec_ext._tree_kernels", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"the Triton tree kernels were not found (looked for specdec_ext.kernels.tree and {path})")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["specdec_ext._tree_kernels"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-@cache
-def is_available() -> bool:
-    try:
-        import triton  # noqa: F401
-
-        kernels()
-    except Exception:  # triton missing or broken: the other backends still work
-        return False
-    return True
-
-
-def usable(device: torch.device) -> bool:
-    return is_available() and (device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"))
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+kernels = chain.kernels
+is_available = chain.is_available
 
 
 def _pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
+    return 1 << max(n - 1, 0).bit_length()
 
 
-def _launch_options(device: torch.device) -> dict:
-    # No FMA contraction: the probability arithmetic rounds like the other backends'.
-    return {"enable_fp_fusion": False} if device.type == "cuda" else {}
+def _pad(n: int) -> int:
+    return chain._ALIGN * chain._cdiv(n, chain._ALIGN)
 
 
-def _geometry(device: torch.device, batch: int, vocab: int, block: int | None, num_chunks: int | None) -> tuple[int, int, int]:
-    """(block, chunk size, chunks): vocabulary chunks per row, enough programs to fill the GPU at batch 1."""
-    block = block or (_GPU_BLOCK if device.type == "cuda" else _INTERPRETER_BLOCK)
-    if num_chunks is None:
-        tiles = _cdiv(vocab, block)
-        if device.type == "cuda":
-            wanted = 2 * torch.cuda.get_device_properties(device).multi_processor_count
-            num_chunks = max(1, min(tiles, _cdiv(wanted, max(batch, 1))))
-        else:
-            num_chunks = 1  # the interpreter runs programs one after another: fewer is faster
-    chunk = block * _cdiv(_cdiv(vocab, num_chunks), block)
-    return block, chunk, _cdiv(vocab, chunk)
+class _Call(NamedTuple):
+    """One call as every template reads it: the chain's view of it and, for a tree, its parents."""
+
+    chain: VerifyArgs
+    parents: torch.Tensor | None
+    depth: int  # a tree's D (the outputs' width - 1); a block's K
 
 
-class _LineStats:
-    """m, z, tau, raw argmax, raw log-normaliser and bad flag of every line of a (B, L, Vl) logits tensor."""
+class _Rows(NamedTuple):
+    """Workspace views of a tree or block call beyond the chain's line buffers."""
 
-    def __init__(self, logits: torch.Tensor, inv_t, greedy, top_k, top_p, filtered: bool, block: int, chunk: int, chunks: int, options: dict):
-        k = kernels()
-        batch, length, width = logits.shape
-        lines = batch * length
-        device = logits.device
-        size = max(lines, 1)
-        partial = [torch.empty((size, chunks), dtype=dt, device=device) for dt in (torch.float32, torch.int64, torch.float32, torch.int32, torch.float32)]
-        self.m, self.z, self.tau = (torch.empty(size, dtype=torch.float32, device=device) for _ in range(3))
-        self.arg = torch.empty(size, dtype=torch.int64, device=device)
-        self.raw_logz = torch.empty(size, dtype=torch.float32, device=device)
-        self.bad = torch.empty(size, dtype=torch.int32, device=device)
-        if not lines:
-            return
-        row_chunks = _cdiv(width, chunk)
-        k.chunk_stats_kernel[(lines, row_chunks)](logits, inv_t, *partial, length, width, logits.stride(0), logits.stride(1), chunk, row_chunks,
-                                                  BLOCK=block, **options)
-        k.line_stats_kernel[(lines,)](logits, inv_t, greedy, top_k, top_p, *partial, self.m, self.z, self.tau, self.arg, self.raw_logz, self.bad,
-                                      length, width, logits.stride(0), logits.stride(1), row_chunks, CHUNKS_POW2=_pow2(row_chunks),
-                                      FILTERED=filtered, BLOCK=block, SECTIONS=_SECTIONS, **options)
+    state_f: torch.Tensor  # (B, STATE) float32 row state
+    state_i: torch.Tensor  # (B, STATE) int32
+    removed: torch.Tensor  # (B, NP) int32 a tree residual's removed ids
+    path: torch.Tensor  # (B, NP) int32 the nodes a tree walk entered
+    depth: torch.Tensor  # (1,) int32 a tree call's deepest used node
+    walk_counters: torch.Tensor  # (2,) int32, 0 between calls
 
 
-def _contiguous_rows(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
+def _chain_view(args: TreeArgs | VerifyArgs) -> VerifyArgs:
+    """A tree as the chain's statistics read it (module docstring); a block as it is."""
+    if isinstance(args, VerifyArgs):
+        return args
+    return VerifyArgs(args.target_logits, args.draft_logits, args.draft_tokens, args.temperature, args.top_k, args.top_p, args.num_nodes,
+                      args.generator, args.check, args.filtered, args.seeds, args.offsets)
 
 
-def _per_row(args) -> tuple:
-    inv_t = inverse_temperature(args.temperature).contiguous()
-    greedy = (args.temperature == 0).to(torch.int32)
-    filtered = bool(((args.top_k > 0) | (args.top_p < 1)).any()) if args.batch else False
-    return inv_t, greedy, args.top_k.contiguous(), args.top_p.to(torch.float32).contiguous(), filtered
+def _node_slots(args: TreeArgs | VerifyArgs) -> int:
+    return _pow2(max(args.num_tree_nodes, 1)) if isinstance(args, TreeArgs) else 2
 
 
-def verify_tree(args: TreeArgs, base_key: int, block: int | None = None, num_chunks: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(tokens (B, D+1), num_accepted (B,), accepted_nodes (B, D)) of a validated tree call."""
+def _row_sizes(batch: int, slots: int) -> chain.Sizes:
+    return chain.Sizes(_pad(batch * STATE), _pad(batch * STATE) + 2 * _pad(batch * slots) + _pad(1), 2)
+
+
+def _rows(floats: torch.Tensor, ints: torch.Tensor, counters: torch.Tensor, after: chain.Sizes, batch: int, slots: int) -> _Rows:
+    """The row buffers, carved after the chain's part of the workspace (``after``)."""
+    f0, i0 = after.floats, after.ints
+    i1 = i0 + _pad(batch * STATE)
+    i2 = i1 + _pad(batch * slots)
+    i3 = i2 + _pad(batch * slots)
+    return _Rows(floats[f0 : f0 + batch * STATE], ints[i0 : i0 + batch * STATE], ints[i1 : i1 + batch * slots], ints[i2 : i2 + batch * slots],
+                 ints[i3 : i3 + 1], counters[after.counters : after.counters + 2])
+
+
+def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, bufs: chain.Buffers, rows: _Rows) -> list[chain.Template]:
+    """The launches of a call: the chain's line launches, the walk, the race (module docstring)."""
     k = kernels()
-    keys, offsets = tree_keys(args, base_key)
-    target = _contiguous_rows(args.target_logits)
-    draft = _contiguous_rows(args.draft_logits) if args.draft_logits is not None else None
-    device = target.device
-    batch, nodes, vocab = args.batch, args.num_tree_nodes, args.vocab
-    layout = tree_layout(args)
-    depth = layout.max_depth
-    width = layout.children.shape[2]
-    w_pow2 = max(2, _pow2(width))
-    tokens = args.draft_tokens.to(torch.int64).contiguous()
-    used = torch.arange(nodes, device=device)[None, :] < args.num_nodes[:, None]
-    pre_bad = layout.bad | (((tokens < 0) | (tokens >= args.draft_vocab)) & used).any(1)
-    pre_bad |= ~(args.temperature >= 0) | torch.isinf(args.temperature) | (args.top_k < 0) | ~((args.top_p > 0) & (args.top_p <= 1))
-    pre_bad |= (keys < 0) | (offsets < 0)
-    inv_t, greedy, top_k, top_p, filtered = _per_row(args)
-    block, chunk, chunks = _geometry(device, batch, vocab, block, num_chunks)
-    options = _launch_options(device)
-    out_tokens = torch.full((batch, depth + 1), -1, dtype=torch.int64, device=device)
-    out_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
-    path = torch.full((batch, max(depth, 1)), -1, dtype=torch.int64, device=device)
-    if batch == 0:
-        return out_tokens, out_accepted, path[:, :depth]
-    t_stats = _LineStats(target, inv_t, greedy, top_k, top_p, filtered, block, chunk, _cdiv(vocab, chunk), options)
-    d_stats = _LineStats(draft, inv_t, greedy, top_k, top_p, filtered, block, chunk, _cdiv(draft.shape[2], chunk), options) if draft is not None else t_stats
-    draft_or_target = draft if draft is not None else target
-    children = layout.children.contiguous()
-    keys, offsets = keys.contiguous(), offsets.contiguous()
-    state_line, state_depth = (torch.empty(batch, dtype=torch.int64, device=device) for _ in range(2))
-    state_c = torch.empty(batch, dtype=torch.float32, device=device)
-    state_removed = torch.empty((batch, w_pow2), dtype=torch.int64, device=device)
-    state_bad = torch.empty(batch, dtype=torch.int32, device=device)
-    k.tree_walk_kernel[(batch,)](
-        target, draft_or_target, tokens, children, args.num_nodes.contiguous(), pre_bad.to(torch.int32), inv_t, greedy, keys, offsets,
-        t_stats.m, t_stats.z, t_stats.tau, t_stats.arg, t_stats.bad, d_stats.m, d_stats.z, d_stats.tau, d_stats.bad,
-        state_line, state_depth, state_c, state_removed, state_bad, path,
-        nodes, vocab, args.draft_vocab, width, max(depth, 1), target.stride(0), target.stride(1), draft_or_target.stride(0), draft_or_target.stride(1),
-        HAS_DRAFT=draft is not None, WITHOUT_REPLACEMENT=args.siblings == "without_replacement" and draft is not None, CHECK=args.check,
-        W_POW2=w_pow2, BLOCK=block, **options,
+    view = _chain_view(args)
+    tree = isinstance(args, TreeArgs)
+    sh = chain._shape(view, layout)
+    b = bufs
+    parts = layout["tiles"]
+    found = [chain.Template(t.name, t.kernel, t.grid, lambda c, key, o, _t=t: _t.arguments(c.chain, key, o), t.constexprs, t.num_warps)
+             for t in chain.line_templates(view, geo, bufs, layout)]
+    batch, positions = view.batch, view.num_positions
+
+    def keys(a: VerifyArgs) -> tuple:
+        placeholder = a.temperature  # for the absent optional tensors: never read
+        return a.seeds if a.seeds is not None else placeholder, a.offsets if a.offsets is not None else placeholder
+
+    common = {"HAS_DRAFT": sh.has_draft, "HAS_SEEDS": view.seeds is not None, "HAS_OFFSETS": view.offsets is not None, "FILTERED": view.filtered}
+    tail = (view.vocab, view.draft_vocab, *sh.t_strides, *sh.d_strides, sh.tok_stride)
+    logits = chain._logits
+    if tree:
+        slots = _node_slots(args)
+        found.append(chain.Template(
+            "tree_walk", k.tree_walk_kernel, (batch,),
+            lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.parents, c.chain.temperature, c.chain.top_k, c.chain.top_p,
+                               c.chain.num_draft_tokens, *keys(c.chain), b.tau, b.part_m, b.part_z, b.part_i, rows.state_f, rows.state_i,
+                               rows.removed, rows.path, rows.walk_counters, rows.depth, key, batch, positions, *tail, c.parents.stride(0),
+                               sh.t_parts, sh.d_parts),
+            {"PARTS": parts, "PP": _pow2(parts), "NP": slots, **common, "WITHOUT_REPLACEMENT": sh.has_draft and args.siblings == "without_replacement",
+             "CHECK": view.check, "BLOCK": WALK_BLOCK},
+            WALK_WARPS,
+        ))
+        found.append(chain.Template(
+            "tree_race", k.tree_race_kernel, (batch, layout["chunks"]),
+            lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.chain.temperature, *keys(c.chain), rows.state_f, rows.state_i,
+                               rows.removed, rows.path, b.race_val, b.race_idx, b.counters, o.tokens, o.num_accepted, o.logprobs, key, positions,
+                               *tail, layout["tiles_per_chunk"], layout["chunks"], c.depth),
+            {"NP": slots, "D1P": _pow2(positions + 1), **common, "INTERPRET": geo.interpret, "BLOCK": geo.race_block, "FINAL_BLOCK": chain.FINAL_BLOCK},
+            chain.RACE_WARPS if not geo.interpret else 4,
+        ))
+        return found
+    kp = _pow2(positions + 1)
+    found.append(chain.Template(
+        "block_walk", k.block_walk_kernel, (batch,),
+        lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.chain.temperature, c.chain.top_k, c.chain.top_p,
+                           c.chain.num_draft_tokens, *keys(c.chain), b.tau, b.part_m, b.part_z, b.part_i, b.gathered, rows.state_f, rows.state_i,
+                           key, batch, positions, *tail[:-1], sh.tok_stride, sh.t_parts, sh.d_parts),
+        {"PARTS": parts, "PP": _pow2(parts), "KP": kp, **common, "CHECK": view.check, "BLOCK": WALK_BLOCK},
+        WALK_WARPS,
+    ))
+    found.append(chain.Template(
+        "block_race", k.block_race_kernel, (batch, layout["chunks"]),
+        lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.chain.temperature, *keys(c.chain), b.tau, b.part_m, b.part_z,
+                           b.part_rm, b.part_rz, b.gathered, rows.state_f, rows.state_i, b.race_val, b.race_idx, b.counters, o.tokens,
+                           o.num_accepted, o.logprobs if o.logprobs is not None else b.tau, key, batch, positions, *tail, sh.t_parts,
+                           layout["tiles_per_chunk"], layout["chunks"]),
+        {"PARTS": parts, "PP": _pow2(parts), "KP": kp, **common, "LOGPROBS": view.logprobs, "INTERPRET": geo.interpret, "BLOCK": geo.race_block,
+         "FINAL_BLOCK": chain.FINAL_BLOCK},
+        chain.RACE_WARPS if not geo.interpret else 4,
+    ))
+    return found
+
+
+def _plan(args: TreeArgs | VerifyArgs, geo: chain.Geometry, floats: torch.Tensor | None = None, ints: torch.Tensor | None = None,
+          counters: torch.Tensor | None = None) -> tuple[list[chain.Template], _Rows]:
+    """Templates and row buffers of a call over the workspace of its device (or buffers like the given ones)."""
+    view = _chain_view(args)
+    layout = chain._layout(view, geo)
+    slots = _node_slots(args)
+    extra = _row_sizes(view.batch, slots)
+    sizes = layout["sizes"]
+    total = chain.Sizes(sizes.floats + extra.floats, sizes.ints + extra.ints, sizes.counters + extra.counters)
+    if floats is None:
+        ws = chain.workspace(view.target_logits.device)
+        ws.reserve(total)
+        floats, ints, counters = ws.floats, ws.ints, ws.counters
+    else:
+        floats, ints, counters = (torch.empty(n, dtype=t.dtype, device=t.device) for n, t in zip(total, (floats, ints, counters), strict=True))
+    bufs = chain.buffers(floats, ints, counters, layout, view.batch, geo.line_slots, geo.sort)
+    rows = _rows(floats, ints, counters, sizes, view.batch, slots)
+    return _templates(args, geo, layout, bufs, rows), rows
+
+
+def _prepare(args: TreeArgs | VerifyArgs) -> TreeArgs | VerifyArgs:
+    """Inputs as the kernels read them: last dimensions contiguous."""
+    fixed = chain.prepare(_chain_view(args))
+    if isinstance(args, VerifyArgs):
+        return fixed
+    return args._replace(target_logits=fixed.target_logits, draft_logits=fixed.draft_logits, draft_tokens=fixed.draft_tokens,
+                         parents=chain._last_dim_contiguous(args.parents))
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+class Runner:
+    """The launches of one tree or block call signature, bound once: a call allocates the outputs
+    and launches (a tree also reads its depth, see the module docstring)."""
+
+    def __init__(self, args: TreeArgs | VerifyArgs, found: list[chain.Template], rows: _Rows):
+        self.tree = isinstance(args, TreeArgs)
+        self.device = args.target_logits.device
+        self.width = args.num_tree_nodes if self.tree else args.num_positions
+        self.logprobs = not self.tree and args.logprobs != LOGPROBS_NONE
+        launches = [(t.kernel[t.grid], t.arguments, {**t.constexprs, "num_warps": t.num_warps, "num_stages": 1, "enable_fp_fusion": False})
+                    for t in found]
+        self.before, self.race = launches[:-1], launches[-1]
+        self.depth = rows.depth
+
+    def __call__(self, args: TreeArgs | VerifyArgs, base_key: int) -> tuple:
+        device, batch = self.device, args.batch
+        call = _Call(_chain_view(args), args.parents if self.tree else None, self.width)
+        if batch:
+            for launch, arguments, options in self.before:
+                launch(*arguments(call, base_key, None), **options)
+        depth = self.width  # a block's K; a tree's N, its widest (inside CUDA-graph capture)
+        if self.tree and not (batch and self.width):
+            depth = 0  # no node in use
+        elif self.tree and not _capturing(device):
+            depth = int(self.depth)  # published by tree_walk_kernel: the one host read
+        # (A tree's accepted_nodes take the chain outputs' logprobs slot.)
+        out = chain.Outputs(
+            torch.empty(batch, depth + 1, dtype=torch.int64, device=device),
+            torch.empty(batch, dtype=torch.int64, device=device),
+            torch.empty(batch, depth, dtype=torch.int64, device=device) if self.tree else
+            torch.empty(batch, depth + 1, dtype=torch.float32, device=device) if self.logprobs else None,
+            None,
+        )
+        if batch:
+            launch, arguments, options = self.race
+            launch(*arguments(call._replace(depth=depth), base_key, out), **options)
+        return out.tokens, out.num_accepted, out.logprobs
+
+
+_RUNNERS: dict[tuple, tuple] = {}
+
+
+def _signature(args: TreeArgs | VerifyArgs, device: torch.device, overrides: dict) -> tuple:
+    target, draft, tokens = args.target_logits, args.draft_logits, args.draft_tokens
+    tree = isinstance(args, TreeArgs)
+    return (
+        tree, device, chain._stream_id(device), target.shape, target.stride(), target.dtype,
+        None if draft is None else (draft.shape, draft.stride(), draft.dtype), tokens.shape, tokens.stride(), tokens.dtype,
+        args.parents.stride() if tree else None, args.siblings if tree else args.logprobs, args.filtered, args.check, args.seeds is None,
+        args.offsets is None, tuple(sorted(overrides.items())) if overrides else (),
     )
-    state_draft = state_line if draft is not None else torch.full_like(state_line, -1)
-    state_a = torch.ones(batch, dtype=torch.float32, device=device)
-    state_hot = torch.full_like(state_line, -1)
-    race = _race(k, target, draft_or_target, draft is not None, inv_t, keys, offsets, t_stats, d_stats, state_line, state_draft, state_depth,
-                 state_a, state_c, state_hot, state_removed, nodes + 1, nodes + 1, args.draft_vocab, w_pow2, block, chunk, chunks, options)
-    k.tree_finalize_kernel[(batch,)](
-        tokens, greedy, t_stats.arg, state_line, state_depth, state_bad, path, *race, out_tokens, out_accepted,
-        nodes, max(depth, 1) if depth else 0, chunks, CHUNKS_POW2=_pow2(chunks), D1_POW2=_pow2(depth + 1), **options,
-    )
-    return out_tokens, out_accepted, path[:, :depth]
 
 
-def _race(k, target, draft, has_draft, inv_t, keys, offsets, t_stats, d_stats, state_line, state_draft, state_depth, state_a, state_c, state_hot,
-          state_removed, length, draft_length, draft_vocab, w_pow2, block, chunk, chunks, options):
-    batch, _, vocab = target.shape
-    device = target.device
-    race_val = torch.empty((batch, chunks), dtype=torch.float32, device=device)
-    race_idx = torch.empty((batch, chunks), dtype=torch.int64, device=device)
-    bonus_val = torch.empty_like(race_val)
-    bonus_idx = torch.empty_like(race_idx)
-    k.race_kernel[(batch, chunks)](
-        target, draft, inv_t, keys, offsets, t_stats.m, t_stats.z, t_stats.tau, d_stats.m, d_stats.z, d_stats.tau,
-        state_line, state_draft, state_depth, state_a, state_c, state_hot, state_removed, race_val, race_idx, bonus_val, bonus_idx,
-        length, draft_length, vocab, draft_vocab, target.stride(0), target.stride(1), draft.stride(0), draft.stride(1), chunk, chunks,
-        HAS_DRAFT=has_draft, W_POW2=w_pow2, BLOCK=block, **options,
-    )
-    return race_val, race_idx, bonus_val, bonus_idx
+def _runner(args: TreeArgs | VerifyArgs, overrides: dict) -> Runner:
+    """The runner of a call, cached per signature (and rebuilt when the workspace has grown)."""
+    device = args.target_logits.device
+    key = _signature(args, device, overrides)
+    found = _RUNNERS.get(key)
+    ws = chain.workspace(device)
+    if found is not None and found[0] is ws.counters and found[1] is ws.floats and found[2] is ws.ints:
+        return found[3]
+    run = Runner(args, *_plan(args, chain.geometry(device, **overrides)))
+    if len(_RUNNERS) > 256:
+        _RUNNERS.clear()
+    _RUNNERS[key] = (ws.counters, ws.floats, ws.ints, run)
+    return run
 
 
-def verify_block(args: VerifyArgs, base_key: int, block: int | None = None, num_chunks: int | None = None):
+def verify_tree(args: TreeArgs, base_key: int, **overrides) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens (B, D+1), num_accepted (B,), accepted_nodes (B, D)) of a validated tree call.
+    ``overrides``: the chain's geometry overrides (race_chunks, race_block, stats_tile, ...)."""
+    args = _prepare(args)
+    return _runner(args, overrides)(args, base_key)
+
+
+def verify_block(args: VerifyArgs, base_key: int, **overrides) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(tokens (B, K+1), num_accepted (B,), logprobs (B, K+1) or None) of a validated block call."""
-    k = kernels()
-    target = _contiguous_rows(args.target_logits)
-    positions = args.num_positions
-    draft = _contiguous_rows(args.draft_logits) if args.draft_logits is not None and positions else None
-    device = target.device
-    batch, vocab = args.batch, args.vocab
-    tokens = args.draft_tokens.to(torch.int64).contiguous()
-    keys = key_per_row(args.seeds, base_key, batch, device).contiguous()
-    offsets = (args.offsets if args.offsets is not None else torch.zeros(batch, dtype=torch.int64, device=device)).contiguous()
-    pre_bad = torch.zeros(batch, dtype=torch.bool, device=device)
-    for _, mask, _ in parameter_problems(args):
-        pre_bad |= mask
-    if positions:
-        used = torch.arange(positions, device=device)[None, :] < args.num_draft_tokens[:, None]
-        pre_bad |= (((tokens < 0) | (tokens >= args.draft_vocab)) & used).any(1)
-    inv_t, greedy, top_k, top_p, filtered = _per_row(args)
-    block, chunk, chunks = _geometry(device, batch, vocab, block, num_chunks)
-    options = _launch_options(device)
-    out_tokens = torch.full((batch, positions + 1), -1, dtype=torch.int64, device=device)
-    out_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
-    logprobs = torch.full((batch, positions + 1), float("nan"), dtype=torch.float32, device=device) if args.logprobs else None
-    if batch == 0:
-        return out_tokens, out_accepted, logprobs
-    t_stats = _LineStats(target, inv_t, greedy, top_k, top_p, filtered, block, chunk, _cdiv(vocab, chunk), options)
-    d_stats = _LineStats(draft, inv_t, greedy, top_k, top_p, filtered, block, chunk, _cdiv(draft.shape[2], chunk), options) if draft is not None else t_stats
-    draft_or_target = draft if draft is not None else target
-    token_arg = tokens if positions else torch.full((batch, 1), -1, dtype=torch.int64, device=device)
-    state = [torch.empty(batch, dtype=dt, device=device) for dt in (torch.int64, torch.int64, torch.int64, torch.float32, torch.float32, torch.int64, torch.int32)]
-    state_line, state_draft, state_depth, state_a, state_c, state_hot, state_bad = state
-    k.block_walk_kernel[(batch,)](
-        target, draft_or_target, token_arg, args.num_draft_tokens.contiguous(), pre_bad.to(torch.int32), inv_t, greedy, keys, offsets,
-        t_stats.m, t_stats.z, t_stats.tau, t_stats.arg, t_stats.bad, d_stats.m, d_stats.z, d_stats.tau, d_stats.bad, *state,
-        positions, vocab, args.draft_vocab, target.stride(0), target.stride(1), draft_or_target.stride(0), draft_or_target.stride(1),
-        HAS_DRAFT=draft is not None, CHECK=args.check, K1_POW2=_pow2(positions + 1), BLOCK=block, **options,
+    args = _prepare(args)
+    return _runner(args, overrides)(args, base_key)
+
+
+def launches_for(args: TreeArgs | VerifyArgs, base_key: int = 0, depth: int | None = None, **geometry_overrides) -> list[chain.Launch]:
+    """The launches a tree or block call would make, without running them (any device, ``meta``
+    included). ``depth``: a tree's D (default N, its widest)."""
+    args = _prepare(args)
+    device = args.target_logits.device
+    geo = chain.geometry(device, **geometry_overrides)
+    if device.type == "meta":
+        found, _ = _plan(args, geo, torch.empty(0, device=device), torch.empty(0, dtype=torch.int32, device=device),
+                         torch.empty(0, dtype=torch.int32, device=device))
+    else:
+        found, _ = _plan(args, geo)
+    tree = isinstance(args, TreeArgs)
+    width = args.num_tree_nodes if tree else args.num_positions
+    depth = width if depth is None or not tree else depth
+    call = _Call(_chain_view(args), args.parents if tree else None, depth)
+    batch = args.batch
+    out = chain.Outputs(
+        torch.empty(batch, depth + 1, dtype=torch.int64, device=device), torch.empty(batch, dtype=torch.int64, device=device),
+        torch.empty(batch, depth, dtype=torch.int64, device=device) if tree else
+        torch.empty(batch, depth + 1, dtype=torch.float32, device=device) if args.logprobs != LOGPROBS_NONE else None,
+        None,
     )
-    no_removed = torch.full((batch, 2), -1, dtype=torch.int64, device=device)
-    race = _race(k, target, draft_or_target, draft is not None, inv_t, keys, offsets, t_stats, d_stats, state_line, state_draft, state_depth,
-                 state_a, state_c, state_hot, no_removed, positions + 1, positions, args.draft_vocab, 2, block, chunk, chunks, options)
-    k.block_finalize_kernel[(batch,)](
-        target, token_arg, greedy, inv_t, t_stats.m, t_stats.z, t_stats.tau, t_stats.arg, t_stats.raw_logz, state_line, state_depth, state_bad,
-        *race, out_tokens, out_accepted, logprobs if logprobs is not None else out_tokens, positions, target.stride(0), target.stride(1), chunks,
-        CHUNKS_POW2=_pow2(chunks), K1_POW2=_pow2(positions + 1), LOGPROBS=args.logprobs, **options,
-    )
-    return out_tokens, out_accepted, logprobs
+    return [chain.Launch(t.name, t.kernel, t.grid, t.arguments(call, base_key, out), t.constexprs, t.num_warps) for t in found]
+
+
+__all__ = ["Runner", "is_available", "kernels", "launches_for", "verify_block", "verify_tree"]

@@ -1,23 +1,29 @@
-"""What one Triton call costs the device, counted on the interpreter: launches per call (two without
-top-k / top-p, four with them), no tensor allocated or computed besides the outputs once the
-workspace is warm, and the same launches the GPU model (bench/gpu_model.py) plans and compiles."""
+"""What one Triton call costs the device, counted on the interpreter: launches per call (a chain:
+two without top-k / top-p, four with them; a tree or block: three, five), no tensor allocated or
+computed besides the outputs once the workspace is warm, no host synchronisation (a tree reads its
+depth, the outputs' width, and nothing else), and the same launches the GPU model
+(bench/gpu_model.py) plans and compiles."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import specdec_ext
-from specdec_ext import _params, _triton_backend
+from specdec_ext import _params, _triton_backend, _triton_tree
 
 pytestmark = pytest.mark.skipif("triton" not in specdec_ext.available_backends("cpu"), reason="triton is not installed")
 
 # aten ops that allocate or compute (views, metadata and the interpreter's own copies are left out).
 _VIEW_OPS = {"view", "_unsafe_view", "slice", "select", "as_strided", "alias", "detach", "expand", "t", "transpose", "unsqueeze", "squeeze", "reshape",
              "permute", "_reshape_alias", "lift_fresh", "unbind", "split", "split_with_sizes"}
+# aten ops that make the host wait for the device: a scalar read, a truth value, a copy to the host.
+_SYNC_OPS = {"_local_scalar_dense", "item", "is_nonzero", "equal"}
+_KERNELS = ("cutoff_kernel", "line_stats_kernel", "race_kernel", "tree_walk_kernel", "tree_race_kernel", "block_walk_kernel", "block_race_kernel")
 
 
 class _Recorder(TorchDispatchMode):
@@ -31,9 +37,28 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self.paused:
             name = func.overloadpacket.__name__
+            if name in ("_to_copy", "copy_") and _to_host(func, args, kwargs or {}):
+                name = "copy to host"
             if name not in _VIEW_OPS:
                 self.ops.append(name)
         return func(*args, **(kwargs or {}))
+
+    @property
+    def syncs(self) -> list[str]:
+        return [op for op in self.ops if op in _SYNC_OPS or op == "copy to host"]
+
+    @property
+    def allocations(self) -> list[str]:
+        return [op for op in self.ops if op not in _SYNC_OPS]
+
+
+def _to_host(func, args, kwargs) -> bool:
+    """A copy from a device tensor to a CPU one (never on the interpreter, whose tensors are all on
+    the CPU: there a read shows up as _local_scalar_dense)."""
+    if func.overloadpacket.__name__ == "copy_":
+        return args[0].device.type == "cpu" and args[1].device.type != "cpu"
+    target = kwargs.get("device")
+    return target is not None and torch.device(target).type == "cpu" and args[0].device.type != "cpu"
 
 
 @contextlib.contextmanager
@@ -43,7 +68,7 @@ def _count_launches(recorder: _Recorder):
     launched: list[str] = []
     kernels = _triton_backend.kernels()
     originals = {}
-    for name in ("cutoff_kernel", "line_stats_kernel", "race_kernel"):
+    for name in _KERNELS:
         kernel = getattr(kernels, name)
         originals[name] = kernel.run
 
@@ -129,3 +154,112 @@ def test_batch_size_does_not_enter_the_compiled_signature():
         )
         constexprs.append([launch.constexprs for launch in _triton_backend.launches_for(args, 0, sm_count=132)])
     assert constexprs[0] == constexprs[1] == constexprs[2]
+
+
+# --------------------------------------------------------------------------------------------------
+# Trees and blocks
+
+
+def _costs(run):
+    """(kernels launched, allocating ops, host synchronisations, result) of one call of ``run``."""
+    recorder = _Recorder()
+    with _count_launches(recorder) as launched, recorder:
+        out = run()
+    return launched, recorder.allocations, recorder.syncs, out
+
+
+def _tree_inputs(filtered: bool, with_draft: bool, siblings: str):
+    g = torch.Generator().manual_seed(1)
+    target = torch.randn(2, 5, 300, generator=g)
+    draft = target + torch.randn(2, 5, 300, generator=g)
+    tokens = torch.randint(0, 300, (2, 4), generator=g)
+    parents = torch.tensor([[-1, -1, 0, 2], [-1, 0, 0, 1]])
+    return _params.validate_tree(
+        target, draft if with_draft else None, tokens, parents, temperature=0.9, top_k=40 if filtered else None, top_p=0.9 if filtered else None,
+        num_nodes=torch.tensor([4, 3]), siblings=siblings, generator=None, seeds=torch.tensor([5, 6]), offsets=torch.tensor([0, 3]), check=False,
+    )
+
+
+def _block_inputs(filtered: bool, with_draft: bool, logprobs: bool):
+    args = _inputs(filtered, logprobs)
+    return args._replace(draft_logits=args.draft_logits if with_draft else None, accept_probs=False)
+
+
+def _expected_launches(kind: str, filtered: bool) -> list[str]:
+    lines = ["line_stats_kernel", "cutoff_kernel", "line_stats_kernel"] if filtered else ["line_stats_kernel"]
+    return [*lines, f"{kind}_walk_kernel", f"{kind}_race_kernel"]
+
+
+TREE_CASES = [(filtered, with_draft, siblings) for filtered in (False, True) for with_draft in (True, False)
+              for siblings in (("iid", "without_replacement") if with_draft else ("iid",))]
+
+
+@pytest.mark.parametrize("filtered,with_draft,siblings", TREE_CASES)
+def test_tree_launches_allocations_and_syncs(filtered, with_draft, siblings):
+    args = _tree_inputs(filtered, with_draft, siblings)
+    _triton_tree.verify_tree(args, 7)  # warm-up: the workspace and the launch plan are made once
+    launched, allocations, syncs, out = _costs(lambda: _triton_tree.verify_tree(args, 7))
+    assert launched == _expected_launches("tree", filtered)
+    assert allocations == ["empty"] * 3, allocations  # tokens, num_accepted, accepted_nodes
+    assert syncs == ["_local_scalar_dense"], syncs  # the depth D: the outputs' width, and nothing else
+    depth = out[2].shape[1]
+    assert out[0].shape == (2, depth + 1) and 1 <= depth <= 3
+    planned = [launch.name.split(":")[0] + "_kernel" for launch in _triton_tree.launches_for(args, 7)]
+    assert launched == planned
+
+
+@pytest.mark.parametrize("filtered,with_draft,logprobs", [(False, True, False), (False, False, True), (True, True, True), (True, False, False)])
+def test_block_launches_allocations_and_syncs(filtered, with_draft, logprobs):
+    args = _block_inputs(filtered, with_draft, logprobs)
+    _triton_tree.verify_block(args, 7)
+    launched, allocations, syncs, out = _costs(lambda: _triton_tree.verify_block(args, 7))
+    assert launched == _expected_launches("block", filtered)
+    assert allocations == ["empty"] * (3 if logprobs else 2), allocations
+    assert syncs == [], syncs
+    assert out[0].shape == (2, 3)
+    planned = [launch.name.split(":")[0] + "_kernel" for launch in _triton_tree.launches_for(args, 7)]
+    assert launched == planned
+
+
+def test_the_counts_catch_a_host_read_and_an_allocation(monkeypatch):
+    """The recorder sees what a launcher must not do: a read of a device value and a temporary."""
+    args = _block_inputs(False, True, False)
+    call = _triton_tree.Runner.__call__
+
+    def reading(self, a, key):
+        bool((a.temperature > 0).any())  # a host read, as a launcher might test a flag
+        return call(self, a, key)
+
+    monkeypatch.setattr(_triton_tree.Runner, "__call__", reading)
+    _, allocations, syncs, _ = _costs(lambda: _triton_tree.verify_block(args, 7))
+    assert len(syncs) == 1 and allocations == ["gt", "any", "empty", "empty"], (syncs, allocations)
+    monkeypatch.setattr(_triton_tree.Runner, "__call__", lambda self, a, key: (a.temperature.sum().item(), call(self, a, key))[1])
+    _, _, syncs, _ = _costs(lambda: _triton_tree.verify_block(args, 7))
+    assert syncs == ["_local_scalar_dense"]
+
+
+def test_tree_and_block_counters_reset_themselves():
+    """The walk's and the race's arrival counters are back at zero after every call."""
+    tree = _tree_inputs(False, True, "without_replacement")
+    block = _block_inputs(False, True, False)
+    for chunks in (1, 3):
+        _triton_tree.verify_tree(tree, 1, race_chunks=chunks, race_block=64)
+        _triton_tree.verify_block(block, 1, race_chunks=chunks, race_block=64)
+        assert int(_triton_backend.workspace(torch.device("cpu")).counters.abs().sum()) == 0
+
+
+def test_tree_and_block_batch_size_does_not_enter_the_compiled_signature():
+    """As for chains: the walks' and races' batch-dependent integers (and a tree's depth D) are not
+    specialised, and the constexprs of a call's launches do not depend on B."""
+    k = _triton_backend.kernels()
+    for kernel, names in ((k.tree_walk_kernel, ("base_key", "batch", "t_parts", "d_parts")), (k.block_walk_kernel, ("base_key", "batch", "t_parts", "d_parts")),
+                          (k.tree_race_kernel, ("base_key", "tiles_per_chunk", "num_chunks", "D")),
+                          (k.block_race_kernel, ("base_key", "batch", "t_parts", "tiles_per_chunk", "num_chunks"))):
+        declared = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize", ())
+        assert set(names) <= set(declared), (kernel, declared)
+    from bench.gpu_model import Call, meta_args
+
+    for call in (Call("tree", 1, 6, 500, method="tree", siblings="without_replacement", top_k=5), Call("block", 1, 3, 500, method="block", logprobs=1)):
+        constexprs = [[launch.constexprs for launch in _triton_tree.launches_for(meta_args(dataclasses.replace(call, batch=batch)), 0, sm_count=132)]
+                      for batch in (1, 3, 64)]
+        assert constexprs[0] == constexprs[1] == constexprs[2]

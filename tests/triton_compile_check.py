@@ -1,8 +1,9 @@
 """Compile every Triton launch the backend makes, exactly as it makes it, for a Hopper GPU (sm_90)
 down to a cubin, without a GPU: ptxas ships with Triton's NVIDIA backend.
 
-"Exactly": each call below is planned by the launcher itself (``_triton_backend.launches_for`` on
-meta tensors of the call's shapes) and compiled with the JIT's own argument specialisation
+"Exactly": each call below (chains, blocks and trees) is planned by its launcher itself
+(``_triton_backend.launches_for``, ``_triton_tree.launches_for``, through bench.gpu_model's
+``launches``, on meta tensors of the call's shapes) and compiled with the JIT's own argument specialisation
 (``_triton_backend.compile_launch``: 16-divisible pointers and integers, the real constexprs), so
 the binaries are the ones a launch would run. The calls together take every constexpr branch.
 Also checked: a call's specialisation is the same at every batch size (no recompilation, no new
@@ -37,6 +38,15 @@ def calls():
         Call("fp32 sample stream, seeds", 8, 0, 32000, "fp32", draft="one-hot", stream=2, seeds=True),
         Call("fp32 target, bf16 draft of a smaller vocabulary, filtered", 2, 5, 152064, "fp32", draft_dtype="bf16", draft_vocab=151936, top_p=0.95),
         Call("bf16 filtered, check", 16, 4, 32000, "bf16", top_k=20, check=True),
+        Call("block fp32 draft logits, logprobs raw, seeds, offsets", 64, 8, v, "fp32", method="block", logprobs=2, seeds=True, offsets=True),
+        Call("block bf16 one-hot drafts, filtered, check, logprobs processed", 4, 3, 32000, "bf16", draft="one-hot", top_k=50, top_p=0.9, check=True,
+             logprobs=1, method="block"),
+        Call("block fp32 target, bf16 draft of a smaller vocabulary, top-p", 2, 5, 152064, "fp32", draft_dtype="bf16", draft_vocab=151936, top_p=0.95,
+             method="block"),
+        Call("tree fp32 iid siblings", 1, 8, v, "fp32", method="tree", tree_depth=4),
+        Call("tree bf16 without replacement, filtered, check, seeds, offsets", 16, 16, 32000, "bf16", method="tree", siblings="without_replacement",
+             top_k=20, top_p=0.9, check=True, seeds=True, offsets=True, tree_depth=5),
+        Call("tree fp16 deterministic siblings, top-p, seeds", 4, 4, 50257, "fp16", draft="one-hot", method="tree", top_p=0.95, seeds=True),
     ]
 
 
@@ -96,7 +106,7 @@ def main() -> int:
             code = analyse(*disassemble(compiled.asm["cubin"]))
             seen[key] = code
             count += 1
-            print(f"compiled {launch.name:<10} ({call.name}): {code.registers} registers, {code.spill_bytes} bytes spilled, {len(code.loops)} loops")
+            print(f"compiled {launch.name:<14} ({call.name}): {code.registers} registers, {code.spill_bytes} bytes spilled, {len(code.loops)} loops")
             if code.spill_bytes:
                 print(f"FAILED {launch.name} of {call.name}: registers spill to local memory")
                 return 1

@@ -5,11 +5,13 @@ A verify call is two launches without top-k / top-p (``line_stats_kernel``, ``ra
 With top-k / top-p it is four: ``line_stats_kernel`` (the statistics of every line and each
 line's candidates), ``cutoff_kernel`` (the cut-offs: from the candidates, or by the whole-line
 search in the same launch), ``line_stats_kernel`` again (only the lines the whole-line search
-cut) and ``race_kernel``.
+cut) and ``race_kernel``. Trees and blocks run the same statistics launches, then a walk
+(``tree_walk_kernel`` / ``block_walk_kernel``) and a race (``tree_race_kernel`` / ``block_race_kernel``).
 """
 
 from .cutoffs import cutoff_kernel
 from .race import race_kernel
 from .stats import line_stats_kernel
+from .tree import block_race_kernel, block_walk_kernel, tree_race_kernel, tree_walk_kernel
 
-__all__ = ["cutoff_kernel", "line_stats_kernel", "race_kernel"]
+__all__ = ["block_race_kernel", "block_walk_kernel", "cutoff_kernel", "line_stats_kernel", "race_kernel", "tree_race_kernel", "tree_walk_kernel"]

@@ -61,6 +61,87 @@ def _combine_argmax(part_m_ptr, part_i_ptr, first_line, positions, used, parts_u
 
 
 @triton.jit
+def row_parameters(temperature_ptr, top_k_ptr, top_p_ptr, count_ptr, seeds_ptr, offsets_ptr, base_key, row, limit,
+                   HAS_SEEDS: tl.constexpr, HAS_OFFSETS: tl.constexpr):
+    """(temperature, inv_t, count clamped to [0, limit] as int32, key, offset, invalid) of a row (the
+    count: a chain's or block's n_b, a tree's nodes); invalid for any parameter, count, key or
+    offset out of range (check=True has raised before)."""
+    row64 = row.to(tl.int64)
+    temperature = tl.load(temperature_ptr + row)
+    inv_t = tl.math.div_rn(1.0, tl.where(temperature > 0, temperature, 1.0))
+    requested = tl.load(count_ptr + row)
+    top_k = tl.load(top_k_ptr + row)
+    top_p = tl.load(top_p_ptr + row)
+    temperature_ok = (temperature >= 0) & (temperature != float("inf"))  # False for NaN
+    top_p_ok = (top_p > 0) & (top_p <= 1)
+    invalid = (temperature_ok == 0) | (top_k < 0) | (top_p_ok == 0) | (requested < 0) | (requested > limit)
+    if HAS_SEEDS:
+        key = tl.load(seeds_ptr + row)
+        invalid = invalid | (key < 0)
+    else:
+        key = base_key + row64
+    if HAS_OFFSETS:
+        offset = tl.load(offsets_ptr + row)
+        invalid = invalid | (offset < 0)
+    else:
+        offset = row64 * 0
+    return temperature, inv_t, tl.minimum(tl.maximum(requested, 0), limit).to(tl.int32), key, offset, invalid
+
+
+@triton.jit
+def keep_better(race_key, lane_best, lane_tile, tile):
+    """Per-lane running maxima of race keys and the tile of each (strict: an earlier tile keeps a
+    tie, the lower id)."""
+    better = race_key > lane_best
+    return tl.where(better, race_key, lane_best), tl.where(better, tile, lane_tile)
+
+
+@triton.jit
+def lanes_winner(lane_best, lane_tile, start, BLOCK: tl.constexpr):
+    """(best key, lowest id with it) of per-lane running maxima over BLOCK-id tiles from ``start``."""
+    best = tl.max(lane_best, axis=0)
+    lane_index = start + lane_tile * BLOCK + tl.arange(0, BLOCK)
+    return best, tl.min(tl.where(lane_best == best, lane_index, 2147483647), axis=0)
+
+
+@triton.jit
+def chunk_winner(race_val_ptr, race_idx_ptr, row64, num_chunks, FINAL_BLOCK: tl.constexpr):
+    """(best key, its id) over the row's chunk results: the lowest id among equal keys (chunks are
+    in id order). Read with .cg: the other programs' results are in L2, not in this SM's L1."""
+    winner_key = -1.0
+    winner = 0
+    for first in range(0, num_chunks, FINAL_BLOCK):
+        chunks = first + tl.arange(0, FINAL_BLOCK)
+        cmask = chunks < num_chunks
+        vals = tl.load(race_val_ptr + row64 * num_chunks + chunks, mask=cmask, other=-1.0, cache_modifier=".cg")
+        idxs = tl.load(race_idx_ptr + row64 * num_chunks + chunks, mask=cmask, other=2147483647, cache_modifier=".cg")
+        block_best = tl.max(vals, axis=0)
+        block_winner = tl.min(tl.where(cmask & (vals == block_best), idxs, 2147483647), axis=0)
+        better = block_best > winner_key  # an earlier block keeps a tie
+        winner = tl.where(better, block_winner, winner)
+        winner_key = tl.where(better, block_best, winner_key)
+    return winner_key, winner
+
+
+@triton.jit
+def emitted_logprobs(t_line, winner, V, positions, j, raw_x, inv_t, t_max, t_norm, t_tau, greedy, part_rm_ptr, part_rz_ptr, t_first, t_lines,
+                     t_parts, LOGPROBS: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr):
+    """Log-probabilities of the emitted tokens of a row: the drafts' raw logits ``raw_x`` before
+    position j, the winner's at j (its line ``t_line``); processed (LOGPROBS 1) or raw (2)."""
+    raw_w = tl.load(t_line + tl.minimum(tl.maximum(winner, 0), V - 1)).to(tl.float32)
+    raw_e = tl.where(positions == j, raw_w, raw_x)
+    s_e = raw_e * inv_t
+    processed = tl.where(s_e >= t_tau, (s_e - t_max) - tl.log(t_norm), float("-inf"))
+    if LOGPROBS == 2:
+        r_max, r_norm, _ = _combine_lines(part_rm_ptr, part_rz_ptr, t_first, positions, t_lines, t_parts, PARTS, PP)
+        raw_lp = (raw_e - r_max) - tl.log(r_norm)
+        # Greedy lines hold their raw statistics in part_m / part_z (inv_t = 1 there).
+        return tl.where(greedy, processed, raw_lp)
+    else:
+        return processed
+
+
+@triton.jit
 def _pick(values, positions, j, other):
     """values[j] of a per-position vector."""
     return tl.max(tl.where(positions == j, values, other), axis=0)
@@ -127,21 +208,15 @@ def _race_range(
         tile_start = tl.multiple_of(tile_start, BLOCK)
         race_key = _race_tile(key, t_line, d_line, tile_start, end, draft_end, p_lo, p_hi, inv_t, t_max, t_norm, t_rcp, t_tau,
                               d_max, d_norm, d_rcp, d_tau, rejected_token, RESIDUAL, HAS_DRAFT, False, FILTERED, STREAM, INTERPRET, BLOCK)
-        better = race_key > lane_best  # strict: an earlier tile keeps a tie (lower index)
-        lane_best = tl.where(better, race_key, lane_best)
-        lane_tile = tl.where(better, tile, lane_tile)
+        lane_best, lane_tile = keep_better(race_key, lane_best, lane_tile, tile)
         tile += 1
     for tile_start in range(full_end, end, BLOCK):
         tile_start = tl.multiple_of(tile_start, BLOCK)
         race_key = _race_tile(key, t_line, d_line, tile_start, end, draft_end, p_lo, p_hi, inv_t, t_max, t_norm, t_rcp, t_tau,
                               d_max, d_norm, d_rcp, d_tau, rejected_token, RESIDUAL, HAS_DRAFT, True, FILTERED, STREAM, INTERPRET, BLOCK)
-        better = race_key > lane_best
-        lane_best = tl.where(better, race_key, lane_best)
-        lane_tile = tl.where(better, tile, lane_tile)
+        lane_best, lane_tile = keep_better(race_key, lane_best, lane_tile, tile)
         tile += 1
-    best = tl.max(lane_best, axis=0)
-    lane_index = start + lane_tile * BLOCK + tl.arange(0, BLOCK)
-    return best, tl.min(tl.where(lane_best == best, lane_index, 2147483647), axis=0)
+    return lanes_winner(lane_best, lane_tile, start, BLOCK)
 
 
 @triton.jit(do_not_specialize=["batch", "base_key", "t_parts", "d_parts", "tiles_per_chunk", "num_chunks"])
@@ -203,27 +278,10 @@ def race_kernel(
     row64 = row.to(tl.int64)
 
     # Row parameters; anything out of range blanks the row (check=True has raised before).
-    temperature = tl.load(temperature_ptr + row)
+    temperature, inv_t, num_draft, key, offset, invalid = row_parameters(temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr,
+                                                                        base_key, row, K, HAS_SEEDS, HAS_OFFSETS)
     greedy = temperature == 0
     stochastic = temperature != 0  # sampled rows (and bad temperatures, which blank the row)
-    inv_t = tl.math.div_rn(1.0, tl.where(temperature > 0, temperature, 1.0))
-    requested = tl.load(num_draft_ptr + row)
-    num_draft = tl.minimum(tl.maximum(requested, 0), K).to(tl.int32)
-    top_k = tl.load(top_k_ptr + row)
-    top_p = tl.load(top_p_ptr + row)
-    temperature_ok = (temperature >= 0) & (temperature != float("inf"))  # False for NaN
-    top_p_ok = (top_p > 0) & (top_p <= 1)
-    invalid = (temperature_ok == 0) | (top_k < 0) | (top_p_ok == 0) | (requested < 0) | (requested > K)
-    if HAS_SEEDS:
-        key = tl.load(seeds_ptr + row)
-        invalid = invalid | (key < 0)
-    else:
-        key = base_key + row64
-    if HAS_OFFSETS:
-        offset = tl.load(offsets_ptr + row)
-        invalid = invalid | (offset < 0)
-    else:
-        offset = row64 * 0
     lines_t = batch * (K + 1)
     t_first = row * (K + 1)
     d_first = lines_t + row * K
@@ -333,18 +391,7 @@ def race_kernel(
 
     # 3. The last program of the row finalises.
     if ticket == num_chunks - 1:
-        winner_key = -1.0
-        winner = 0
-        for first in range(0, num_chunks, FINAL_BLOCK):
-            chunks = first + tl.arange(0, FINAL_BLOCK)
-            cmask = chunks < num_chunks
-            vals = tl.load(race_val_ptr + row64 * num_chunks + chunks, mask=cmask, other=-1.0, cache_modifier=".cg")
-            idxs = tl.load(race_idx_ptr + row64 * num_chunks + chunks, mask=cmask, other=2147483647, cache_modifier=".cg")
-            block_best = tl.max(vals, axis=0)
-            block_winner = tl.min(tl.where(cmask & (vals == block_best), idxs, 2147483647), axis=0)
-            better = block_best > winner_key  # chunks are in index order: an earlier block keeps a tie
-            winner = tl.where(better, block_winner, winner)
-            winner_key = tl.where(better, block_best, winner_key)
+        winner_key, winner = chunk_winner(race_val_ptr, race_idx_ptr, row64, num_chunks, FINAL_BLOCK)
         if rejected & stochastic & (invalid == 0) & (winner_key <= 0.0):
             # Every residual is zero: race p over the whole line.
             _, winner = _race_range(
@@ -358,17 +405,8 @@ def race_kernel(
         tl.store(out_tokens_ptr + row64 * (K + 1) + positions, emitted.to(tl.int64), mask=positions <= K)
         tl.store(out_accepted_ptr + row, tl.where(invalid, 0, j).to(tl.int64))
         if LOGPROBS != 0:
-            raw_w = tl.load(t_line + tl.minimum(tl.maximum(winner, 0), V - 1)).to(tl.float32)
-            raw_e = tl.where(positions == j, raw_w, raw_x)
-            s_e = raw_e * inv_t
-            processed = tl.where(s_e >= t_tau, (s_e - t_max) - tl.log(t_norm), float("-inf"))
-            if LOGPROBS == 2:
-                r_max, r_norm, _ = _combine_lines(part_rm_ptr, part_rz_ptr, t_first, positions, t_lines, t_parts, PARTS, PP)
-                raw_lp = (raw_e - r_max) - tl.log(r_norm)
-                # Greedy lines hold their raw statistics in part_m / part_z (inv_t = 1 there).
-                values = tl.where(greedy, processed, raw_lp)
-            else:
-                values = processed
+            values = emitted_logprobs(t_line, winner, V, positions, j, raw_x, inv_t, t_max, t_norm, t_tau, greedy, part_rm_ptr, part_rz_ptr, t_first,
+                                      t_lines, t_parts, LOGPROBS, PARTS, PP)
             tl.store(out_logprobs_ptr + row64 * (K + 1) + positions, tl.where(emitted >= 0, values, float("nan")), mask=positions <= K)
         if ACCEPT_PROBS:
             ratio = tl.where(q_x > 0, tl.minimum(tl.math.div_rn(p_x, tl.where(q_x > 0, q_x, 1.0)), 1.0), (p_x > 0).to(tl.float32))

@@ -30,9 +30,15 @@ def position_words(position):
 @triton.jit
 def acceptance_coins(key, positions):
     """Coins of int64 absolute ``positions`` (any shape) under int64 ``key``: word 0 of (0, P_lo, P_hi, 0)."""
+    return ranked_coins(key, positions, positions * 0)
+
+
+@triton.jit
+def ranked_coins(key, positions, ranks):
+    """Coins of a tree's sibling ``ranks`` at int64 absolute ``positions`` (same shape): word 0 of
+    (rank, P_lo, P_hi, 0). Rank 0 is the chain's acceptance coin."""
     p_lo, p_hi = position_words(positions)
-    zero = p_lo * 0
-    word, _, _, _ = tl.philox(key, zero, p_lo, p_hi, zero)
+    word, _, _, _ = tl.philox(key, ranks.to(tl.uint32), p_lo, p_hi, p_lo * 0)
     return open_uniform(word)
 
 

@@ -1,744 +1,636 @@
-"""Fused tree and block verification kernels (semantics: specdec_ext/reference_tree.py).
+"""Tree and block verification kernels (semantics: specdec_ext/reference_tree.py).
 
-Nothing of size (B, N, V) is written. Per logits line (a row at one context) the kernels keep a few
-statistics; a residual is the closed form w(y) = max(a p(y) - c q(y) - [y = h], 0) [y not in S] of
-per-row scalars (a, c, h, S), re-evaluated when it is needed.
+A tree or block call first runs the chain's line statistics (stats.py; with top-k / top-p also
+cutoffs.py and the second statistics launch): the per-part partials of every used target and draft
+line, each line's cut-off, and for blocks each draft's logit at its token. Lines are numbered as
+stats.py's ``line_of`` reads them with K = N for a tree (the target's B(N+1) contexts, then the
+draft's first N contexts per row: context N, the last node's, has no children). Then two launches:
 
-1. ``chunk_stats_kernel``  grid (lines, chunks): per vocabulary chunk, the raw maximum (and its
-   first index), a NaN / +inf flag, sum exp(s - max s) over the chunk (unfiltered lines) and the raw
-   sum exp(raw - max raw) (raw log-probabilities).
-2. ``line_stats_kernel``   grid (lines,): m = max s, the top-k / top-p cut-off tau (bisection over
-   the int32 order keys of float32: count and mass passes over the line, no sort) and z.
-3. ``tree_walk_kernel`` / ``block_walk_kernel``  grid (B,): the walk down the tree (recursive
-   rejection sampling, a residual-mass pass over the line after each rejection) or block
-   verification's joint stop; each writes the residual of its final context.
-4. ``race_kernel``         grid (B, chunks): the exponential race argmax w(y) / E_y of that residual,
-   one race per row split over vocabulary chunks.
-5. ``tree_finalize_kernel`` / ``block_finalize_kernel``  grid (B,): the winner, tokens, paths, logprobs.
+1. ``tree_walk_kernel`` / ``block_walk_kernel``, grid (B,): the walk down the tree (recursive
+   rejection sampling, one residual-mass pass over the line after each rejection) or block
+   verification's joint stop. Nothing of size V is written: each row leaves its final residual
+   w(y) = max(a p(y) - c q(y) - [y = h], 0) [y not in S] as a few scalars (the row state below).
+   The tree walk also finds the call's deepest used node D (the outputs' width): its last program
+   publishes it and resets the counters.
+2. ``tree_race_kernel`` / ``block_race_kernel``, grid (B, chunks): the exponential race argmax
+   w(y) / E_y over each chunk of the vocabulary; the last program of a row to arrive picks the
+   winner, writes the row's outputs and resets the row's counter (a CUDA graph replays as is).
 
-Random numbers: Philox4x32-10 (tl.philox), counter (rank, P_lo, P_hi, 0) word 0 for the coins and
-(y >> 2, P_lo, P_hi, 1) word y & 3 for the race, P = offset + depth (specdec_ext/_philox.py).
+Row state (written by the walks, read by the races), per row:
+  state_f (8 float32): a, c, target line (m, z, tau), draft line (m, z, tau)
+  state_i (8 int32): context / position of the residual, its draft line's context (-1: q = 0),
+  depth, h (-1: none), bad, greedy winner, |S|, unused
+  removed (NP int32): the ids of S.
+
+Random numbers: random.py (coins of sibling rank r: word 0 of (r, P_lo, P_hi, 0); the race: word
+y & 3 of (y >> 2, P_lo, P_hi, 1)), P = offset + depth (specdec_ext/_philox.py).
 """
 
 import triton
 import triton.language as tl
 
+from .race import _combine_argmax, _combine_lines, _prob, chunk_winner, emitted_logprobs, keep_better, lanes_winner, row_parameters
+from .random import fast_reciprocal, log2_uniform, position_words, race_uniforms, ranked_coins, reciprocal
+
+# --------------------------------------------------------------------------------------------------
+# Shared by the walks and the races
+
 
 @triton.jit
-def _uniform(word):
-    return ((word >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
+def _line_summary(part_m_ptr, part_z_ptr, tau_ptr, line, parts_used, sampled, PARTS: tl.constexpr, PP: tl.constexpr, FILTERED: tl.constexpr):
+    """(max, normaliser, its reciprocal, cut-off, bad) of one line from its statistics partials."""
+    one = tl.arange(0, 1)
+    line_max, normaliser, bad = _combine_lines(part_m_ptr, part_z_ptr, line, one, one >= 0, parts_used, PARTS, PP)
+    line_max = tl.max(line_max, axis=0)
+    normaliser = tl.max(normaliser, axis=0)
+    bad = tl.max(bad.to(tl.int32), axis=0) != 0
+    tau = float("-inf")
+    if FILTERED:
+        if sampled:
+            tau = tl.load(tau_ptr + line)
+    return line_max, normaliser, reciprocal(tl.where(normaliser > 0, normaliser, 1.0)), tau, bad
+
+
+@triton.jit
+def _line_argmax(part_m_ptr, part_i_ptr, line, parts_used, line_max, PARTS: tl.constexpr, PP: tl.constexpr):
+    """Lowest index of the raw max of one greedy line."""
+    one = tl.arange(0, 1)
+    return tl.max(_combine_argmax(part_m_ptr, part_i_ptr, line, one, one >= 0, parts_used, tl.zeros([1], tl.float32) + line_max, PARTS, PP), axis=0)
+
+
+@triton.jit
+def _at(values, positions, j):
+    """values[j] of a per-position vector (a sum with one term: -inf, NaN and ints stay exact)."""
+    return tl.sum(tl.where(positions == j, values, tl.zeros_like(values)), axis=0)
 
 
 @triton.jit
 def _coin(key, position, rank):
-    """Acceptance coin of sibling rank ``rank`` at absolute position ``position`` (scalars)."""
-    wide = tl.zeros([1], dtype=tl.int64)
-    c0 = (wide + rank).to(tl.uint32)
-    c1 = ((wide + position) & 0xFFFFFFFF).to(tl.uint32)
-    c2 = ((wide + position) >> 32).to(tl.uint32)
-    c3 = c0 * 0
-    w0, _, _, _ = tl.philox(key, c0, c1, c2, c3)
-    return tl.sum(_uniform(w0), axis=0)
+    """The coin of sibling rank ``rank`` at absolute ``position`` (scalars)."""
+    one = tl.zeros([1], tl.int64)
+    return tl.max(ranked_coins(key, one + position, one + rank), axis=0)
 
 
 @triton.jit
-def _race_exponentials(key, position, ids):
-    """E_y = -log(u_y) for the ids of a tile: word y & 3 of counter (y >> 2, P_lo, P_hi, 1)."""
-    c0 = (ids >> 2).to(tl.uint32)
-    c1 = c0 * 0 + (position & 0xFFFFFFFF).to(tl.uint32)
-    c2 = c0 * 0 + (position >> 32).to(tl.uint32)
-    c3 = c0 * 0 + 1
-    w0, w1, w2, w3 = tl.philox(key, c0, c1, c2, c3)
-    lane = ids & 3
-    word = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
-    return -tl.log(_uniform(word))
+def _store_state(state_f_ptr, state_i_ptr, row, a, c, t_max, t_norm, t_tau, d_max, d_norm, d_tau, position, draft_position, depth, hot, bad,
+                 winner, removed_count):
+    f = state_f_ptr + row.to(tl.int64) * 8
+    tl.store(f, a)
+    tl.store(f + 1, c)
+    tl.store(f + 2, t_max)
+    tl.store(f + 3, t_norm)
+    tl.store(f + 4, t_tau)
+    tl.store(f + 5, d_max)
+    tl.store(f + 6, d_norm)
+    tl.store(f + 7, d_tau)
+    i = state_i_ptr + row.to(tl.int64) * 8
+    tl.store(i, position)
+    tl.store(i + 1, draft_position)
+    tl.store(i + 2, depth)
+    tl.store(i + 3, hot)
+    tl.store(i + 4, bad.to(tl.int32))
+    tl.store(i + 5, winner)
+    tl.store(i + 6, removed_count)
 
 
 @triton.jit
-def order_key(s):
-    """int32 key with the order of float32 ``s`` (-0.0 folded onto +0.0)."""
-    bits = (s + 0.0).to(tl.int32, bitcast=True)
-    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-
-
-@triton.jit
-def key_to_float(key):
-    bits = tl.where(key >= 0, key, key ^ 0x7FFFFFFF).to(tl.int32)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def chunk_stats_kernel(
-    logits_ptr,  # (B, L, Vl) raw logits, any float dtype, last dim contiguous
-    inv_t_ptr,  # (B,) float32 1 / T (1 for greedy rows)
-    raw_max_ptr,  # (lines, CHUNKS) float32 out
-    raw_arg_ptr,  # (lines, CHUNKS) int64 out: first index of the raw maximum
-    raw_sum_ptr,  # (lines, CHUNKS) float32 out: sum exp(raw - chunk raw max)
-    bad_ptr,  # (lines, CHUNKS) int32 out: NaN or +inf seen
-    s_sum_ptr,  # (lines, CHUNKS) float32 out: sum exp(s - chunk max s), s = raw * inv_t
-    L,
-    Vl,
-    stride_b,
-    stride_l,
-    chunk_size,
-    num_chunks,
-    BLOCK: tl.constexpr,
-):
-    line = tl.program_id(0)
-    chunk = tl.program_id(1)
-    row = line // L
-    pos = line % L
-    inv_t = tl.load(inv_t_ptr + row)
-    base = logits_ptr + row.to(tl.int64) * stride_b + pos.to(tl.int64) * stride_l
-    start_c = chunk * chunk_size
-    end_c = tl.minimum(start_c + chunk_size, Vl)
-    offs = tl.arange(0, BLOCK)
-    run_max = float("-inf")
-    run_arg = start_c.to(tl.int64)
-    run_raw_sum = 0.0
-    run_s_sum = 0.0
-    bad = 0
-    for start in range(start_c, end_c, BLOCK):
-        idx = start + offs
-        mask = idx < end_c
-        raw = tl.load(base + idx, mask=mask, other=float("-inf")).to(tl.float32)
-        bad = bad | tl.max(((raw != raw) | (raw == float("inf"))) & mask, axis=0).to(tl.int32)
-        raw = tl.where(raw != raw, float("-inf"), raw)
-        tile_max = tl.max(raw, axis=0)
-        tile_arg = start + tl.argmax(raw, axis=0, tie_break_left=True)
-        new_max = tl.maximum(run_max, tile_max)
-        finite = new_max > float("-inf")
-        rescale = tl.where(run_max > float("-inf"), tl.exp(run_max - new_max), 0.0)
-        raw_terms = tl.where(mask & (raw > float("-inf")), tl.exp(raw - new_max), 0.0)
-        run_raw_sum = tl.where(finite, run_raw_sum * rescale + tl.sum(raw_terms, axis=0), 0.0)
-        s = raw * inv_t
-        s_max_new = new_max * inv_t
-        s_rescale = tl.where(run_max > float("-inf"), tl.exp(run_max * inv_t - s_max_new), 0.0)
-        s_terms = tl.where(mask & (s > float("-inf")), tl.exp(s - s_max_new), 0.0)
-        run_s_sum = tl.where(finite, run_s_sum * s_rescale + tl.sum(s_terms, axis=0), 0.0)
-        run_arg = tl.where(tile_max > run_max, tile_arg.to(tl.int64), run_arg)
-        run_max = new_max
-    out = line.to(tl.int64) * num_chunks + chunk
-    tl.store(raw_max_ptr + out, run_max)
-    tl.store(raw_arg_ptr + out, run_arg)
-    tl.store(raw_sum_ptr + out, run_raw_sum)
-    tl.store(bad_ptr + out, bad)
-    tl.store(s_sum_ptr + out, run_s_sum)
-
-
-@triton.jit
-def _counts_at_least(base, Vl, inv_t, keys, BLOCK: tl.constexpr):
-    """(S,) counts of values with order key >= each of ``keys`` (S,), in one pass over the line."""
-    offs = tl.arange(0, BLOCK)
-    counts = keys * 0
-    for start in range(0, Vl, BLOCK):
-        idx = start + offs
-        s = tl.load(base + idx, mask=idx < Vl, other=float("-inf")).to(tl.float32) * inv_t
-        hit = (order_key(s)[:, None] >= keys[None, :]) & (idx < Vl)[:, None]
-        counts += tl.sum(hit.to(tl.int64), axis=0)
-    return counts
-
-
-@triton.jit
-def _masses_above(base, Vl, inv_t, m, keys, floor, BLOCK: tl.constexpr):
-    """(S,) sums of exp(s - m) over the values with order key > each of ``keys`` and s >= ``floor``."""
-    offs = tl.arange(0, BLOCK)
-    masses = (keys * 0).to(tl.float32)
-    for start in range(0, Vl, BLOCK):
-        idx = start + offs
-        s = tl.load(base + idx, mask=idx < Vl, other=float("-inf")).to(tl.float32) * inv_t
-        weight = tl.where((idx < Vl) & (s >= floor) & (s > float("-inf")), tl.exp(s - m), 0.0)
-        take = order_key(s)[:, None] > keys[None, :]
-        masses += tl.sum(tl.where(take, weight[:, None], 0.0), axis=0)
-    return masses
-
-
-@triton.jit
-def _mass_above(base, Vl, inv_t, m, key, floor, BLOCK: tl.constexpr):
-    """sum exp(s - m) over the values with order key > ``key`` and s >= ``floor``."""
-    offs = tl.arange(0, BLOCK)
-    mass = 0.0
-    for start in range(0, Vl, BLOCK):
-        idx = start + offs
-        s = tl.load(base + idx, mask=idx < Vl, other=float("-inf")).to(tl.float32) * inv_t
-        take = (idx < Vl) & (order_key(s) > key) & (s >= floor) & (s > float("-inf"))
-        mass += tl.sum(tl.where(take, tl.exp(s - m), 0.0), axis=0)
-    return mass
-
-
-@triton.jit
-def _probes(lo, hi, SECTIONS: tl.constexpr):
-    """SECTIONS keys strictly between lo and hi (int64), evenly spread; those not below hi are masked
-    out by the caller (they equal hi)."""
-    j = tl.arange(0, SECTIONS).to(tl.int64) + 1
-    step = tl.maximum((hi - lo) // (SECTIONS + 1), 1)
-    return tl.minimum(lo + j * step, hi)
-
-
-@triton.jit
-def line_stats_kernel(
-    logits_ptr,  # (B, L, Vl) raw logits
-    inv_t_ptr,  # (B,) float32
-    greedy_ptr,  # (B,) int32: 1 for a greedy row (no filter, no normaliser needed)
-    top_k_ptr,  # (B,) int64, 0 = off
-    top_p_ptr,  # (B,) float32, 1 = off
-    raw_max_ptr,
-    raw_arg_ptr,
-    raw_sum_ptr,
-    bad_ptr,
-    s_sum_ptr,  # (lines, CHUNKS) partials of chunk_stats_kernel
-    m_ptr,  # (lines,) float32 out: max s
-    z_ptr,  # (lines,) float32 out: sum over kept of exp(s - m)
-    tau_ptr,  # (lines,) float32 out: keep s >= tau
-    arg_ptr,  # (lines,) int64 out: first index of the raw maximum
-    raw_logz_ptr,  # (lines,) float32 out: raw max + log sum exp(raw - raw max)
-    line_bad_ptr,  # (lines,) int32 out: NaN / +inf / empty line / scaled max not finite (sampled rows)
-    L,
-    Vl,
-    stride_b,
-    stride_l,
-    num_chunks,
-    CHUNKS_POW2: tl.constexpr,
-    FILTERED: tl.constexpr,
-    BLOCK: tl.constexpr,
-    SECTIONS: tl.constexpr,  # keys tested per pass of the cut-off search (a power of two)
-):
-    line = tl.program_id(0)
-    row = line // L
-    pos = line % L
-    inv_t = tl.load(inv_t_ptr + row)
-    greedy = tl.load(greedy_ptr + row) != 0
-    chunks = tl.arange(0, CHUNKS_POW2)
-    cmask = chunks < num_chunks
-    offs = line.to(tl.int64) * num_chunks + chunks
-    part_max = tl.load(raw_max_ptr + offs, mask=cmask, other=float("-inf"))
-    part_arg = tl.load(raw_arg_ptr + offs, mask=cmask, other=0)
-    part_raw = tl.load(raw_sum_ptr + offs, mask=cmask, other=0.0)
-    part_s = tl.load(s_sum_ptr + offs, mask=cmask, other=0.0)
-    raw_max = tl.max(part_max, axis=0)
-    arg = tl.min(tl.where(cmask & (part_max == raw_max), part_arg, 9223372036854775807), axis=0)
-    has = raw_max > float("-inf")
-    raw_weights = tl.where(cmask & (part_max > float("-inf")), tl.exp(part_max - raw_max), 0.0)
-    raw_z = tl.sum(part_raw * raw_weights, axis=0)
-    bad = (tl.max(tl.load(bad_ptr + offs, mask=cmask, other=0), axis=0) != 0) | ~has
-    m = raw_max * inv_t
-    bad = bad | ((m != m) | (m == float("inf")) | (m == float("-inf"))) & ~greedy
-    s_weights = tl.where(cmask & (part_max > float("-inf")), tl.exp(part_max * inv_t - m), 0.0)
-    z = tl.sum(part_s * s_weights, axis=0)
-    tau = float("-inf")
-    if FILTERED:
-        top_k = tl.load(top_k_ptr + row)
-        top_p = tl.load(top_p_ptr + row)
-        use_k = (top_k > 0) & (top_k < Vl) & ~greedy & ~bad
-        use_p = (top_p < 1.0) & ~greedy & ~bad
-        base = logits_ptr + row.to(tl.int64) * stride_b + pos.to(tl.int64) * stride_l
-        if use_k:
-            # The k-th largest value: the largest key t with count(key(s) >= t) >= k. A multisection
-            # search: each pass over the line tests SECTIONS keys at once (enough(lo), not enough(hi)).
-            hi = order_key(m).to(tl.int64) + 1
-            lo = hi * 0 - 2147483648
-            for _ in range(12):
-                if hi - lo > 1:
-                    probes = _probes(lo, hi, SECTIONS)
-                    enough = (_counts_at_least(base, Vl, inv_t, probes, BLOCK) >= top_k) & (probes < hi)
-                    lo = tl.maximum(lo, tl.max(tl.where(enough, probes, lo), axis=0))
-                    hi = tl.minimum(hi, tl.min(tl.where(~enough & (probes < hi), probes, hi), axis=0))
-            tau = key_to_float(lo.to(tl.int32))
-        if use_p:
-            # The smallest value whose strictly greater mass (inside the top-k set) is below top_p times that set's mass.
-            floor_key = order_key(tau).to(tl.int64)
-            budget = top_p * (_mass_above(base, Vl, inv_t, m, (floor_key - 1).to(tl.int32), tau, BLOCK))
-            below_floor = _mass_above(base, Vl, inv_t, m, floor_key.to(tl.int32), tau, BLOCK) < budget
-            if not below_floor:
-                # The smallest key t with mass(key(s) > t) < budget (not ok(lo), ok(hi)), by multisection.
-                lo = floor_key
-                hi = order_key(m).to(tl.int64)
-                for _ in range(12):
-                    if hi - lo > 1:
-                        probes = _probes(lo, hi, SECTIONS)
-                        inside = probes < hi
-                        ok = (_masses_above(base, Vl, inv_t, m, probes, tau, BLOCK) < budget) & inside
-                        hi = tl.minimum(hi, tl.min(tl.where(ok, probes, hi), axis=0))
-                        lo = tl.maximum(lo, tl.max(tl.where(~ok & inside, probes, lo), axis=0))
-                tau = key_to_float(hi.to(tl.int32))
-        if use_k | use_p:
-            z = _mass_above(base, Vl, inv_t, m, (order_key(tau).to(tl.int64) - 1).to(tl.int32), tau, BLOCK)
-    tl.store(m_ptr + line, m)
-    tl.store(z_ptr + line, z)
-    tl.store(tau_ptr + line, tau)
-    tl.store(arg_ptr + line, arg)
-    tl.store(raw_logz_ptr + line, raw_max + tl.log(raw_z))
-    tl.store(line_bad_ptr + line, bad.to(tl.int32))
-
-
-@triton.jit
-def _prob_at(base, x, inv_t, m, z, tau):
-    s = tl.load(base + x).to(tl.float32) * inv_t
-    return tl.where(s >= tau, tl.exp(s - m) / z, 0.0)
-
-
-@triton.jit
-def _residual_tile(t_base, d_base, idx, V, Vd, inv_t, p_m, p_z, p_tau, q_m, q_z, q_tau, a, c, hot, removed, HAS_DRAFT: tl.constexpr):
-    """(w, p) on a tile of ids: w = max(a p - c q - [y = hot], 0) [y not removed]."""
-    s = tl.load(t_base + idx, mask=idx < V, other=float("-inf")).to(tl.float32) * inv_t
-    p = tl.where((s >= p_tau) & (idx < V), tl.exp(s - p_m) / p_z, 0.0)
-    q = 0.0 * p
+def _residual_tile(t_line, d_line, idx, end, draft_end, inv_t, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau, a, c, hot, use_draft,
+                   removed, removed_count, HAS_DRAFT: tl.constexpr, FILTERED: tl.constexpr):
+    """(w, q) on the ids ``idx`` (masked past ``end``): w = max(a p - c q - [y = hot], 0) [y not in
+    S], S the first ``removed_count`` slots of ``removed``; q = 0 past ``draft_end`` or without
+    ``use_draft`` (the draft line is then not read)."""
+    s = tl.load(t_line + idx, mask=idx < end, other=float("-inf")).to(tl.float32) * inv_t
+    p = _prob(s, t_max, t_norm, t_rcp, t_tau, FILTERED)
+    w = a * p - tl.where(idx == hot, 1.0, 0.0)
+    q = tl.zeros_like(p)
     if HAS_DRAFT:
-        sq = tl.load(d_base + idx, mask=idx < Vd, other=float("-inf")).to(tl.float32) * inv_t
-        q = tl.where((sq >= q_tau) & (idx < Vd), tl.exp(sq - q_m) / q_z, 0.0)
-    w = tl.maximum(a * p - c * q - tl.where(idx == hot, 1.0, 0.0), 0.0)
-    gone = tl.sum((idx[:, None] == removed[None, :]).to(tl.int32), axis=1) > 0
-    return tl.where(gone, 0.0, w), p, q
+        in_draft = tl.where(use_draft, idx < draft_end, idx < 0)  # (a vector & scalar mask trips the interpreter)
+        sq = tl.load(d_line + idx, mask=in_draft, other=float("-inf")).to(tl.float32) * inv_t
+        q = tl.where(in_draft, _prob(sq, d_max, d_norm, d_rcp, d_tau, FILTERED), 0.0)
+        w = w - c * q
+    w = tl.maximum(w, 0.0)
+    gone = idx < 0  # False
+    for r in range(0, removed_count):
+        gone = gone | (idx == tl.max(tl.where(tl.arange(0, removed.shape[0]) == r, removed, -1), axis=0))
+    return tl.where(gone, 0.0, w), tl.where(gone, 0.0, q)
 
 
-@triton.jit
+# --------------------------------------------------------------------------------------------------
+# Walks
+
+
+@triton.jit(do_not_specialize=["base_key", "batch", "t_parts", "d_parts"])
 def tree_walk_kernel(
-    target_ptr,  # (B, N+1, V) raw logits
-    draft_ptr,  # (B, N+1, Vd) raw logits (unused without HAS_DRAFT)
-    tokens_ptr,  # (B, N) int64 node tokens
-    children_ptr,  # (B, N+1, W) int64: node of the child of rank r at context c, -1 beyond the last
-    num_nodes_ptr,  # (B,) int64
-    pre_bad_ptr,  # (B,) int32: bad parameters, keys, offsets, tree or node ids (found on the host side)
-    inv_t_ptr,  # (B,) float32
-    greedy_ptr,  # (B,) int32
-    keys_ptr,  # (B,) int64 Philox keys
-    offsets_ptr,  # (B,) int64
-    t_m_ptr, t_z_ptr, t_tau_ptr, t_arg_ptr, t_bad_ptr,  # (B * (N+1),) target line statistics
-    d_m_ptr, d_z_ptr, d_tau_ptr, d_bad_ptr,  # (B * (N+1),) draft line statistics
-    state_line_ptr,  # (B,) int64 out: final context
-    state_depth_ptr,  # (B,) int64 out: entered nodes
-    state_c_ptr,  # (B,) float32 out: c of the final residual
-    state_removed_ptr,  # (B, W_POW2) int64 out: removed ids (-1 = none)
-    state_bad_ptr,  # (B,) int32 out
-    path_ptr,  # (B, D) int64 out: entered nodes (-1 beyond)
-    N,
-    V,
-    Vd,
-    W,
-    D,
-    t_stride_b, t_stride_l, d_stride_b, d_stride_l,
+    target_ptr,  # (B, N+1, V) raw target logits, last dim contiguous
+    draft_ptr,  # (B, N+1, Vd) raw draft logits (unused without HAS_DRAFT)
+    tokens_ptr,  # (B, N) int32 / int64 node tokens
+    parents_ptr,  # (B, N) int64: each node's parent node, -1 = the root context
+    temperature_ptr,  # (B,) float32, 0 = greedy
+    top_k_ptr,  # (B,) int64 (validity only; the cut-off is in tau)
+    top_p_ptr,  # (B,) float32 (validity only)
+    num_nodes_ptr,  # (B,) int64 nodes used per row
+    seeds_ptr,  # (B,) int64 per-row keys (HAS_SEEDS)
+    offsets_ptr,  # (B,) int64 absolute position of context 0 (HAS_OFFSETS)
+    tau_ptr,  # (lines,) float32 cut-offs (FILTERED)
+    part_m_ptr,  # (lines, PARTS) float32 line statistics partials (stats.py)
+    part_z_ptr,  # (lines, PARTS) float32
+    part_i_ptr,  # (lines, PARTS) int32 greedy lines' argmax
+    state_f_ptr,  # (B, 8) float32 out: row state (module docstring)
+    state_i_ptr,  # (B, 8) int32 out
+    removed_ptr,  # (B, NP) int32 out: the residual's removed ids
+    path_ptr,  # (B, NP) int32 out: the nodes entered, -1 beyond
+    walk_counter_ptr,  # (2,) int32, 0 between calls: programs arrived, deepest used node so far
+    depth_ptr,  # (1,) int32 out: the call's deepest used node D
+    base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
+    batch, N, V, Vd,  # sizes
+    t_stride_b, t_stride_n, d_stride_b, d_stride_n, tok_stride_b, parent_stride_b,  # strides, in elements
+    t_parts, d_parts,  # statistics partials of a target (draft) line
+    PARTS: tl.constexpr,  # statistics partial slots per line
+    PP: tl.constexpr,  # next power of two of PARTS
+    NP: tl.constexpr,  # next power of two of max(N, 1): node vectors
     HAS_DRAFT: tl.constexpr,
-    WITHOUT_REPLACEMENT: tl.constexpr,
-    CHECK: tl.constexpr,
-    W_POW2: tl.constexpr,
-    BLOCK: tl.constexpr,
+    WITHOUT_REPLACEMENT: tl.constexpr,  # siblings drawn without replacement (with draft logits)
+    HAS_SEEDS: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
+    CHECK: tl.constexpr,  # blank for a bad value in any used line, not only the lines the walk reads
+    FILTERED: tl.constexpr,
+    BLOCK: tl.constexpr,  # ids per step of a residual-mass pass
 ):
     row = tl.program_id(0)
-    contexts = N + 1
-    line0 = row.to(tl.int64) * contexts
-    used = tl.load(num_nodes_ptr + row)
-    bad = tl.load(pre_bad_ptr + row) != 0
-    greedy = tl.load(greedy_ptr + row) != 0
-    inv_t = tl.load(inv_t_ptr + row)
-    key = tl.load(keys_ptr + row)
-    offset = tl.load(offsets_ptr + row)
-    t_row = target_ptr + row.to(tl.int64) * t_stride_b
-    d_row = draft_ptr + row.to(tl.int64) * d_stride_b
-    slots = tl.arange(0, W_POW2)
+    row64 = row.to(tl.int64)
+    temperature, inv_t, used, key, offset, invalid = row_parameters(temperature_ptr, top_k_ptr, top_p_ptr, num_nodes_ptr, seeds_ptr, offsets_ptr,
+                                                                    base_key, row, N, HAS_SEEDS, HAS_OFFSETS)
+    greedy = temperature == 0
+    sampled = temperature != 0
+    requested = tl.load(num_nodes_ptr + row)
+    tree_bad = (requested < 0) | (requested > N)  # (a bad tree does not count towards the depth D)
+    nodes = tl.arange(0, NP)
+    in_use = nodes < used
+    parents = tl.load(parents_ptr + row64 * parent_stride_b + nodes, mask=in_use, other=-2).to(tl.int32)  # -2: no context's child
+    tokens = tl.load(tokens_ptr + row64 * tok_stride_b + nodes, mask=in_use, other=0).to(tl.int64)
+    # A parent is -1 or a node below its child: the tree is acyclic and listed parents first.
+    tree_bad = tree_bad | (tl.max((in_use & ((parents < -1) | (parents >= nodes))).to(tl.int32), axis=0) != 0)
+    invalid = invalid | tree_bad | (tl.max((in_use & ((tokens < 0) | (tokens >= Vd))).to(tl.int32), axis=0) != 0)
+    tokens = tl.minimum(tl.maximum(tokens, 0), Vd - 1).to(tl.int32)
+    # Depth of every node, in node order (a parent's depth is known before its children's).
+    depths = tl.zeros((NP,), tl.int32)
+    for j in range(0, N):
+        above = _at(depths, nodes, _at(parents, nodes, j))
+        depths = tl.where(nodes == j, above + 1, depths)
+    deepest = tl.where(tree_bad, 0, tl.max(tl.where(in_use, depths, 0), axis=0))
+    lines_t = batch * (N + 1)
+    t_first = row * (N + 1)
+    d_first = lines_t + row * N
     if CHECK:  # every line the row could use
-        for ctx in range(0, contexts):
+        for ctx in range(0, N + 1):
             if ctx <= used:
-                bad = bad | (tl.load(t_bad_ptr + line0 + ctx) != 0)
+                _, _, _, _, t_bad = _line_summary(part_m_ptr, part_z_ptr, tau_ptr, t_first + ctx, t_parts, sampled, PARTS, PP, FILTERED)
+                invalid = invalid | t_bad
                 if HAS_DRAFT:
-                    has_children = tl.load(children_ptr + (line0 + ctx) * W) >= 0
-                    bad = bad | (has_children & (tl.load(d_bad_ptr + line0 + ctx) != 0))
-    ctx = offset * 0  # int64 scalars
-    depth = offset * 0
+                    if tl.max((in_use & (parents == ctx - 1)).to(tl.int32), axis=0) != 0:
+                        _, _, _, _, d_bad = _line_summary(part_m_ptr, part_z_ptr, tau_ptr, d_first + ctx, d_parts, sampled, PARTS, PP, FILTERED)
+                        invalid = invalid | d_bad
+
+    ctx = row * 0  # the current context (int32 scalars)
+    depth = row * 0
     c = 0.0
-    removed = tl.full([W_POW2], -1, tl.int64)
-    n_removed = 0
-    walking = ~bad
-    for _ in range(0, contexts):
+    removed = tl.full((NP,), -1, tl.int32)
+    removed_count = row * 0
+    path = tl.full((NP,), -1, tl.int32)
+    t_max, t_norm, t_tau = 0.0, 1.0, float("-inf")
+    d_max, d_norm, d_tau = 0.0, 1.0, float("-inf")
+    argmax = row * 0
+    walking = invalid == 0
+    for _ in range(0, N + 1):
         if walking:
-            line = line0 + ctx
-            bad = bad | (tl.load(t_bad_ptr + line) != 0)
-            p_m = tl.load(t_m_ptr + line)
-            p_z = tl.load(t_z_ptr + line)
-            p_tau = tl.load(t_tau_ptr + line)
-            argmax = tl.load(t_arg_ptr + line)
-            first_child = tl.load(children_ptr + line * W)
-            q_m = 0.0
-            q_z = 1.0
-            q_tau = 0.0
+            t_max, t_norm, t_rcp, t_tau, t_bad = _line_summary(part_m_ptr, part_z_ptr, tau_ptr, t_first + ctx, t_parts, sampled, PARTS, PP, FILTERED)
+            invalid = invalid | t_bad
+            children = in_use & (parents == ctx - 1)
+            d_max, d_norm, d_rcp, d_tau = 0.0, 1.0, 1.0, float("-inf")
             if HAS_DRAFT:
-                if (first_child >= 0) & ~greedy:
-                    bad = bad | (tl.load(d_bad_ptr + line) != 0)
-                    q_m = tl.load(d_m_ptr + line)
-                    q_z = tl.load(d_z_ptr + line)
-                    q_tau = tl.load(d_tau_ptr + line)
-            t_base = t_row + ctx.to(tl.int64) * t_stride_l
-            d_base = d_row + ctx.to(tl.int64) * d_stride_l
+                if (tl.max(children.to(tl.int32), axis=0) != 0) & sampled:
+                    d_max, d_norm, d_rcp, d_tau, d_bad = _line_summary(part_m_ptr, part_z_ptr, tau_ptr, d_first + ctx, d_parts, sampled, PARTS, PP,
+                                                                       FILTERED)
+                    invalid = invalid | d_bad
+            if greedy:
+                argmax = _line_argmax(part_m_ptr, part_i_ptr, t_first + ctx, t_parts, t_max, PARTS, PP)
+            t_line = target_ptr + row64 * t_stride_b + ctx.to(tl.int64) * t_stride_n
+            d_line = draft_ptr + row64 * d_stride_b + ctx.to(tl.int64) * d_stride_n
+            # The residual at this context: w = max(p - c q, 0) [y not in S], Z = mass, M = draft_mass.
             c = 0.0
             mass = 1.0
             draft_mass = 1.0
-            removed = tl.full([W_POW2], -1, tl.int64)
-            n_removed = 0
-            entered = offset * 0 - 1
-            for rank in range(0, W):
-                child = tl.load(children_ptr + line * W + rank)
-                if (child >= 0) & (entered < 0) & ~bad:
-                    x = tl.load(tokens_ptr + row.to(tl.int64) * N + child)
+            removed = tl.full((NP,), -1, tl.int32)
+            removed_count = row * 0
+            entered = row * 0 - 1
+            rank = row * 0
+            for j in range(0, N):
+                if (_at(children.to(tl.int32), nodes, j) != 0) & (entered < 0) & (invalid == 0):
+                    x = _at(tokens, nodes, j)
                     if greedy:
-                        entered = tl.where(x == argmax, child, entered)
+                        entered = tl.where(x == argmax, j, entered)
                     else:
-                        x_removed = tl.sum(((removed == x) & (slots < n_removed)).to(tl.int32), axis=0) > 0
-                        p_x = _prob_at(t_base, x, inv_t, p_m, p_z, p_tau)
+                        x_removed = tl.max(((removed == x) & (nodes < removed_count)).to(tl.int32), axis=0) != 0
+                        p_x = _prob(tl.load(t_line + x).to(tl.float32) * inv_t, t_max, t_norm, t_rcp, t_tau, FILTERED)
                         if HAS_DRAFT:
-                            q_x = _prob_at(d_base, x, inv_t, q_m, q_z, q_tau)
+                            q_x = _prob(tl.load(d_line + x).to(tl.float32) * inv_t, d_max, d_norm, d_rcp, d_tau, FILTERED)
                             w_x = tl.maximum(p_x - c * q_x, 0.0)
+                            proposal = q_x
                             if WITHOUT_REPLACEMENT:
                                 w_x = tl.where(x_removed, 0.0, w_x)
                                 proposal = tl.where(x_removed, 0.0, q_x)
-                            else:
-                                proposal = q_x
                         else:
                             w_x = tl.where(x_removed, 0.0, p_x)
                             proposal = 1.0
                         u = _coin(key, offset + depth, rank)
                         if u * proposal * mass < w_x * draft_mass:
-                            entered = child
+                            entered = j
                         else:
-                            # The next residual (c, S), and its mass; kept only if it is not zero everywhere.
+                            # The next residual (c, S) and its masses; kept only if it is not zero everywhere.
                             new_c = c
                             if HAS_DRAFT:
                                 new_c = c + mass / draft_mass
                             new_removed = removed
-                            new_n = n_removed
+                            new_count = removed_count
                             if WITHOUT_REPLACEMENT or not HAS_DRAFT:
-                                new_removed = tl.where(slots == n_removed, x, removed)
-                                new_n = n_removed + 1
-                            offs = tl.arange(0, BLOCK)
+                                new_removed = tl.where(nodes == removed_count, x, removed)
+                                new_count = removed_count + 1
                             new_mass = 0.0
                             new_draft_mass = draft_mass
                             if WITHOUT_REPLACEMENT:
                                 new_draft_mass = 0.0
                             for start in range(0, V, BLOCK):
-                                idx = start + offs
-                                live = tl.where(slots < new_n, new_removed, -1)
-                                w, p, q = _residual_tile(t_base, d_base, idx, V, Vd, inv_t, p_m, p_z, p_tau, q_m, q_z, q_tau, 1.0, new_c, -1, live,
-                                                         HAS_DRAFT)
+                                idx = start + tl.arange(0, BLOCK)
+                                w, q = _residual_tile(t_line, d_line, idx, V, Vd, inv_t, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau, 1.0,
+                                                      new_c, -1, HAS_DRAFT, new_removed, new_count, HAS_DRAFT, FILTERED)
                                 new_mass += tl.sum(w, axis=0)
                                 if WITHOUT_REPLACEMENT:
-                                    gone = tl.sum((idx[:, None] == live[None, :]).to(tl.int32), axis=1) > 0
-                                    new_draft_mass += tl.sum(tl.where(gone, 0.0, q), axis=0)
+                                    new_draft_mass += tl.sum(q, axis=0)
                             if new_mass > 0.0:
                                 c = new_c
                                 mass = new_mass
                                 draft_mass = new_draft_mass
                                 removed = new_removed
-                                n_removed = new_n
-            walking = (entered >= 0) & ~bad
+                                removed_count = new_count
+                    rank += 1
+            walking = (entered >= 0) & (invalid == 0)
             if walking:
-                tl.store(path_ptr + row.to(tl.int64) * D + depth, entered)
+                path = tl.where(nodes == depth, entered, path)
                 ctx = entered + 1
                 depth += 1
-    tl.store(state_line_ptr + row, line0 + ctx)
-    tl.store(state_depth_ptr + row, depth)
-    tl.store(state_c_ptr + row, c)
-    tl.store(state_removed_ptr + row.to(tl.int64) * W_POW2 + slots, tl.where(slots < n_removed, removed, -1))
-    tl.store(state_bad_ptr + row, bad.to(tl.int32))
+    use_draft = (c > 0.0) & HAS_DRAFT
+    _store_state(state_f_ptr, state_i_ptr, row, 1.0, c, t_max, t_norm, t_tau, d_max, d_norm, d_tau, ctx, tl.where(use_draft, ctx, -1), depth, -1,
+                 invalid, argmax, removed_count)
+    tl.store(removed_ptr + row64 * NP + nodes, removed)
+    tl.store(path_ptr + row64 * NP + nodes, path)
+    # The outputs' width: the deepest used node over the batch, published by the last program.
+    tl.atomic_max(walk_counter_ptr + 1, deepest, sem="relaxed", scope="gpu")
+    tl.debug_barrier()
+    ticket = tl.atomic_add(walk_counter_ptr, 1, sem="acq_rel", scope="gpu")
+    if ticket == batch - 1:
+        tl.store(depth_ptr, tl.atomic_xchg(walk_counter_ptr + 1, 0, sem="acq_rel", scope="gpu"))
+        tl.store(walk_counter_ptr, 0)  # ready for the next call (and the next graph replay)
 
 
-@triton.jit
-def race_kernel(
-    target_ptr,  # (B, L, V) raw logits
-    draft_ptr,  # (B, Ld, Vd) raw logits (unused without HAS_DRAFT)
-    inv_t_ptr,  # (B,) float32
-    keys_ptr,
-    offsets_ptr,  # (B,) int64
-    t_m_ptr, t_z_ptr, t_tau_ptr,  # target line statistics
-    d_m_ptr, d_z_ptr, d_tau_ptr,  # draft line statistics
-    state_line_ptr,  # (B,) int64: target line (row * L + context)
-    state_draft_ptr,  # (B,) int64: draft line, -1 = none (q = 0)
-    state_depth_ptr,  # (B,) int64: the race's position is offset + depth
-    state_a_ptr,  # (B,) float32
-    state_c_ptr,  # (B,) float32
-    state_hot_ptr,  # (B,) int64: id of a point-mass proposal to subtract, -1 = none
-    state_removed_ptr,  # (B, W_POW2) int64
-    race_val_ptr, race_idx_ptr, bonus_val_ptr, bonus_idx_ptr,  # (B, CHUNKS) out
-    L,
-    Ld,
-    V,
-    Vd,
-    t_stride_b, t_stride_l, d_stride_b, d_stride_l,
-    chunk_size,
-    num_chunks,
-    HAS_DRAFT: tl.constexpr,
-    W_POW2: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    inv_t = tl.load(inv_t_ptr + row)
-    key = tl.load(keys_ptr + row)
-    line = tl.load(state_line_ptr + row)
-    position = tl.load(offsets_ptr + row) + tl.load(state_depth_ptr + row)
-    a = tl.load(state_a_ptr + row)
-    c = tl.load(state_c_ptr + row)
-    hot = tl.load(state_hot_ptr + row)
-    removed = tl.load(state_removed_ptr + row.to(tl.int64) * W_POW2 + tl.arange(0, W_POW2))
-    p_m = tl.load(t_m_ptr + line)
-    p_z = tl.load(t_z_ptr + line)
-    p_tau = tl.load(t_tau_ptr + line)
-    t_base = target_ptr + row.to(tl.int64) * t_stride_b + (line - row.to(tl.int64) * L) * t_stride_l
-    d_line = tl.load(state_draft_ptr + row)
-    q_m = 0.0
-    q_z = 1.0
-    q_tau = float("inf")  # no draft line: q = 0
-    d_base = draft_ptr
-    if HAS_DRAFT:
-        if d_line >= 0:
-            q_m = tl.load(d_m_ptr + d_line)
-            q_z = tl.load(d_z_ptr + d_line)
-            q_tau = tl.load(d_tau_ptr + d_line)
-            d_base = draft_ptr + row.to(tl.int64) * d_stride_b + (d_line - row.to(tl.int64) * Ld) * d_stride_l
-    start_c = chunk * chunk_size
-    end_c = tl.minimum(start_c + chunk_size, V)
-    offs = tl.arange(0, BLOCK)
-    best = 0.0
-    best_idx = -1
-    best_p = -1.0
-    best_p_idx = 0
-    for start in range(start_c, end_c, BLOCK):
-        idx = start + offs
-        mask = idx < end_c
-        w, p, _ = _residual_tile(t_base, d_base, idx, V, Vd, inv_t, p_m, p_z, p_tau, q_m, q_z, q_tau, a, c, hot, removed, HAS_DRAFT)
-        e = _race_exponentials(key, position, idx.to(tl.int64))
-        value = tl.where(mask, w / e, 0.0)
-        tile_best = tl.max(value, axis=0)
-        tile_idx = start + tl.argmax(value, axis=0, tie_break_left=True)
-        take = tile_best > best
-        best_idx = tl.where(take, tile_idx, best_idx)
-        best = tl.where(take, tile_best, best)
-        by_p = tl.where(mask, p / e, -1.0)
-        tile_p = tl.max(by_p, axis=0)
-        tile_p_idx = start + tl.argmax(by_p, axis=0, tie_break_left=True)
-        take_p = tile_p > best_p
-        best_p_idx = tl.where(take_p, tile_p_idx, best_p_idx)
-        best_p = tl.where(take_p, tile_p, best_p)
-    out = row.to(tl.int64) * num_chunks + chunk
-    tl.store(race_val_ptr + out, best)
-    tl.store(race_idx_ptr + out, best_idx.to(tl.int64))
-    tl.store(bonus_val_ptr + out, best_p)
-    tl.store(bonus_idx_ptr + out, best_p_idx.to(tl.int64))
-
-
-@triton.jit
-def _winner(race_val_ptr, race_idx_ptr, bonus_val_ptr, bonus_idx_ptr, row, num_chunks, CHUNKS_POW2: tl.constexpr):
-    chunks = tl.arange(0, CHUNKS_POW2)
-    cmask = chunks < num_chunks
-    offs = row.to(tl.int64) * num_chunks + chunks
-    values = tl.load(race_val_ptr + offs, mask=cmask, other=0.0)
-    idxs = tl.load(race_idx_ptr + offs, mask=cmask, other=-1)
-    best = tl.max(values, axis=0)
-    first = tl.min(tl.where(cmask & (values == best) & (values > 0.0), chunks, CHUNKS_POW2), axis=0)
-    winner = tl.sum(tl.where(chunks == first, idxs, 0), axis=0)
-    p_values = tl.load(bonus_val_ptr + offs, mask=cmask, other=-1.0)
-    p_idxs = tl.load(bonus_idx_ptr + offs, mask=cmask, other=0)
-    p_best = tl.max(p_values, axis=0)
-    p_first = tl.min(tl.where(cmask & (p_values == p_best), chunks, CHUNKS_POW2), axis=0)
-    p_winner = tl.sum(tl.where(chunks == p_first, p_idxs, 0), axis=0)
-    return tl.where(best > 0.0, winner, p_winner)
-
-
-@triton.jit
-def tree_finalize_kernel(
-    tokens_ptr,  # (B, N) int64
-    greedy_ptr,  # (B,) int32
-    t_arg_ptr,  # (B * (N+1),) int64
-    state_line_ptr, state_depth_ptr, state_bad_ptr,
-    path_ptr,  # (B, D) int64
-    race_val_ptr, race_idx_ptr, bonus_val_ptr, bonus_idx_ptr,
-    out_tokens_ptr,  # (B, D+1) int64 out
-    out_accepted_ptr,  # (B,) int64 out
-    N,
-    D,
-    num_chunks,
-    CHUNKS_POW2: tl.constexpr,
-    D1_POW2: tl.constexpr,
-):
-    row = tl.program_id(0)
-    bad = tl.load(state_bad_ptr + row) != 0
-    depth = tl.load(state_depth_ptr + row)
-    winner = _winner(race_val_ptr, race_idx_ptr, bonus_val_ptr, bonus_idx_ptr, row, num_chunks, CHUNKS_POW2)
-    winner = tl.where(tl.load(greedy_ptr + row) != 0, tl.load(t_arg_ptr + tl.load(state_line_ptr + row)), winner)
-    cols = tl.arange(0, D1_POW2)
-    nodes = tl.load(path_ptr + row.to(tl.int64) * D + cols, mask=(cols < depth) & (cols < D), other=0)
-    node_tokens = tl.load(tokens_ptr + row.to(tl.int64) * N + nodes, mask=(cols < depth) & (cols < D), other=-1)
-    out = tl.where(cols < depth, node_tokens, tl.where(cols == depth, winner, -1))
-    out = tl.where(bad, -1, out)
-    tl.store(out_tokens_ptr + row.to(tl.int64) * (D + 1) + cols, out, mask=cols < D + 1)
-    tl.store(out_accepted_ptr + row, tl.where(bad, 0, depth))
-    paths = tl.load(path_ptr + row.to(tl.int64) * D + cols, mask=cols < D, other=-1)
-    tl.store(path_ptr + row.to(tl.int64) * D + cols, tl.where(bad | (cols >= depth), -1, paths), mask=cols < D)
-
-
-@triton.jit
+@triton.jit(do_not_specialize=["base_key", "batch", "t_parts", "d_parts"])
 def block_walk_kernel(
-    target_ptr,  # (B, K+1, V) raw logits
-    draft_ptr,  # (B, K, Vd) raw logits (unused without HAS_DRAFT)
-    tokens_ptr,  # (B, K) int64 drafts
+    target_ptr,  # (B, K+1, V) raw target logits, last dim contiguous
+    draft_ptr,  # (B, K, Vd) raw draft logits (unused without HAS_DRAFT)
+    tokens_ptr,  # (B, K) int32 / int64 draft tokens
+    temperature_ptr,  # (B,) float32, 0 = greedy
+    top_k_ptr,  # (B,) int64 (validity only)
+    top_p_ptr,  # (B,) float32 (validity only)
     num_draft_ptr,  # (B,) int64
-    pre_bad_ptr,  # (B,) int32
-    inv_t_ptr,  # (B,) float32
-    greedy_ptr,  # (B,) int32
-    keys_ptr,
-    offsets_ptr,  # (B,) int64
-    t_m_ptr, t_z_ptr, t_tau_ptr, t_arg_ptr, t_bad_ptr,  # (B * (K+1),)
-    d_m_ptr, d_z_ptr, d_tau_ptr, d_bad_ptr,  # (B * K,)
-    state_line_ptr, state_draft_ptr, state_depth_ptr, state_a_ptr, state_c_ptr, state_hot_ptr, state_bad_ptr,  # (B,) out
-    K,
-    V,
-    Vd,
-    t_stride_b, t_stride_l, d_stride_b, d_stride_l,
-    HAS_DRAFT: tl.constexpr,
-    CHECK: tl.constexpr,
-    K1_POW2: tl.constexpr,
-    BLOCK: tl.constexpr,
+    seeds_ptr,  # (B,) int64 (HAS_SEEDS)
+    offsets_ptr,  # (B,) int64 absolute position of draft position 0 (HAS_OFFSETS)
+    tau_ptr,  # (lines,) float32 cut-offs (FILTERED)
+    part_m_ptr,  # (lines, PARTS) float32 line statistics partials
+    part_z_ptr,  # (lines, PARTS) float32
+    part_i_ptr,  # (lines, PARTS) int32
+    gathered_ptr,  # (lines,) float32: each position's raw logit at its draft token (stats.py)
+    state_f_ptr,  # (B, 8) float32 out: row state (module docstring)
+    state_i_ptr,  # (B, 8) int32 out
+    base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
+    batch, K, V, Vd,  # sizes
+    t_stride_b, t_stride_k, d_stride_b, d_stride_k, tok_stride_b,  # strides, in elements
+    t_parts, d_parts,  # statistics partials of a target (draft) line
+    PARTS: tl.constexpr,
+    PP: tl.constexpr,
+    KP: tl.constexpr,  # next power of two of K + 1
+    HAS_DRAFT: tl.constexpr,  # draft logits (else one-hot drafts)
+    HAS_SEEDS: tl.constexpr,  # per-row keys
+    HAS_OFFSETS: tl.constexpr,  # per-row positions
+    CHECK: tl.constexpr,  # blank for a bad value in any used line (greedy rows' draft lines too)
+    FILTERED: tl.constexpr,  # top-k / top-p: the lines' cut-offs in tau
+    BLOCK: tl.constexpr,  # ids per step of a residual-mass pass
 ):
+    # The row, all positions at once where they do not depend on each other (as the chain's race).
     row = tl.program_id(0)
-    t_line0 = row.to(tl.int64) * (K + 1)
-    d_line0 = row.to(tl.int64) * K
-    n = tl.load(num_draft_ptr + row)
-    bad = tl.load(pre_bad_ptr + row) != 0
-    n = tl.minimum(tl.maximum(n, 0), K)
-    greedy = tl.load(greedy_ptr + row) != 0
-    inv_t = tl.load(inv_t_ptr + row)
-    key = tl.load(keys_ptr + row)
-    offset = tl.load(offsets_ptr + row)
-    t_row = target_ptr + row.to(tl.int64) * t_stride_b
-    d_row = draft_ptr + row.to(tl.int64) * d_stride_b
-    for i in range(0, K + 1):  # sampled rows (and check=True) read every line up to n
-        need = (i <= n) & ~greedy
-        if CHECK:
-            need = i <= n
-        if need:
-            bad = bad | (tl.load(t_bad_ptr + t_line0 + i) != 0)
-            if HAS_DRAFT:
-                if i < n:
-                    bad = bad | (tl.load(d_bad_ptr + d_line0 + i) != 0)
-    tau = n * 0  # int64
+    positions = tl.arange(0, KP)
+    temperature, inv_t, n, key, offset, invalid = row_parameters(temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr,
+                                                                 base_key, row, K, HAS_SEEDS, HAS_OFFSETS)
+    row64 = row.to(tl.int64)
+    greedy = temperature == 0
+    sampled_v = tl.where(temperature != 0, positions >= 0, positions < 0)  # per-position copy of a row flag
+    t_first = row * (K + 1)
+    d_first = batch * (K + 1) + row * K
+    t_lines = positions <= K
+    d_lines = positions < K
+    drafted = positions < n
+    t_max, t_norm, t_bad = _combine_lines(part_m_ptr, part_z_ptr, t_first, positions, t_lines, t_parts, PARTS, PP)
+    t_rcp = reciprocal(tl.where(t_norm > 0, t_norm, 1.0))
+    t_tau = tl.full((KP,), float("-inf"), tl.float32)
+    if FILTERED:
+        t_tau = tl.where(sampled_v, tl.load(tau_ptr + t_first + positions, mask=t_lines, other=float("-inf")), float("-inf"))
+    tokens = tl.load(tokens_ptr + row64 * tok_stride_b + positions, mask=d_lines, other=0).to(tl.int64)
+    invalid = invalid | (tl.max((drafted & ((tokens < 0) | (tokens >= Vd))).to(tl.int32), axis=0) != 0)
+    tokens = tl.minimum(tl.maximum(tokens, 0), Vd - 1).to(tl.int32)
+    p_x = _prob(tl.load(gathered_ptr + t_first + positions, mask=d_lines, other=0.0) * inv_t, t_max, t_norm, t_rcp, t_tau, FILTERED)
+    d_max = t_max
+    d_norm = t_norm
+    d_rcp = t_rcp
+    d_tau = t_tau
+    q_x = tl.full((KP,), 1.0, tl.float32)
+    read_bad = t_bad & (positions <= n)  # a sampled row reads every line up to n (the stop is searched from n down)
+    if HAS_DRAFT:
+        d_max, d_norm, d_bad = _combine_lines(part_m_ptr, part_z_ptr, d_first, positions, d_lines, d_parts, PARTS, PP)
+        d_rcp = reciprocal(tl.where(d_norm > 0, d_norm, 1.0))
+        if FILTERED:
+            d_tau = tl.where(sampled_v, tl.load(tau_ptr + d_first + positions, mask=d_lines, other=float("-inf")), float("-inf"))
+        q_x = _prob(tl.load(gathered_ptr + d_first + positions, mask=d_lines, other=0.0) * inv_t, d_max, d_norm, d_rcp, d_tau, FILTERED)
+        read_bad = read_bad | (drafted & d_bad)
+    tau = row * 0
     a = 1.0
-    if greedy:
-        going = ~bad
-        for i in range(0, K + 1):
-            if going:
-                bad = bad | (tl.load(t_bad_ptr + t_line0 + i) != 0)
-                token = tl.load(tokens_ptr + row.to(tl.int64) * K + i, mask=i < K, other=-1)
-                match = (i < n) & (token == tl.load(t_arg_ptr + t_line0 + i))
-                going = match & ~bad
-                tau = tl.where(match, n * 0 + i + 1, tau)
-    else:
-        # p_i = min(1, p_{i-1} p(x_i) / q(x_i)); kept in a register vector indexed by i.
-        cols = tl.arange(0, K1_POW2)
-        carried = tl.where(cols == 0, 1.0, 0.0)
+    argmax = tl.zeros((KP,), tl.int32)
+    if greedy:  # token by token: the first draft that is not the argmax stops the walk
+        argmax = _combine_argmax(part_m_ptr, part_i_ptr, t_first, positions, t_lines, t_parts, t_max, PARTS, PP)
+        tau = tl.min(tl.where(drafted & (tokens == argmax), KP, positions), axis=0)
+        if not CHECK:
+            read_bad = t_bad & (positions <= tau)
+    invalid = invalid | (tl.max(read_bad.to(tl.int32), axis=0) != 0)
+    if (greedy == 0) & (invalid == 0):
+        # p_i = min(1, p_{i-1} p(x_i) / q(x_i)), kept per position.
+        carried = tl.where(positions == 0, 1.0, 0.0)
         previous = 1.0
         for i in range(1, K + 1):
             if i <= n:
-                x = tl.load(tokens_ptr + row.to(tl.int64) * K + i - 1)
-                p_x = _prob_at(t_row + (i - 1) * t_stride_l, x, inv_t, tl.load(t_m_ptr + t_line0 + i - 1), tl.load(t_z_ptr + t_line0 + i - 1),
-                               tl.load(t_tau_ptr + t_line0 + i - 1))
-                q_x = 1.0
-                if HAS_DRAFT:
-                    q_x = _prob_at(d_row + (i - 1) * d_stride_l, x, inv_t, tl.load(d_m_ptr + d_line0 + i - 1), tl.load(d_z_ptr + d_line0 + i - 1),
-                                   tl.load(d_tau_ptr + d_line0 + i - 1))
-                joint = previous * p_x
-                ratio = tl.where(q_x > 0.0, joint / q_x, tl.where(joint > 0.0, 1.0, 0.0))
+                joint = previous * _at(p_x, positions, i - 1)
+                q_i = _at(q_x, positions, i - 1)
+                ratio = tl.where(q_i > 0.0, tl.math.div_rn(joint, tl.where(q_i > 0.0, q_i, 1.0)), tl.where(joint > 0.0, 1.0, 0.0))
                 previous = tl.minimum(ratio, 1.0)
-                carried = tl.where(cols == i, previous, carried)
-        # The last i whose coin passes (searched from n down).
-        found = bad
+                carried = tl.where(positions == i, previous, carried)
+        # The last i whose coin passes, searched from n down (0 when none does).
+        found = invalid
         for step in range(0, K):
             at = n - step
-            if (at >= 1) & ~found:
+            if (at >= 1) & (found == 0):
                 eta = _coin(key, offset + at - 1, 0)
-                weight = tl.sum(tl.where(cols == at, carried, 0.0), axis=0)
+                weight = _at(carried, positions, at)
                 stop = eta < weight
                 if at < n:
-                    offs = tl.arange(0, BLOCK)
-                    p_m = tl.load(t_m_ptr + t_line0 + at)
-                    p_z = tl.load(t_z_ptr + t_line0 + at)
-                    p_tau = tl.load(t_tau_ptr + t_line0 + at)
-                    q_m = 0.0
-                    q_z = 1.0
-                    q_tau = 0.0
-                    hot = n * 0 - 1
-                    if HAS_DRAFT:
-                        q_m = tl.load(d_m_ptr + d_line0 + at)
-                        q_z = tl.load(d_z_ptr + d_line0 + at)
-                        q_tau = tl.load(d_tau_ptr + d_line0 + at)
-                    else:
-                        hot = tl.load(tokens_ptr + row.to(tl.int64) * K + at)
-                    no_removed = tl.full([2], -1, tl.int64)
+                    # S_at = sum_y max(p_at P(y) - Q(y), 0): Q the draft line, or one-hot at x_{at+1}.
+                    t_line = target_ptr + row64 * t_stride_b + at.to(tl.int64) * t_stride_k
+                    d_line = draft_ptr + row64 * d_stride_b + at.to(tl.int64) * d_stride_k
+                    hot = -1
+                    if not HAS_DRAFT:
+                        hot = _at(tokens, positions, at)
                     inner = 0.0
                     for start in range(0, V, BLOCK):
-                        idx = start + offs
-                        w, _, _ = _residual_tile(t_row + at * t_stride_l, d_row + at * d_stride_l, idx, V, Vd, inv_t, p_m, p_z, p_tau, q_m, q_z, q_tau,
-                                                 weight, 1.0, hot, no_removed, HAS_DRAFT)
+                        w, _ = _residual_tile(t_line, d_line, start + tl.arange(0, BLOCK), V, Vd, inv_t, _at(t_max, positions, at),
+                                              _at(t_norm, positions, at), _at(t_rcp, positions, at), _at(t_tau, positions, at),
+                                              _at(d_max, positions, at), _at(d_norm, positions, at), _at(d_rcp, positions, at),
+                                              _at(d_tau, positions, at), weight, 1.0, hot, HAS_DRAFT, positions, 0, HAS_DRAFT, FILTERED)
                         inner += tl.sum(w, axis=0)
                     stop = eta * (inner + (1.0 - weight)) < inner
                 tau = tl.where(stop, at, tau)
                 found = stop
-        a = tl.where(tau < n, tl.sum(tl.where(cols == tau, carried, 0.0), axis=0), 1.0)
-    residual = (tau < n) & ~greedy
-    tl.store(state_line_ptr + row, t_line0 + tau)
-    tl.store(state_depth_ptr + row, tau)
-    tl.store(state_a_ptr + row, tl.where(residual, a, 1.0))
+        a = tl.where(tau < n, _at(carried, positions, tau), 1.0)
+    # The final residual: max(a P_tau - Q_tau, 0) after a stop before n (one-hot Q without draft
+    # logits), P_n itself at tau = n.
+    residual = (tau < n) & (greedy == 0)
+    draft_position = -1
+    c = 0.0
+    hot = -1
     if HAS_DRAFT:
-        tl.store(state_draft_ptr + row, tl.where(residual, d_line0 + tau, -1))
-        tl.store(state_c_ptr + row, tl.where(residual, 1.0, 0.0))
-        tl.store(state_hot_ptr + row, n * 0 - 1)
+        draft_position = tl.where(residual, tau, -1)
+        c = tl.where(residual, 1.0, 0.0)
     else:
-        tl.store(state_draft_ptr + row, n * 0 - 1)
-        tl.store(state_c_ptr + row, 0.0)
-        hot_id = tl.load(tokens_ptr + row.to(tl.int64) * K + tl.minimum(tau, K - 1), mask=residual, other=-1)
-        tl.store(state_hot_ptr + row, tl.where(residual, hot_id, -1))
-    tl.store(state_bad_ptr + row, bad.to(tl.int32))
+        hot = tl.where(residual, _at(tokens, positions, tau), -1)
+    _store_state(state_f_ptr, state_i_ptr, row, tl.where(residual, a, 1.0), c, _at(t_max, positions, tau), _at(t_norm, positions, tau),
+                 _at(t_tau, positions, tau), _at(d_max, positions, tau), _at(d_norm, positions, tau), _at(d_tau, positions, tau),
+                 tau, draft_position, tau, hot, invalid, _at(argmax, positions, tau), 0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Races
 
 
 @triton.jit
-def block_finalize_kernel(
-    target_ptr,  # (B, K+1, V) raw logits
-    tokens_ptr,  # (B, K) int64
-    greedy_ptr,  # (B,) int32
-    inv_t_ptr,  # (B,) float32
-    t_m_ptr, t_z_ptr, t_tau_ptr, t_arg_ptr, t_logz_ptr,  # (B * (K+1),)
-    state_line_ptr, state_depth_ptr, state_bad_ptr,
-    race_val_ptr, race_idx_ptr, bonus_val_ptr, bonus_idx_ptr,
+def _residual_race(
+    key, t_line, d_line, start, end, draft_end, p_lo, p_hi, inv_t, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau, a, c, hot, use_draft,
+    removed, removed_count, HAS_DRAFT: tl.constexpr, FILTERED: tl.constexpr, INTERPRET: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """(best key, lowest id with it) of the race argmax w(y) / E_y over the ids [start, end), start a
+    multiple of BLOCK: per-lane running maxima, one block reduction at the end."""
+    lane_best = tl.full((BLOCK,), -1.0, tl.float32)
+    lane_tile = tl.zeros((BLOCK,), tl.int32)
+    tile = 0
+    for tile_start in range(start, end, BLOCK):
+        tile_start = tl.multiple_of(tile_start, BLOCK)
+        idx = tile_start + tl.arange(0, BLOCK)
+        w, _ = _residual_tile(t_line, d_line, idx, end, draft_end, inv_t, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau, a, c, hot, use_draft,
+                              removed, removed_count, HAS_DRAFT, FILTERED)
+        # w / E with E = -ln(2) log2(u): the positive factor ln(2) does not move the argmax.
+        race_key = w * -fast_reciprocal(log2_uniform(race_uniforms(key, tile_start, p_lo, p_hi, 1, BLOCK), INTERPRET), INTERPRET)
+        race_key = tl.where(idx < end, race_key, -1.0)
+        lane_best, lane_tile = keep_better(race_key, lane_best, lane_tile, tile)
+        tile += 1
+    return lanes_winner(lane_best, lane_tile, start, BLOCK)
+
+
+@triton.jit
+def _race_and_arrive(
+    target_ptr, draft_ptr, temperature_ptr, seeds_ptr, offsets_ptr, state_f_ptr, state_i_ptr, removed_ptr, race_val_ptr, race_idx_ptr, counter_ptr,
+    base_key, V, Vd, t_stride_b, t_stride_l, d_stride_b, d_stride_l, tiles_per_chunk, num_chunks,
+    RP: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_SEEDS: tl.constexpr, HAS_OFFSETS: tl.constexpr, FILTERED: tl.constexpr, INTERPRET: tl.constexpr,
+    FINAL_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """The race of this program's chunk of the row's residual, then its ticket: (last, winner,
+    state ints (position, depth, bad, greedy winner)). ``last``: this program arrived last, and
+    ``winner`` is the row's (lowest id among equal keys; the race on p if the residual is zero)."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    row64 = row.to(tl.int64)
+    temperature = tl.load(temperature_ptr + row)
+    inv_t = tl.math.div_rn(1.0, tl.where(temperature > 0, temperature, 1.0))
+    if HAS_SEEDS:
+        key = tl.load(seeds_ptr + row)
+    else:
+        key = base_key + row64
+    offset = row64 * 0
+    if HAS_OFFSETS:
+        offset = tl.load(offsets_ptr + row)
+    f = state_f_ptr + row64 * 8
+    a = tl.load(f)
+    c = tl.load(f + 1)
+    t_max = tl.load(f + 2)
+    t_norm = tl.load(f + 3)
+    t_tau = tl.load(f + 4)
+    d_max = tl.load(f + 5)
+    d_norm = tl.load(f + 6)
+    d_tau = tl.load(f + 7)
+    i = state_i_ptr + row64 * 8
+    position = tl.load(i)
+    draft_position = tl.load(i + 1)
+    depth = tl.load(i + 2)
+    hot = tl.load(i + 3)
+    bad = tl.load(i + 4) != 0
+    removed_count = tl.load(i + 6)
+    removed = tl.load(removed_ptr + row64 * RP + tl.arange(0, RP), mask=tl.arange(0, RP) < removed_count, other=-1)
+    t_rcp = reciprocal(tl.where(t_norm > 0, t_norm, 1.0))
+    d_rcp = reciprocal(tl.where(d_norm > 0, d_norm, 1.0))
+    use_draft = draft_position >= 0
+    p_lo, p_hi = position_words(offset + depth)
+    t_line = target_ptr + row64 * t_stride_b + position.to(tl.int64) * t_stride_l
+    d_line = draft_ptr + row64 * d_stride_b + tl.maximum(draft_position, 0).to(tl.int64) * d_stride_l
+    start = chunk * tiles_per_chunk * BLOCK
+    end = tl.minimum(start + tiles_per_chunk * BLOCK, V)
+    races = (temperature != 0) & (bad == 0)
+    best = -1.0
+    best_index = start
+    if races:
+        best, best_index = _residual_race(key, t_line, d_line, start, end, tl.minimum(end, Vd), p_lo, p_hi, inv_t, t_max, t_norm, t_rcp, t_tau, d_max,
+                                          d_norm, d_rcp, d_tau, a, c, hot, use_draft, removed, removed_count, HAS_DRAFT, FILTERED, INTERPRET, BLOCK)
+    slot = row64 * num_chunks + chunk
+    tl.store(race_val_ptr + slot, best)
+    tl.store(race_idx_ptr + slot, best_index)
+    tl.debug_barrier()  # every thread's stores precede the release below
+    ticket = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
+    last = ticket == num_chunks - 1
+    winner = row * 0
+    if last:
+        winner_key, winner = chunk_winner(race_val_ptr, race_idx_ptr, row64, num_chunks, FINAL_BLOCK)
+        if races & (winner_key <= 0.0):
+            # Every residual weight is zero (p equals q up to rounding): race p over the whole line.
+            _, winner = _residual_race(key, t_line, d_line, 0, V, Vd, p_lo, p_hi, inv_t, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau,
+                                       1.0, 0.0, -1, use_draft & (row < 0), removed, 0, HAS_DRAFT, FILTERED, INTERPRET, BLOCK)
+        winner = tl.where(temperature == 0, tl.load(i + 5), winner)
+        tl.store(counter_ptr + row, 0)  # ready for the next call (and the next graph replay)
+    return last, winner, position, depth, bad | (winner < 0) | (winner >= V)
+
+
+@triton.jit(do_not_specialize=["base_key", "tiles_per_chunk", "num_chunks", "D"])
+def tree_race_kernel(
+    target_ptr,  # (B, N+1, V) raw target logits
+    draft_ptr,  # (B, N+1, Vd) raw draft logits (unused without HAS_DRAFT)
+    tokens_ptr,  # (B, N) int32 / int64 node tokens
+    temperature_ptr,  # (B,) float32
+    seeds_ptr,  # (B,) int64 (HAS_SEEDS)
+    offsets_ptr,  # (B,) int64 (HAS_OFFSETS)
+    state_f_ptr,  # (B, 8) float32 row state (tree_walk_kernel)
+    state_i_ptr,  # (B, 8) int32
+    removed_ptr,  # (B, NP) int32
+    path_ptr,  # (B, NP) int32 the nodes entered
+    race_val_ptr,  # (B, >= num_chunks) float32 workspace: each chunk's best key
+    race_idx_ptr,  # (B, >= num_chunks) int32 workspace: its id
+    counter_ptr,  # (B,) int32 workspace, 0 between calls: programs of the row that arrived
+    out_tokens_ptr,  # (B, D+1) int64 out
+    out_accepted_ptr,  # (B,) int64 out
+    out_nodes_ptr,  # (B, D) int64 out: accepted_nodes
+    base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
+    N, V, Vd,  # sizes
+    t_stride_b, t_stride_n, d_stride_b, d_stride_n, tok_stride_b,  # strides, in elements
+    tiles_per_chunk, num_chunks,  # race tiles (BLOCK ids) per chunk, programs per row
+    D,  # the outputs' depth (tree_walk_kernel's deepest used node, or N)
+    NP: tl.constexpr,  # next power of two of max(N, 1)
+    D1P: tl.constexpr,  # next power of two of N + 1
+    HAS_DRAFT: tl.constexpr,
+    HAS_SEEDS: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
+    FILTERED: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    BLOCK: tl.constexpr,  # ids per race tile
+    FINAL_BLOCK: tl.constexpr,  # chunk results read per step when finalising
+):
+    last, winner, _, depth, bad = _race_and_arrive(
+        target_ptr, draft_ptr, temperature_ptr, seeds_ptr, offsets_ptr, state_f_ptr, state_i_ptr, removed_ptr, race_val_ptr, race_idx_ptr, counter_ptr,
+        base_key, V, Vd, t_stride_b, t_stride_n, d_stride_b, d_stride_n, tiles_per_chunk, num_chunks, NP, HAS_DRAFT, HAS_SEEDS, HAS_OFFSETS, FILTERED,
+        INTERPRET, FINAL_BLOCK, BLOCK)
+    if last:
+        row64 = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, D1P)
+        path = tl.load(path_ptr + row64 * NP + cols, mask=cols < NP, other=-1)
+        on_path = tl.where(bad, cols < 0, cols < depth)  # (a vector & scalar mask trips the interpreter)
+        node_tokens = tl.load(tokens_ptr + row64 * tok_stride_b + tl.maximum(path, 0), mask=on_path, other=-1).to(tl.int64)
+        emitted = tl.where(on_path, node_tokens, tl.where(tl.where(bad, cols < 0, cols == depth), winner, -1))
+        tl.store(out_tokens_ptr + row64 * (D + 1) + cols, emitted, mask=cols <= D)
+        tl.store(out_accepted_ptr + tl.program_id(0), tl.where(bad, 0, depth).to(tl.int64))
+        tl.store(out_nodes_ptr + row64 * D + cols, tl.where(on_path, path, -1).to(tl.int64), mask=cols < D)
+
+
+@triton.jit(do_not_specialize=["base_key", "batch", "t_parts", "tiles_per_chunk", "num_chunks"])
+def block_race_kernel(
+    target_ptr,  # (B, K+1, V) raw target logits
+    draft_ptr,  # (B, K, Vd) raw draft logits (unused without HAS_DRAFT)
+    tokens_ptr,  # (B, K) int32 / int64 draft tokens
+    temperature_ptr,  # (B,) float32
+    seeds_ptr,  # (B,) int64 (HAS_SEEDS)
+    offsets_ptr,  # (B,) int64 (HAS_OFFSETS)
+    tau_ptr,  # (lines,) float32 cut-offs (FILTERED and LOGPROBS)
+    part_m_ptr,  # (lines, PARTS) float32 line statistics partials (LOGPROBS)
+    part_z_ptr,
+    part_rm_ptr,  # (lines, PARTS) float32 raw statistics (LOGPROBS == 2)
+    part_rz_ptr,
+    gathered_ptr,  # (lines,) float32 raw logit at each position's draft token (LOGPROBS)
+    state_f_ptr,  # (B, 8) float32 row state (block_walk_kernel)
+    state_i_ptr,  # (B, 8) int32
+    race_val_ptr,  # (B, >= num_chunks) float32 workspace
+    race_idx_ptr,  # (B, >= num_chunks) int32 workspace
+    counter_ptr,  # (B,) int32 workspace, 0 between calls
     out_tokens_ptr,  # (B, K+1) int64 out
     out_accepted_ptr,  # (B,) int64 out
-    out_logprobs_ptr,  # (B, K+1) float32 out (when LOGPROBS)
-    K,
-    t_stride_b, t_stride_l,
-    num_chunks,
-    CHUNKS_POW2: tl.constexpr,
-    K1_POW2: tl.constexpr,
+    out_logprobs_ptr,  # (B, K+1) float32 out (LOGPROBS != 0)
+    base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
+    batch, K, V, Vd,  # sizes
+    t_stride_b, t_stride_k, d_stride_b, d_stride_k, tok_stride_b,  # strides, in elements
+    t_parts,  # statistics partials of a target line
+    tiles_per_chunk, num_chunks,  # race tiles (BLOCK ids) per chunk, programs per row
+    PARTS: tl.constexpr,
+    PP: tl.constexpr,
+    KP: tl.constexpr,  # next power of two of K + 1
+    HAS_DRAFT: tl.constexpr,
+    HAS_SEEDS: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
+    FILTERED: tl.constexpr,
     LOGPROBS: tl.constexpr,  # 0 none, 1 processed, 2 raw
+    INTERPRET: tl.constexpr,
+    BLOCK: tl.constexpr,
+    FINAL_BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    bad = tl.load(state_bad_ptr + row) != 0
-    tau = tl.load(state_depth_ptr + row)
-    greedy = tl.load(greedy_ptr + row) != 0
-    winner = _winner(race_val_ptr, race_idx_ptr, bonus_val_ptr, bonus_idx_ptr, row, num_chunks, CHUNKS_POW2)
-    winner = tl.where(greedy, tl.load(t_arg_ptr + tl.load(state_line_ptr + row)), winner)
-    cols = tl.arange(0, K1_POW2)
-    drafts = tl.load(tokens_ptr + row.to(tl.int64) * K + cols, mask=cols < tl.minimum(tau, K), other=-1)
-    out = tl.where(cols < tau, drafts, tl.where(cols == tau, winner, -1))
-    out = tl.where(bad, -1, out)
-    tl.store(out_tokens_ptr + row.to(tl.int64) * (K + 1) + cols, out, mask=cols < K + 1)
-    tl.store(out_accepted_ptr + row, tl.where(bad, 0, tau))
-    if LOGPROBS != 0:
-        lines = row.to(tl.int64) * (K + 1) + cols
-        valid = (cols < K + 1) & (out >= 0)
-        raw = tl.load(target_ptr + row.to(tl.int64) * t_stride_b + cols.to(tl.int64) * t_stride_l + tl.maximum(out, 0), mask=valid, other=0.0).to(tl.float32)
-        raw_lp = raw - tl.load(t_logz_ptr + lines, mask=valid, other=0.0)
-        inv_t = tl.load(inv_t_ptr + row)
-        s = raw * inv_t
-        m = tl.load(t_m_ptr + lines, mask=valid, other=0.0)
-        z = tl.load(t_z_ptr + lines, mask=valid, other=1.0)
-        cut = tl.load(t_tau_ptr + lines, mask=valid, other=float("-inf"))
-        processed = tl.where(s >= cut, (s - m) - tl.log(z), float("-inf"))
-        value = raw_lp
-        if LOGPROBS == 1:
-            value = tl.where(greedy, raw_lp, processed)
-        tl.store(out_logprobs_ptr + row.to(tl.int64) * (K + 1) + cols, tl.where(valid, value, float("nan")), mask=cols < K + 1)
+    # A block's residual removes no id: the walk state's |S| is 0 and the removed ids are never read.
+    last, winner, position, tau, bad = _race_and_arrive(
+        target_ptr, draft_ptr, temperature_ptr, seeds_ptr, offsets_ptr, state_f_ptr, state_i_ptr, state_i_ptr, race_val_ptr, race_idx_ptr, counter_ptr,
+        base_key, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, tiles_per_chunk, num_chunks, 2, HAS_DRAFT, HAS_SEEDS, HAS_OFFSETS, FILTERED,
+        INTERPRET, FINAL_BLOCK, BLOCK)
+    if last:
+        row = tl.program_id(0)
+        row64 = row.to(tl.int64)
+        positions = tl.arange(0, KP)
+        drafts = tl.load(tokens_ptr + row64 * tok_stride_b + positions, mask=positions < tl.minimum(tau, K), other=-1).to(tl.int64)
+        emitted = tl.where(positions < tau, drafts, tl.where(positions == tau, winner, -1))
+        emitted = tl.where(bad, -1, emitted)
+        tl.store(out_tokens_ptr + row64 * (K + 1) + positions, emitted, mask=positions <= K)
+        tl.store(out_accepted_ptr + row, tl.where(bad, 0, tau).to(tl.int64))
+        if LOGPROBS != 0:
+            temperature = tl.load(temperature_ptr + row)
+            t_first = row * (K + 1)
+            t_lines = positions <= K
+            t_max, t_norm, _ = _combine_lines(part_m_ptr, part_z_ptr, t_first, positions, t_lines, t_parts, PARTS, PP)
+            t_tau = tl.full((KP,), float("-inf"), tl.float32)
+            if FILTERED:
+                t_tau = tl.where(temperature != 0, tl.load(tau_ptr + t_first + positions, mask=t_lines, other=float("-inf")), float("-inf"))
+            raw_x = tl.load(gathered_ptr + t_first + positions, mask=positions < K, other=0.0)
+            t_line = target_ptr + row64 * t_stride_b + position.to(tl.int64) * t_stride_k
+            values = emitted_logprobs(t_line, winner, V, positions, tau, raw_x, tl.math.div_rn(1.0, tl.where(temperature > 0, temperature, 1.0)), t_max,
+                                      t_norm, t_tau, temperature == 0, part_rm_ptr, part_rz_ptr, t_first, t_lines, t_parts, LOGPROBS, PARTS, PP)
+            tl.store(out_logprobs_ptr + row64 * (K + 1) + positions, tl.where(emitted >= 0, values, float("nan")), mask=positions <= K)
