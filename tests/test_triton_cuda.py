@@ -78,16 +78,9 @@ def test_cuda_whole_line_search_matches_eager(params):
 
 def _captured(call):
     """A CUDA graph of ``call`` (warmed up on a side stream first) and the outputs it writes."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
-    return graph, out
+    from bench.harness.timing import capture_cuda_graph
+
+    return capture_cuda_graph(call, warmup=2)
 
 
 def _distinct_draws(graph, out, replays: int) -> int:
