@@ -16,8 +16,8 @@ VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_SRC := build/vllm-src
 # The C++ tests of the extension, run again on the clang build (test-clang): chains, sampling, the
 # op, keys, penalties, and trees and blocks (the same extension).
-CPP_TESTS := tests/test_cpp_backend.py tests/test_cpp_runtime.py tests/test_ops.py tests/test_request_keys.py tests/test_penalties_cpp.py \
-	tests/test_cpp_tree_block.py tests/test_tree_backends.py tests/test_tree_api.py tests/test_block_api.py
+CPP_TESTS := tests/cpp/test_cpp_backend.py tests/cpp/test_cpp_runtime.py tests/cpp/test_ops.py tests/exactness/test_request_keys.py tests/cpp/test_penalties_cpp.py \
+	tests/cpp/test_cpp_tree_block.py tests/triton/test_tree_backends.py tests/api/test_tree_api.py tests/api/test_block_api.py
 
 .PHONY: setup demo test test-slow bench lint ci-tools test-kernels test-clang test-vllm
 

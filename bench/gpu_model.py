@@ -17,7 +17,7 @@ For each goal shape the model
 Every number the model assumes is in :data:`ASSUMPTIONS` and printed. Nothing here is measured
 on a GPU: the results are labelled ESTIMATE, and ``bash bench/gpu_suite.sh`` measures the same
 shapes when a GPU is at hand. The model is checked against the interpreter in
-tests/test_triton_launches.py (same launches per call as a real interpreted call makes).
+tests/triton/test_triton_launches.py (same launches per call as a real interpreted call makes).
 
 Writes ``bench/results/gpu-model-<date>.json`` and prints a Markdown table for the README.
 """
@@ -484,7 +484,7 @@ def _pipe_cycles(by_pipe: dict, warps: float) -> float:
 # ---------------------------------------------------------------------------------------------
 # Every loop of every kernel, by kind. The kinds are told apart by what their bodies execute; a
 # kind the code has twice (the target's and the draft's inlined copies, or an unmasked and a
-# masked copy) is numbered in address order. tests/triton_compile_check.py fails on a loop of any
+# masked copy) is numbered in address order. tests/support/triton_compile_check.py fails on a loop of any
 # compiled variant that gets no kind, and _work gives every kind its trip count.
 
 
@@ -912,7 +912,7 @@ def sweep_calls() -> list[Call]:
 # (stats.py, thresholds.py) or needs the whole-line search, and how many search passes that takes.
 # ``candidate_outcome`` follows the kernels' rules on one line (the lanes of each statistics part,
 # their top three, the part floors with their quota, the line floor and the sort's limit);
-# tests/test_triton_identity.py checks it against the kernels' own ``resolved`` flags.
+# tests/triton/test_triton_identity.py checks it against the kernels' own ``resolved`` flags.
 
 
 def candidate_outcome(scaled, parts: int, lanes: int, rows: int, tiles_per_part: int, line_slots: int, sort: int, top_k: int, top_p: float) -> dict:
@@ -990,12 +990,12 @@ def _demo_lines(dtype) -> tuple[str, object]:
 
 
 def _tiny_lines(vocab: int) -> list[tuple[str, object]]:
-    """bf16 logits of the tiny architectures the tests build (tests/tiny_models.py), at ``vocab``."""
+    """bf16 logits of the tiny architectures the tests build (tests/support/tiny_models.py), at ``vocab``."""
     import importlib.util
 
     import torch
 
-    spec = importlib.util.spec_from_file_location("tiny_models", Path(__file__).resolve().parent.parent / "tests" / "tiny_models.py")
+    spec = importlib.util.spec_from_file_location("tiny_models", Path(__file__).resolve().parent.parent / "tests" / "support" / "tiny_models.py")
     tiny = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tiny)
     found = []
@@ -1055,7 +1055,7 @@ def measure_trips() -> dict:
                 })
                 print(f"  {source} | {label}: T={temperature} top-k {top_k} top-p {top_p}: resolved {found[-1]['resolved_fraction']}, "
                       f"search passes {found[-1]['search_passes_mean']}, above floor {found[-1]['values_above_floor']}")
-    return {"method": "bench.gpu_model.candidate_outcome on every line (the kernels' rules; tests/test_triton_identity.py checks them against the "
+    return {"method": "bench.gpu_model.candidate_outcome on every line (the kernels' rules; tests/triton/test_triton_identity.py checks them against the "
                       "kernels), reference cut-offs for the search passes", "results": found}
 
 

@@ -179,7 +179,7 @@ run_stage cuda_identity "$(stage_limit 90)" "$TESTS_LOG" "$PY" -m pytest -q -p n
 # Stream v2 on CUDA (seeds, offsets, logprobs, accept_probs), graph replay, allocations, ops; for
 # chains, blocks and trees. The trees' and blocks' CUDA-graph capture and replay first (they are
 # newer than the chains'), then every other GPU test.
-run_stage graph_trees "$(stage_limit 60)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_triton_cuda.py -k "graph_replays_trees or graph_replays_blocks" -rs
+run_stage graph_trees "$(stage_limit 60)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/triton/test_triton_cuda.py -k "graph_replays_trees or graph_replays_blocks" -rs
 run_stage tests_gpu "$(stage_limit 110)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests -rs -k "not graph_replays_trees and not graph_replays_blocks"
 
 # 3b. The GPU model's goal rows (bench/gpu_model.py: unfiltered, top-k 50 + top-p 0.9, top-p 0.95,
@@ -286,7 +286,7 @@ fi
 # minutes, and CI runs it anyway. A dry run takes one short file.
 export TRITON_INTERPRET=1
 if [ "$DRY" = 1 ]; then
-  run_stage tests_cpu "$(stage_limit 120)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider tests/test_philox.py
+  run_stage tests_cpu "$(stage_limit 120)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider tests/exactness/test_philox.py
 elif (($(stage_limit 600) >= 120)); then
   run_stage tests_cpu "$(stage_limit 600)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider -m "not slow and not gpu" tests
 else

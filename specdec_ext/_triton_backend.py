@@ -2,7 +2,7 @@
 
 A call is a short list of launch templates (:func:`templates`), a pure function of the call's
 shapes, dtypes, flags and the device's geometry; :func:`launches_for` fills them in as
-:class:`Launch` records without running them, so ``tests/triton_compile_check.py`` and
+:class:`Launch` records without running them, so ``tests/support/triton_compile_check.py`` and
 ``bench/gpu_model.py`` compile exactly what a launch compiles (with tensors that only carry shapes).
 
 What a call costs on the device: two launches without top-k / top-p (line statistics, then the
@@ -484,7 +484,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
     # whole-line search of every line, and each exits after one more draw when none is listed.
     # ptxas's register cap ("maxnreg", a compile option passed with the constexprs) keeps two
     # programs per multiprocessor: Triton 3.6 gives the sort's straight-line code 199 registers
-    # uncapped (no spill at 128 with 3.6 or 3.9: tests/triton_compile_check.py).
+    # uncapped (no spill at 128 with 3.6 or 3.9: tests/support/triton_compile_check.py).
     programs = max(1, min(lines * sc, geo.select_programs))
     cutoff = Template(
         "cutoff", k.cutoff_kernel, (programs,),

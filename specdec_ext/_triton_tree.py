@@ -19,7 +19,7 @@ they are beyond each row's depth anyway).
 
 Like the chain's, the plan of a call is a list of templates bound once per call signature
 (:class:`Runner`); :func:`launches_for` fills them in without running them, for the compile check
-(tests/triton_compile_check.py) and the GPU model (bench/gpu_model.py).
+(tests/support/triton_compile_check.py) and the GPU model (bench/gpu_model.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each case is built from its own seed (inputs drawn with a CPU ``torch.Generator``) and run with fixed
 keys, so its outputs are a pure function of the code. ``record.py`` stores them in ``outputs.json``;
-``tests/test_golden.py`` runs the same cases and demands the same tokens, accepted counts and nodes
+``tests/exactness/test_golden.py`` runs the same cases and demands the same tokens, accepted counts and nodes
 (log-probabilities and acceptance probabilities to 1e-5), so a restructuring of any layer that
 changes what a seed produces fails there.
 """
@@ -198,7 +198,7 @@ GENERATE_SETTINGS = [
 
 
 def _tiny_pair():
-    from tests.tiny_models import left_pad, tiny_llama
+    from tests.support.tiny_models import left_pad, tiny_llama
 
     target = tiny_llama(32, seed=0, logit_scale=3.0)
     draft = tiny_llama(32, seed=5, hidden=16, layers=1, logit_scale=3.0)

@@ -1,6 +1,6 @@
 """Record the golden outputs: ``python -m tests.golden.record`` (from the repository root).
 
-Run once on the code whose outputs are the reference; tests/test_golden.py compares every later
+Run once on the code whose outputs are the reference; tests/exactness/test_golden.py compares every later
 build with them.
 """
 

@@ -8,7 +8,7 @@ pytest.importorskip("vllm.sampling_params")
 
 import torch  # noqa: E402
 from engine_objects import v1_rejection_sampler, v1_sampling_metadata, v1_spec_metadata  # noqa: E402
-from laws import naive_verify, position_laws_fail, processed_probs  # noqa: E402
+from support.laws import naive_verify, position_laws_fail, processed_probs  # noqa: E402
 
 import specdec_ext  # noqa: E402
 

@@ -9,7 +9,7 @@ pytest.importorskip("vllm.sampling_params")
 
 import torch  # noqa: E402
 from engine_objects import plugin_log, v2_add_requests, v2_rejection_sampler, v2_step, v2_verify, v2_verify_once  # noqa: E402
-from laws import chi_square_fails, naive_verify, position_laws_fail, processed_probs  # noqa: E402
+from support.laws import chi_square_fails, naive_verify, position_laws_fail, processed_probs  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 
 import specdec_ext  # noqa: E402

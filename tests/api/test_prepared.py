@@ -241,7 +241,7 @@ def _paused_in_launches(recorder: _Ops):
 def test_a_triton_call_allocates_its_outputs_and_nothing_else(params):
     """With check=False a prepared Triton call runs no aten op but the outputs' torch.empty (seeded),
     plus the key draw from a CPU generator (a CPU tensor op, no device read): nothing that a CUDA graph
-    could not capture, no host sync. (On CUDA, tests/test_triton_cuda.py-style capture: below.)"""
+    could not capture, no host sync. (On CUDA, tests/triton/test_triton_cuda.py-style capture: below.)"""
     target, draft, drafts, seeds, offsets = _inputs(seed=6)
     verifier = specdec_ext.Verifier(B, K, V, backend="triton", check=False, return_logprobs="processed", **params)
     sampler = specdec_ext.Sampler(B, V, backend="triton", check=False, **params)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sequence_laws import (  # noqa: F401 (one_thread: an autouse fixture)
+from support.sequence_laws import (  # noqa: F401 (one_thread: an autouse fixture)
     PROMPTS,
     RecordingStreamer,
     eos_ending_some_rows,
@@ -18,7 +18,7 @@ from sequence_laws import (  # noqa: F401 (one_thread: an autouse fixture)
     per_prompt_chi_square,
     target_only,
 )
-from tiny_models import left_pad, tiny_gpt2, tiny_llama
+from support.tiny_models import left_pad, tiny_gpt2, tiny_llama
 from transformers.generation.logits_process import LogitsProcessorList, TypicalLogitsWarper
 
 import specdec_ext

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sequence_laws import PROMPTS, eos_ending_some_rows, fits, keeping_every_node, model_pair, one_thread, target_only  # noqa: F401
-from tiny_models import left_pad, perturbed_copy, tiny_gpt2, tiny_llama
+from support.sequence_laws import PROMPTS, eos_ending_some_rows, fits, keeping_every_node, model_pair, one_thread, target_only  # noqa: F401
+from support.tiny_models import left_pad, perturbed_copy, tiny_gpt2, tiny_llama
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import specdec_ext
@@ -220,7 +220,7 @@ def test_fresh_score_check_catches_kept_rejected_branches(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------ exact sampling laws
-# (the joint-law checks of trees run with the chain's in tests/test_generate.py)
+# (the joint-law checks of trees run with the chain's in tests/generation/test_generate.py)
 
 
 def test_law_with_line_processors_is_target_only_sampling_with_them(monkeypatch):

@@ -1,7 +1,7 @@
 """Exact float64 enumeration of tree and block verification over a tiny language.
 
 Every draft tree (or chain) and every accept / reject branch of the literal algorithm is enumerated
-(tests/tree_laws.py); the round is exact when each emitted token follows the target's law given the
+(tests/support/tree_laws.py); the round is exact when each emitted token follows the target's law given the
 tokens before it. Each algorithm also runs deliberately wrong variants through the same check, which
 must reject them, and block verification's expected accepted length is compared with token-wise
 verification's exactly.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tree_laws import block_law, expected_accepted, language, max_violation, tree_law
+from support.tree_laws import block_law, expected_accepted, language, max_violation, tree_law
 
 from specdec_ext.reference_tree import residual_weights
 

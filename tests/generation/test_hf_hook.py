@@ -9,8 +9,8 @@ import pytest
 import torch
 import transformers.generation.utils as hf_utils
 from scipy.stats import chi2
-from sequence_laws import RecordingStreamer, fits
-from tiny_models import left_pad, perturbed_copy, tiny_gpt2, tiny_llama
+from support.sequence_laws import RecordingStreamer, fits
+from support.tiny_models import left_pad, perturbed_copy, tiny_gpt2, tiny_llama
 from transformers.generation.logits_process import LogitsProcessorList, MinPLogitsWarper, RepetitionPenaltyLogitsProcessor
 from transformers.generation.utils import GenerationMixin
 from transformers.utils import logging as hf_logging

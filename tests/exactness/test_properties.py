@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import extreme_verify_inputs
+from support.strategies import extreme_verify_inputs
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 import specdec_ext

@@ -135,7 +135,7 @@ def test_the_workspace_counters_reset_themselves():
 def test_batch_size_does_not_enter_the_compiled_signature():
     """Batch-dependent integers are not specialised by the JIT (a new batch size is no new compile
     or graph capture); the constexprs depend on dtype, flags, K and V only. (The compile check,
-    tests/triton_compile_check.py, also compares the JIT's whole specialisation across batch sizes.)"""
+    tests/support/triton_compile_check.py, also compares the JIT's whole specialisation across batch sizes.)"""
     race = _triton_backend.kernels().race_kernel
     stats = _triton_backend.kernels().line_stats_kernel
     cutoffs = _triton_backend.kernels().cutoff_kernel

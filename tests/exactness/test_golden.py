@@ -12,7 +12,7 @@ import pytest
 import specdec_ext
 from tests.golden.cases import LOGPROB_TOLERANCE, all_cases, backends_for, key
 
-RECORDS = json.loads((Path(__file__).parent / "golden" / "outputs.json").read_text())["records"]
+RECORDS = json.loads((Path(__file__).resolve().parents[1] / "golden" / "outputs.json").read_text())["records"]
 CASES = [(kind, name, run, backend) for kind, name, run in all_cases() for backend in backends_for(kind)]
 
 

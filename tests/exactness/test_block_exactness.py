@@ -1,6 +1,6 @@
 """Statistical proof that ``verify(..., method="block")`` follows the target's law, on every backend.
 
-Chains are drafted from a tiny language whose laws depend on the whole prefix (tests/tree_laws.py).
+Chains are drafted from a tiny language whose laws depend on the whole prefix (tests/support/tree_laws.py).
 Per-depth chi-square of the emitted tokens against p(. | prefix), chi-square of whole emitted
 sequences against the exact enumerated law of block verification, and a deliberately wrong sampler
 (the exact law of a wrong variant) that the same per-depth check must reject.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tree_laws import (
+from support.tree_laws import (
     block_law,
     depth_laws_fail,
     draft_tree_batch,
@@ -94,7 +94,7 @@ def test_block_accepts_more_than_token_wise_on_the_samplers():
     tokens, target_logits, draft_logits = _chains(lang, ROWS, generator)
     block = specdec_ext.verify(target_logits, draft_logits, tokens, method="block", generator=generator, backend="eager").num_accepted.double()
     token = specdec_ext.verify(target_logits, draft_logits, tokens, generator=generator, backend="eager").num_accepted.double()
-    from tree_laws import tree_law
+    from support.tree_laws import tree_law
 
     exact_block, exact_token = expected_accepted(block_law(lang, K)), expected_accepted(tree_law(lang, CHAIN, "iid"))
     assert exact_block > exact_token + 0.1

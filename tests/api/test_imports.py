@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("specdec_ext", "triton_kernels", "bench")
 ALIASES = {"specdec_ext.kernels": "triton_kernels"}  # the kernels' installed name (setup.py's package_dir)
 

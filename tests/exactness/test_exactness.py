@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import cpu_backends
-from laws import naive_verify, position_laws_fail, processed_probs
+from support.laws import naive_verify, position_laws_fail, processed_probs
 
 import specdec_ext
 

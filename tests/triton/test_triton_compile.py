@@ -1,6 +1,6 @@
 """The Triton kernels compile for a Hopper GPU (sm_90) here, without one. The interpreter tests
 check what the kernels compute; this checks that the GPU compiler accepts every variant the
-launchers use, which the interpreter never does (see tests/triton_compile_check.py)."""
+launchers use, which the interpreter never does (see tests/support/triton_compile_check.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-CHECK = Path(__file__).resolve().parent / "triton_compile_check.py"
+CHECK = Path(__file__).resolve().parents[1] / "support" / "triton_compile_check.py"
 
 
 @pytest.mark.slow  # a minute with a cold Triton cache; CI runs it (make test-slow)

@@ -8,8 +8,8 @@ import warnings
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
-from laws import position_laws_fail, processed_probs
-from strategies import extreme_verify_inputs
+from support.laws import position_laws_fail, processed_probs
+from support.strategies import extreme_verify_inputs
 
 import specdec_ext
 from specdec_ext import _cpp_backend, _dispatch

@@ -1,6 +1,6 @@
 """Statistical proof that verify_tree's output follows the target's law, on every backend.
 
-Trees are drafted from a tiny language (tests/tree_laws.py) whose target law depends on the whole
+Trees are drafted from a tiny language (tests/support/tree_laws.py) whose target law depends on the whole
 prefix, so the check is conditional: at each depth, the token emitted after prefix y must follow
 p(. | y) (per-depth chi-square, the statistics of all prefixes at one depth summed; a correct sampler
 fails with probability 1e-6). The whole emitted sequence is also tested against the exact enumerated
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tree_laws import depth_laws_fail, draft_tree_batch, language, sample_law, sequence_law_fails, tree_law
+from support.tree_laws import depth_laws_fail, draft_tree_batch, language, sample_law, sequence_law_fails, tree_law
 
 from specdec_ext import available_backends, verify_tree
 

@@ -11,10 +11,10 @@ CUDA-graph capture when B changes), and every loop of every variant's SASS (each
 is one the GPU model knows and counts (``bench.gpu_model.unknown_loops``).
 
 Run as a script with TRITON_INTERPRET unset or 0 (the interpreter replaces the compiler):
-``python tests/triton_compile_check.py`` prints one line per compiled variant (registers, spills)
+``python tests/support/triton_compile_check.py`` prints one line per compiled variant (registers, spills)
 and ``ok N`` last. Exit status 0: all compiled; 1: a kernel failed to compile or a batch size
 changed a specialisation, or the model misses a loop; 3: this Triton cannot compile for sm_90 here. Works with Triton 3.6 and
-later. tests/test_triton_compile.py runs it in a subprocess.
+later. tests/triton/test_triton_compile.py runs it in a subprocess.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def calls():

@@ -109,7 +109,7 @@ def model_pair(name: str, vocab: int = 16, attention: str = "sdpa"):
     """(target, draft): "llama-gpt2" / "llama3-gpt2" an unrelated draft (mostly rejections; learned
     positions, so wrong position ids would show), "gpt2-close" / "llama-close" a perturbed copy (long
     accepted runs)."""
-    from tiny_models import perturbed_copy, tiny_gpt2, tiny_llama
+    from support.tiny_models import perturbed_copy, tiny_gpt2, tiny_llama
 
     if name in ("llama-gpt2", "llama3-gpt2"):
         seed = 3 if name == "llama3-gpt2" else 0
