@@ -1,6 +1,8 @@
 // Argument checks and readers (arguments.h).
 #include "arguments.h"
 
+#include <ATen/EmptyTensor.h>
+
 #include <cmath>
 
 namespace specdec {
@@ -33,16 +35,37 @@ int32_t dtype_code(at::ScalarType t, const char* name) {
   }
 }
 
-const char* Logits::line(int64_t b, int64_t i) const {
-  return static_cast<const char*>(tensor.const_data_ptr()) + (b * tensor.stride(0) + i * tensor.stride(1)) * dtype_size(dtype);
+at::Tensor new_cpu_tensor(at::IntArrayRef sizes, at::ScalarType dtype) { return at::Tensor(at::detail::empty_cpu(sizes, dtype)); }
+
+namespace {
+
+// The logits as read: (B, L, V) with a vocabulary stride of 1 (a (B, V) tensor as (B, 1, V)).
+// The caller's tensor is read in place, not copied: a tensor copy of a Python tensor takes a
+// reference to its Python object, and dropping it without the GIL (the kernels run without it)
+// would have to take the GIL back.
+Logits read_logits(const at::Tensor& t, int32_t dtype) {
+  Logits l;
+  if (t.stride(-1) != 1) l.owned = t.contiguous();
+  const at::Tensor& read = l.owned.defined() ? l.owned : t;
+  l.dtype = dtype;
+  const bool flat = read.dim() == 2;
+  l.batch = read.size(0);
+  l.lines = flat ? 1 : read.size(1);
+  l.vocab = read.size(-1);
+  l.base = static_cast<const char*>(read.const_data_ptr());
+  l.stride_b = read.stride(0) * dtype_size(dtype);
+  l.stride_i = flat ? 0 : read.stride(1) * dtype_size(dtype);
+  return l;
 }
 
-Logits checked_target(const at::Tensor& t, const char* shape) {
+}  // namespace
+
+Logits checked_target(const at::Tensor& t, const char* shape, bool allow_2d) {
   check_cpu_tensor(t, "target_logits");
-  TORCH_CHECK_VALUE(t.dim() == 3, "specdec: target_logits must be ", shape, ", got ", t.sizes());
-  TORCH_CHECK_VALUE(t.size(1) >= 1 && t.size(2) >= 1, "specdec: target_logits needs a line and a vocabulary entry");
-  TORCH_CHECK_VALUE(t.size(2) <= (int64_t{1} << 32), "specdec: vocabularies above 2^32 entries are not supported");
-  return {t.stride(2) == 1 ? t : t.contiguous(), dtype_code(t.scalar_type(), "target_logits"), t.size(2)};
+  TORCH_CHECK_VALUE(t.dim() == 3 || (allow_2d && t.dim() == 2), "specdec: target_logits must be ", shape, ", got ", t.sizes());
+  TORCH_CHECK_VALUE((t.dim() == 2 || t.size(1) >= 1) && t.size(-1) >= 1, "specdec: target_logits needs a line and a vocabulary entry");
+  TORCH_CHECK_VALUE(t.size(-1) <= (int64_t{1} << 32), "specdec: vocabularies above 2^32 entries are not supported");
+  return read_logits(t, dtype_code(t.scalar_type(), "target_logits"));
 }
 
 std::optional<Logits> checked_draft(const std::optional<at::Tensor>& t, int64_t batch, int64_t lines, int64_t vocab, const char* shape) {
@@ -51,14 +74,14 @@ std::optional<Logits> checked_draft(const std::optional<at::Tensor>& t, int64_t 
   check_cpu_tensor(d, "draft_logits");
   TORCH_CHECK_VALUE(d.dim() == 3 && d.size(0) == batch && d.size(1) == lines && d.size(2) >= 1 && d.size(2) <= vocab, "specdec: draft_logits must be ",
                     shape, " with 1 <= Vd <= V, got ", d.sizes());
-  return Logits{d.stride(2) == 1 ? d : d.contiguous(), dtype_code(d.scalar_type(), "draft_logits"), d.size(2)};
+  return read_logits(d, dtype_code(d.scalar_type(), "draft_logits"));
 }
 
 CallLogits::CallLogits(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, int64_t draft_extra, const char* target_shape,
-                       const char* draft_shape)
-    : target(checked_target(target_logits, target_shape)),
-      batch(target.tensor.size(0)),
-      lines(target.tensor.size(1)),
+                       const char* draft_shape, bool allow_2d)
+    : target(checked_target(target_logits, target_shape, allow_2d)),
+      batch(target.batch),
+      lines(target.lines),
       draft(checked_draft(draft_logits, batch, lines + draft_extra, target.vocab, draft_shape)),
       draft_lines(lines + draft_extra),
       draft_vocab(draft ? draft->vocab : target.vocab) {}

@@ -20,23 +20,31 @@ void check_keys(const std::optional<at::Tensor>& t, const char* name, int64_t ba
 // float32 / bfloat16 / float16 logits: their kernel.h DType.
 int32_t dtype_code(at::ScalarType t, const char* name);
 
+// A new dense CPU tensor, allocated without a trip through the dispatcher (what at::empty ends in
+// for CPU tensors; for a tiny call the dispatcher costs more than the kernel's work).
+at::Tensor new_cpu_tensor(at::IntArrayRef sizes, at::ScalarType dtype);
+
 // A call's logits, checked: (B, L, V) target logits (`shape` names the layout in messages), read in
 // place (only a vocabulary stride other than 1 forces a copy), and an optional draft of (batch,
-// lines, Vd), 1 <= Vd <= vocab.
+// lines, Vd), 1 <= Vd <= vocab. A (B, V) tensor is read as (B, 1, V) (sample's logits). The
+// caller's tensors must outlive the Logits.
 struct Logits {
-  at::Tensor tensor;
+  at::Tensor owned;  // the contiguous copy read when the vocabulary stride is not 1 (else undefined: the call's tensor is read)
   int32_t dtype = kF32;
   int64_t vocab = 0;
-  const char* line(int64_t b, int64_t i) const;  // the first value of line (b, i)
+  int64_t batch = 0, lines = 0;
+  const char* base = nullptr;
+  int64_t stride_b = 0, stride_i = 0;  // in bytes
+  const char* line(int64_t b, int64_t i) const { return base + b * stride_b + i * stride_i; }  // the first value of line (b, i)
 };
-Logits checked_target(const at::Tensor& t, const char* shape);
+Logits checked_target(const at::Tensor& t, const char* shape, bool allow_2d = false);
 std::optional<Logits> checked_draft(const std::optional<at::Tensor>& t, int64_t batch, int64_t lines, int64_t vocab, const char* shape);
 
 // Both logits of a call: (batch, lines, V) target logits and optional (batch, lines + draft_extra,
 // Vd) draft logits (a chain has a draft line less than target lines, a tree one per context).
 struct CallLogits {
   CallLogits(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, int64_t draft_extra, const char* target_shape,
-             const char* draft_shape);
+             const char* draft_shape, bool allow_2d = false);
   Logits target;
   int64_t batch, lines;
   std::optional<Logits> draft;

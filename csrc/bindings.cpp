@@ -2,8 +2,14 @@
 // compiled graphs call the C++ kernel without Python; specdec_ext/ops.py holds the same strings
 // and adds the CUDA (Triton) and fake kernels) and the Python module (pybind11), with the test and
 // benchmark hooks. Every kernel runs without the GIL: other Python threads keep running.
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/extension.h>
 #include <torch/library.h>
+
+#include <mutex>
 
 #include <algorithm>
 #include <chrono>
@@ -33,6 +39,8 @@
 #define SPECDEC_TORCH_VERSION_STRING "unknown"
 #endif
 
+namespace py = pybind11;
+
 namespace specdec {
 
 at::Tensor repetition_penalty(const at::Tensor& scores, const at::Tensor& sequences, const at::Tensor& index, const at::Tensor& start,
@@ -53,13 +61,149 @@ at::Tensor sample_cpu(const at::Tensor& logits, const at::Tensor& temperature, c
                       const std::optional<at::Tensor>& seeds, const std::optional<at::Tensor>& offsets, int64_t base_key) {
   check_cpu_tensor(logits, "logits");
   TORCH_CHECK_VALUE(logits.dim() == 2, "specdec: logits must be (B, V), got ", logits.sizes());
-  const int64_t batch = logits.size(0);
-  const at::Tensor no_drafts = at::empty({batch, 0}, logits.options().dtype(at::kLong));
-  const at::Tensor zeros = at::zeros({batch}, logits.options().dtype(at::kLong));
   const RowTensors rows{temperature, top_k, top_p, seeds, offsets, base_key};
-  auto result = verify_chain(logits.unsqueeze(1), std::nullopt, no_drafts, rows, zeros, philox::kSampleStream, /*check=*/true, kLogprobsNone, false);
-  return std::get<0>(result).select(1, 0).contiguous();
+  return std::get<0>(verify_chain(logits, std::nullopt, nullptr, rows, nullptr, philox::kSampleStream, /*check=*/true, kLogprobsNone, false,
+                                  /*sample=*/true, nullptr));
 }
+
+// A per-call key base in [0, 2^62) from a CPU generator: the value torch.randint(0, 2**62, (1,),
+// generator=generator) gives (random_(0, 2**62) on int64: random64() % 2^62 under the generator's
+// lock), without a tensor and two dispatcher calls.
+constexpr uint64_t kKeyBound = uint64_t{1} << 62;
+
+int64_t draw_key(const at::Generator& generator) {
+  auto* gen = generator.get<at::CPUGeneratorImpl>();
+  std::lock_guard<std::mutex> lock(gen->mutex_);
+  return static_cast<int64_t>(gen->random64() % kKeyBound);
+}
+
+// The CPU generator a Python argument names (None: torch's default one), or nullopt for anything
+// else (a CUDA generator, not a generator: the caller's Python path decides).
+std::optional<at::Generator> cpu_generator(PyObject* obj) {
+  if (obj == Py_None) return at::detail::getDefaultCPUGenerator();
+  if (Py_TYPE(obj) != reinterpret_cast<PyTypeObject*>(THPGeneratorClass)) return std::nullopt;
+  const at::Generator& gen = reinterpret_cast<THPGenerator*>(obj)->cdata;
+  if (!gen.defined() || gen.device().type() != at::kCPU) return std::nullopt;
+  return gen;
+}
+
+py::object draw_base_key(py::handle generator) {
+  const std::optional<at::Generator> gen = cpu_generator(generator.ptr());
+  if (!gen) return py::none();
+  return py::int_(draw_key(*gen));
+}
+
+at::ScalarType scalar_type(py::handle dtype) {
+  TORCH_CHECK_VALUE(THPDtype_Check(dtype.ptr()), "specdec: expected a torch.dtype");
+  return reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+}
+
+// A dense CPU tensor argument of exactly these sizes and dtype (torch.Tensor itself, not a
+// subclass that may override what a call does), or nullptr.
+const at::Tensor* plain_tensor(PyObject* obj, at::IntArrayRef sizes, at::ScalarType dtype, bool int32_too = false) {
+  if (!THPVariable_CheckExact(obj)) return nullptr;
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  if (!t.defined() || !t.device().is_cpu() || t.layout() != at::kStrided) return nullptr;
+  const at::ScalarType type = t.scalar_type();
+  if (type != dtype && !(int32_too && type == at::kInt)) return nullptr;
+  return t.sizes() == sizes ? &t : nullptr;
+}
+
+// The prepared chain call (specdec_ext.prepared.ChainPlan on the C++ backend): bound once to the
+// batch shape, dtypes and per-row parameters; a call checks its arguments against them in C++,
+// draws the key and runs the kernel in one trip from Python. A call it does not take (other
+// shapes or dtypes, a tensor subclass, seeds or offsets that are not (B,) int64 CPU tensors, a
+// generator that is not a CPU torch.Generator) returns None before it draws anything: the Python
+// path then runs (and raises its errors). Returns what verify returns (logprobs / accept_probs None
+// when not asked; sample: the (B,) tokens), or, with `check` when a row was blanked, a tuple with
+// one more item (sample: a 1-tuple) for the Python path to raise from.
+class ChainRunner {
+ public:
+  ChainRunner(at::Tensor temperature, at::Tensor top_k, at::Tensor top_p, int64_t batch, int64_t positions, int64_t vocab, py::handle dtype,
+              int64_t draft_vocab, py::handle draft_dtype, int64_t stream, bool check, int64_t logprobs, bool accept_probs, bool sample)
+      : temperature_(std::move(temperature)),
+        top_k_(std::move(top_k)),
+        top_p_(std::move(top_p)),
+        batch_(batch),
+        positions_(positions),
+        dtype_(scalar_type(dtype)),
+        draft_dtype_(scalar_type(draft_dtype)),
+        one_hot_(draft_vocab < 0),
+        stream_(stream),
+        check_(check),
+        logprobs_(logprobs),
+        accept_probs_(accept_probs),
+        sample_(sample) {
+    TORCH_CHECK_VALUE(!sample || positions == 0, "specdec: a sample runner has K = 0");
+    target_sizes_ = sample ? std::vector<int64_t>{batch, vocab} : std::vector<int64_t>{batch, positions + 1, vocab};
+    draft_sizes_ = {batch, positions, draft_vocab};
+    token_sizes_ = {batch, positions};
+    row_sizes_ = {batch};
+  }
+
+  py::object call(py::handle target_obj, py::handle draft_obj, py::handle tokens_obj, py::handle seeds_obj, py::handle offsets_obj,
+                  py::handle generator_obj) {
+    const at::Tensor* target = plain_tensor(target_obj.ptr(), target_sizes_, dtype_);
+    if (target == nullptr) return py::none();
+    std::optional<at::Tensor> draft;
+    const at::Tensor* tokens = nullptr;
+    if (!sample_) {
+      if (one_hot_ != draft_obj.is_none()) return py::none();
+      if (!one_hot_) {
+        const at::Tensor* d = plain_tensor(draft_obj.ptr(), draft_sizes_, draft_dtype_);
+        if (d == nullptr) return py::none();
+        draft = *d;
+      }
+      tokens = plain_tensor(tokens_obj.ptr(), token_sizes_, at::kLong, /*int32_too=*/true);
+      if (tokens == nullptr) return py::none();
+    }
+    std::optional<at::Tensor> seeds, offsets;
+    if (!seeds_obj.is_none()) {
+      const at::Tensor* t = plain_tensor(seeds_obj.ptr(), row_sizes_, at::kLong);
+      if (t == nullptr) return py::none();
+      seeds = *t;
+    }
+    if (!offsets_obj.is_none()) {
+      const at::Tensor* t = plain_tensor(offsets_obj.ptr(), row_sizes_, at::kLong);
+      if (t == nullptr) return py::none();
+      offsets = *t;
+    }
+    const std::optional<at::Generator> generator = cpu_generator(generator_obj.ptr());
+    if (!generator) return py::none();
+    const int64_t base_key = seeds ? 0 : draw_key(*generator);
+    const RowTensors rows{temperature_, top_k_, top_p_, seeds, offsets, base_key};
+    bool any_bad = false;
+    VerifyOutputs out;
+    {
+      py::gil_scoped_release no_gil;
+      out = verify_chain(*target, draft, tokens, rows, nullptr, sample_ ? philox::kSampleStream : stream_, check_ || sample_,
+                         sample_ ? kLogprobsNone : logprobs_, !sample_ && accept_probs_, sample_, &any_bad);
+    }
+    const bool raise = check_ && any_bad;
+    if (sample_) {
+      py::object tokens_out = py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(std::get<0>(out))));
+      return raise ? py::object(py::make_tuple(tokens_out)) : tokens_out;
+    }
+    py::tuple result(raise ? 5 : 4);
+    result[0] = py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(std::get<0>(out))));
+    result[1] = py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(std::get<1>(out))));
+    result[2] = logprobs_ != kLogprobsNone ? py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(std::get<2>(out)))) : py::none();
+    result[3] = accept_probs_ ? py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(std::get<3>(out)))) : py::none();
+    if (raise) result[4] = py::bool_(true);
+    return std::move(result);
+  }
+
+ private:
+  at::Tensor temperature_, top_k_, top_p_;
+  int64_t batch_, positions_;
+  at::ScalarType dtype_, draft_dtype_;
+  bool one_hot_;
+  int64_t stream_;
+  bool check_;
+  int64_t logprobs_;
+  bool accept_probs_, sample_;
+  std::vector<int64_t> target_sizes_, draft_sizes_, token_sizes_, row_sizes_;
+};
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> block_verify_cpu(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits,
                                                                 const at::Tensor& draft_tokens, const at::Tensor& temperature, const at::Tensor& top_k,
@@ -215,8 +359,6 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("sample", &specdec::sample_cpu);
 }
 
-namespace py = pybind11;
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "specdec_ext C++ CPU kernel";
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
@@ -227,6 +369,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("logprobs") = 0, py::arg("accept_probs") = false, no_gil);
   m.def("sample", &specdec::sample_cpu, "One token per row (the bonus draw of verify with K = 0, on the sample stream)", py::arg("logits"),
         py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("seeds"), py::arg("offsets"), py::arg("base_key"), no_gil);
+  m.def("draw_base_key", &specdec::draw_base_key,
+        "A per-call key base in [0, 2**62) from a CPU generator (None: torch's default), the value torch.randint(0, 2**62, (1,)) draws; "
+        "None for anything else",
+        py::arg("generator"));
+  py::class_<specdec::ChainRunner>(m, "ChainRunner", "A chain call (verify, token-wise, or sample) bound to its shapes, dtypes and per-row parameters")
+      .def(py::init<at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, py::handle, int64_t, py::handle, int64_t, bool, int64_t, bool, bool>(),
+           py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("batch"), py::arg("positions"), py::arg("vocab"), py::arg("dtype"),
+           py::arg("draft_vocab"), py::arg("draft_dtype"), py::arg("stream"), py::arg("check"), py::arg("logprobs"), py::arg("accept_probs"),
+           py::arg("sample"))
+      .def("__call__", &specdec::ChainRunner::call);
   m.def("block_verify", &specdec::block_verify_cpu,
         "Block verification of chains: (tokens (B, K+1) int64, num_accepted (B,) int64, logprobs (B, K+1) float32 or empty)", py::arg("target_logits"),
         py::arg("draft_logits"), py::arg("draft_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("num_draft_tokens"),

@@ -19,9 +19,9 @@
 #include "philox.h"
 
 namespace specdec {
-ChainCall::ChainCall(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, const at::Tensor& draft_tokens,
-                     const RowTensors& row_tensors, const at::Tensor& num_draft_tokens, bool check, int64_t logprobs, bool accept_probs)
-    : logits_(target_logits, draft_logits, -1, "(B, K+1, V)", "(B, K, Vd)"),
+ChainCall::ChainCall(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, const at::Tensor* draft_tokens,
+                     const RowTensors& row_tensors, const at::Tensor* num_draft_tokens, bool check, int64_t logprobs, bool accept_probs, bool sample)
+    : logits_(target_logits, draft_logits, -1, "(B, K+1, V)", "(B, K, Vd)", sample),
       batch_(logits_.batch),
       length_(logits_.lines),
       num_positions_(length_ - 1),
@@ -29,19 +29,34 @@ ChainCall::ChainCall(const at::Tensor& target_logits, const std::optional<at::Te
       passes_(kernels(), grid_.size()),
       check_(check),
       logprobs_(logprobs) {
-  check_cpu_tensor(draft_tokens, "draft_tokens");
-  TORCH_CHECK_VALUE(draft_tokens.dim() == 2 && draft_tokens.size(0) == batch_ && draft_tokens.size(1) == num_positions_, "specdec: draft_tokens must be (B, K)");
-  TORCH_CHECK_VALUE(draft_tokens.scalar_type() == at::kLong || draft_tokens.scalar_type() == at::kInt, "specdec: draft_tokens must be int32 or int64");
-  tokens_ = IdReader(draft_tokens, "draft_tokens");
+  if (draft_tokens != nullptr) {
+    check_cpu_tensor(*draft_tokens, "draft_tokens");
+    TORCH_CHECK_VALUE(draft_tokens->dim() == 2 && draft_tokens->size(0) == batch_ && draft_tokens->size(1) == num_positions_,
+                      "specdec: draft_tokens must be (B, K)");
+    TORCH_CHECK_VALUE(draft_tokens->scalar_type() == at::kLong || draft_tokens->scalar_type() == at::kInt, "specdec: draft_tokens must be int32 or int64");
+    tokens_ = IdReader(*draft_tokens, "draft_tokens");
+  } else {
+    TORCH_CHECK_VALUE(num_positions_ == 0, "specdec: draft_tokens must be (B, K)");
+  }
   check_row_tensors(row_tensors, batch_);
-  check_row_vector(num_draft_tokens, "num_draft_tokens", batch_);
+  if (num_draft_tokens != nullptr) check_row_vector(*num_draft_tokens, "num_draft_tokens", batch_);
   TORCH_CHECK_VALUE(logprobs >= kLogprobsNone && logprobs <= kLogprobsRaw, "specdec: logprobs must be 0 (none), 1 (processed) or 2 (raw), got ", logprobs);
 
-  const auto float_options = logits_.target.tensor.options().dtype(at::kFloat);
-  out_tokens_ = at::full({batch_, length_}, -1, logits_.target.tensor.options().dtype(at::kLong));
-  out_accepted_ = at::zeros({batch_}, logits_.target.tensor.options().dtype(at::kLong));
-  out_logprobs_ = logprobs != kLogprobsNone ? at::full({batch_, length_}, std::numeric_limits<float>::quiet_NaN(), float_options) : at::empty({0}, float_options);
-  out_accept_ = accept_probs ? at::full({batch_, num_positions_}, std::numeric_limits<float>::quiet_NaN(), float_options) : at::empty({0}, float_options);
+  // The outputs, allocated directly (at::full / at::zeros through the dispatcher cost more than a
+  // tiny call's whole kernel work).
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  out_tokens_ = sample ? new_cpu_tensor({batch_}, at::kLong) : new_cpu_tensor({batch_, length_}, at::kLong);
+  std::fill_n(out_tokens_.mutable_data_ptr<int64_t>(), batch_ * length_, int64_t{-1});
+  out_accepted_ = new_cpu_tensor({batch_}, at::kLong);
+  std::fill_n(out_accepted_.mutable_data_ptr<int64_t>(), batch_, int64_t{0});
+  if (logprobs != kLogprobsNone) {
+    out_logprobs_ = new_cpu_tensor({batch_, length_}, at::kFloat);
+    std::fill_n(out_logprobs_.mutable_data_ptr<float>(), batch_ * length_, kNaN);
+  }
+  if (accept_probs) {
+    out_accept_ = new_cpu_tensor({batch_, num_positions_}, at::kFloat);
+    std::fill_n(out_accept_.mutable_data_ptr<float>(), batch_ * num_positions_, kNaN);
+  }
   accept_out_ = accept_probs ? out_accept_.mutable_data_ptr<float>() : nullptr;
 
   // Rows: parameters, keys, offsets, and the value checks that do not need the logits.
@@ -49,7 +64,7 @@ ChainCall::ChainCall(const at::Tensor& target_logits, const std::optional<at::Te
   for (int64_t b = 0; b < batch_; ++b) {
     ChainRow& r = rows_[b];
     r.in = read_row(row_tensors, b);
-    r.num_draft = row_int(num_draft_tokens, b);
+    r.num_draft = num_draft_tokens != nullptr ? row_int(*num_draft_tokens, b) : num_positions_;
     r.bad = r.in.bad || r.num_draft < 0 || r.num_draft > num_positions_;
     for (int64_t pos = 0; !r.bad && pos < r.num_draft; ++pos) {
       const int64_t x = tokens_(b, pos);
@@ -136,7 +151,11 @@ void ChainCall::finish() {
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ChainCall::outputs() {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ChainCall::outputs(bool lean) {
+  if (!lean) {  // (outputs not asked for are empty tensors)
+    if (!out_logprobs_.defined()) out_logprobs_ = new_cpu_tensor({0}, at::kFloat);
+    if (!out_accept_.defined()) out_accept_ = new_cpu_tensor({0}, at::kFloat);
+  }
   int64_t* out_t = out_tokens_.mutable_data_ptr<int64_t>();
   int64_t* out_a = out_accepted_.mutable_data_ptr<int64_t>();
   float* out_lp = logprobs_ != kLogprobsNone ? out_logprobs_.mutable_data_ptr<float>() : nullptr;
@@ -167,10 +186,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ChainCall::outputs() 
   return {out_tokens_, out_accepted_, out_logprobs_, out_accept_};
 }
 
-VerifyOutputs verify_chain(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, const at::Tensor& draft_tokens,
-                           const RowTensors& rows, const at::Tensor& num_draft_tokens, int64_t stream, bool check, int64_t logprobs, bool accept_probs) {
-  TORCH_CHECK_VALUE(stream == philox::kVerifyStream || stream == philox::kSampleStream, "specdec: stream must be 1 (verify) or 2 (sample), got ", stream);
-  ChainCall call(target_logits, draft_logits, draft_tokens, rows, num_draft_tokens, check, logprobs, accept_probs);
+bool ChainCall::any_bad() const {
+  for (const ChainRow& r : rows_) {
+    if (r.bad) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// The token-wise walk of every row, then finish().
+void walk(ChainCall& call, int64_t stream) {
   Passes& passes = call.passes();
   const bool has_draft = call.has_draft();
   std::vector<int64_t> active;  // sampled rows still accepting, at position row(b).accepted
@@ -221,7 +247,30 @@ VerifyOutputs verify_chain(const at::Tensor& target_logits, const std::optional<
     active.resize(still);
   }
   call.finish();
+}
+
+void check_stream(int64_t stream) {
+  TORCH_CHECK_VALUE(stream == philox::kVerifyStream || stream == philox::kSampleStream, "specdec: stream must be 1 (verify) or 2 (sample), got ", stream);
+}
+
+}  // namespace
+
+VerifyOutputs verify_chain(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, const at::Tensor& draft_tokens,
+                           const RowTensors& rows, const at::Tensor& num_draft_tokens, int64_t stream, bool check, int64_t logprobs, bool accept_probs) {
+  check_stream(stream);
+  ChainCall call(target_logits, draft_logits, draft_tokens, rows, num_draft_tokens, check, logprobs, accept_probs);
+  walk(call, stream);
   return call.outputs();
+}
+
+VerifyOutputs verify_chain(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, const at::Tensor* draft_tokens,
+                           const RowTensors& rows, const at::Tensor* num_draft_tokens, int64_t stream, bool check, int64_t logprobs, bool accept_probs,
+                           bool sample, bool* any_bad) {
+  check_stream(stream);
+  ChainCall call(target_logits, draft_logits, draft_tokens, rows, num_draft_tokens, check, logprobs, accept_probs, sample);
+  walk(call, stream);
+  if (any_bad != nullptr) *any_bad = call.any_bad();
+  return call.outputs(/*lean=*/true);
 }
 
 }  // namespace specdec

@@ -36,7 +36,13 @@ struct ChainRow {
 class ChainCall {
  public:
   ChainCall(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, const at::Tensor& draft_tokens, const RowTensors& row_tensors,
-            const at::Tensor& num_draft_tokens, bool check, int64_t logprobs, bool accept_probs);
+            const at::Tensor& num_draft_tokens, bool check, int64_t logprobs, bool accept_probs)
+      : ChainCall(target_logits, draft_logits, &draft_tokens, row_tensors, &num_draft_tokens, check, logprobs, accept_probs, false) {}
+  // The same with optional draft ids and counts: no draft_tokens only when K = 0, no
+  // num_draft_tokens for K drafts in every row; `sample` takes (B, V) logits (read as (B, 1, V))
+  // and makes (B,) tokens.
+  ChainCall(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, const at::Tensor* draft_tokens, const RowTensors& row_tensors,
+            const at::Tensor* num_draft_tokens, bool check, int64_t logprobs, bool accept_probs, bool sample);
 
   int64_t batch() const { return batch_; }
   int64_t num_positions() const { return num_positions_; }
@@ -64,7 +70,10 @@ class ChainCall {
 
   // After the walks: validity, greedy rows' walks, race winners; then the output tensors.
   void finish();
-  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> outputs();
+  // (lean: logprobs / accept_probs not asked for are undefined tensors, else empty ones)
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> outputs(bool lean = false);
+  // Whether a row was blanked (after finish()).
+  bool any_bad() const;
 
  private:
   CallLogits logits_;  // (checked first: the sizes below come from it)

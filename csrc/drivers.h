@@ -20,6 +20,12 @@ using VerifyOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 // (tokens (B, K+1), num_accepted (B,), logprobs (B, K+1) or empty, accept_probs (B, K) or empty).
 VerifyOutputs verify_chain(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, const at::Tensor& draft_tokens,
                            const RowTensors& rows, const at::Tensor& num_draft_tokens, int64_t stream, bool check, int64_t logprobs, bool accept_probs);
+// The same with optional draft ids (only for K = 0) and counts (none: K in every row); `sample`
+// takes (B, V) logits and makes (B,) tokens; `any_bad` (if given) says whether a row was blanked.
+// Logprobs and accept_probs not asked for are undefined tensors.
+VerifyOutputs verify_chain(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits, const at::Tensor* draft_tokens,
+                           const RowTensors& rows, const at::Tensor* num_draft_tokens, int64_t stream, bool check, int64_t logprobs, bool accept_probs,
+                           bool sample, bool* any_bad);
 
 // Block verification of chains (stream 1), block.cpp: (tokens (B, K+1), num_accepted (B,), logprobs or empty).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_block_chain(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits,

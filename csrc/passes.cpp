@@ -9,7 +9,22 @@
 
 namespace specdec {
 
-Passes::Passes(const Kernels& k, int64_t num_lines) : k_(k), lines_(num_lines), queued_(num_lines, false) {}
+Passes::Passes(const Kernels& k, int64_t num_lines) : k_(k), lines_(num_lines), queued_(num_lines, false) {
+  // (a small call's items and lines fit at once: no reallocation while they are added)
+  items_.reserve(2 * num_lines + 2);
+  pass_lines_.reserve(num_lines);
+}
+
+uint32_t* Passes::new_shared_best() {
+  if (shared_inline_used_ < kInlineRaces) {
+    uint32_t* slot = &shared_inline_[shared_inline_used_++];
+    *slot = 0;
+    return slot;
+  }
+  if (!shared_best_) shared_best_.emplace();
+  shared_best_->push_back(0);
+  return &shared_best_->back();
+}
 
 void Passes::setup_line(int64_t index, const char* ptr, int32_t dtype, int64_t n, const LineParams& params, bool is_draft, bool want_raw) {
   Line& line = lines_[index];
@@ -75,9 +90,10 @@ void set_counters(RaceArgs* args, uint32_t key0, uint32_t key1, uint64_t positio
 
 void Passes::keep_exclusions(Residual* law, std::vector<int64_t> excluded) {
   if (excluded.empty()) return;
-  exclusions_.push_back(std::move(excluded));
-  law->excluded = exclusions_.back().data();
-  law->num_excluded = static_cast<int64_t>(exclusions_.back().size());
+  if (!exclusions_) exclusions_.emplace();
+  exclusions_->push_back(std::move(excluded));
+  law->excluded = exclusions_->back().data();
+  law->num_excluded = static_cast<int64_t>(exclusions_->back().size());
 }
 
 int64_t Passes::add_race(RaceArgs a, int64_t line_index, std::vector<int64_t> excluded) {
@@ -86,15 +102,15 @@ int64_t Passes::add_race(RaceArgs a, int64_t line_index, std::vector<int64_t> ex
   // Seed the pruning bound with the race value of the target's argmax, a likely winner, so the
   // chunks skip most of a peaked vocabulary from their first block on (results do not change).
   const int64_t seed_id = argmax(line_index);
-  shared_best_.push_back(0);
+  uint32_t* shared = new_shared_best();
   if (seed_id >= 0) {
     RaceArgs probe = a;
     probe.shared_best = nullptr;
     RaceBest seed{0.0f, -1};
     k_.race_list(&probe, &seed_id, 1, &seed);
-    shared_best_.back() = fastmath::float_to_bits(seed.value);
+    *shared = fastmath::float_to_bits(seed.value);
   }
-  a.shared_best = &shared_best_.back();
+  a.shared_best = shared;
   const int64_t race = static_cast<int64_t>(races_.size());
   const int64_t parts = parts_of(t);
   races_.push_back({a, line_index, parts, static_cast<int64_t>(race_best_.size())});

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <vector>
 
 #include "kernel.h"
@@ -21,6 +22,8 @@ namespace specdec {
 class Passes {
  public:
   Passes(const Kernels& k, int64_t num_lines);
+  Passes(const Passes&) = delete;  // (races point into it)
+  Passes& operator=(const Passes&) = delete;
 
   const Kernels& kernels() const { return k_; }
   Line& line(int64_t index) { return lines_[index]; }
@@ -90,10 +93,16 @@ class Passes {
   int64_t work_ = 0;  // elements the pass touches (small work runs on the calling thread)
   std::vector<Race> races_;
   std::vector<RaceBest> race_best_;
-  std::deque<uint32_t> shared_best_;  // RaceArgs::shared_best of each race (stable addresses)
+  // RaceArgs::shared_best of each race (stable addresses): the first kInlineRaces here, then in
+  // a deque made on first use (a small call allocates nothing for them).
+  static constexpr int64_t kInlineRaces = 8;
+  uint32_t shared_inline_[kInlineRaces] = {};
+  int64_t shared_inline_used_ = 0;
+  std::optional<std::deque<uint32_t>> shared_best_;
+  uint32_t* new_shared_best();
   std::vector<Mass> masses_;
   std::vector<double> mass_parts_;
-  std::deque<std::vector<int64_t>> exclusions_;  // the laws' excluded ids (stable while used)
+  std::optional<std::deque<std::vector<int64_t>>> exclusions_;  // the laws' excluded ids (stable while used; made on first use)
 };
 
 // Where a call's lines live in its Passes: the target line of (row b, position or context i) at

@@ -310,7 +310,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> TreeCall::run() {
   for (const TreeRow& r : rows_) {
     for (int64_t d : r.depth) max_depth = std::max(max_depth, d);
   }
-  const auto long_options = logits_.target.tensor.options().dtype(at::kLong);
+  const auto long_options = at::TensorOptions().dtype(at::kLong);  // (CPU)
   at::Tensor out_tokens = at::full({batch_, max_depth + 1}, -1, long_options);
   at::Tensor out_accepted = at::zeros({batch_}, long_options);
   at::Tensor out_nodes = at::full({batch_, max_depth}, -1, long_options);

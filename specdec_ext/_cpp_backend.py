@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import torch  # libtorch must be loaded before the extension that links against it
 
+from . import _philox
+
 if TYPE_CHECKING:
     from ._params import TreeArgs, VerifyArgs
 
@@ -53,6 +55,8 @@ else:
     _IMPORT_ERROR = build_mismatch(_C.torch_version_at_build(), torch.__version__)
     if _IMPORT_ERROR is not None:
         _C = None
+    elif hasattr(_C, "draw_base_key"):
+        _philox.FAST_DRAW = _C.draw_base_key
 
 
 def is_available() -> bool:
@@ -91,6 +95,22 @@ def sampler(temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
         return draw(logits, temperature, top_k, top_p, seeds, offsets, base_key)
 
     return run
+
+
+def runner(plan, vocab: int, dtype: torch.dtype, draft_vocab: int | None, draft_dtype: torch.dtype | None):
+    """The plan's calls in one trip to C++ (the backend table's runner hook): ``run(target_logits,
+    draft_logits, draft_tokens, seeds, offsets, generator)`` (sample: ``run(logits, None, None,
+    seeds, offsets, generator)``) checks its arguments against the plan and (vocab, dtype, draft
+    vocab (None: one-hot drafts), draft dtype), draws the key as :func:`specdec_ext._philox.draw_keys`
+    does and runs the kernel. It returns verify's 4-tuple (sample: the (B,) tokens); a tuple with
+    one more item (sample: a 1-tuple) when ``check`` found a blanked row; None, having drawn
+    nothing, for a call it does not take (the Python path then runs it). None without the extension.
+    ``plan``: a :class:`specdec_ext.prepared.ChainPlan` of token-wise verification or sample."""
+    if _C is None or not hasattr(_C, "ChainRunner"):
+        return None
+    sample = plan.stream == _philox.SAMPLE_STREAM and plan.num_positions == 0
+    return _C.ChainRunner(plan.temperature, plan.top_k, plan.top_p, plan.batch, plan.num_positions, vocab, dtype, -1 if draft_vocab is None else draft_vocab,
+                          dtype if draft_dtype is None else draft_dtype, plan.stream, plan.check, plan.logprobs, plan.accept_probs, sample)
 
 
 def verify_block(args: VerifyArgs, base_key: int):

@@ -11,7 +11,9 @@ Every backend serves the same three entry points on validated arguments (see COM
 a call once: for ``verify``, ``prepare(args) -> run(args, base_key)``, bound to the shapes, strides,
 dtypes and flags of ``args`` (the Triton launcher binds its launches there); for ``sample``,
 ``sampler(temperature, top_k, top_p) -> run(logits (B, V), seeds, offsets, base_key) -> (B,)``
-(the C++ kernel reshapes in C++). Without a hook the entry point itself runs every call.
+(the C++ kernel reshapes in C++); for a plan's eager calls, ``runner(plan, spec)`` -> a callable
+that checks a call's tensors, draws its key and runs the kernel in one trip (the C++ kernel: see
+:func:`specdec_ext._cpp_backend.runner`). Without a hook the entry point itself runs every call.
 
 Resolution, the same for every entry point: ``"auto"`` takes the fused kernel of the device (Triton
 for CUDA tensors, C++ for CPU tensors) when it is built for that entry point, else the eager
@@ -46,6 +48,7 @@ TABLE: dict[str, dict[str, tuple[ModuleType, str]]] = {
 }
 PREPARE: dict[str, tuple[ModuleType, str]] = {"triton": (_triton_backend, "runner")}  # optional hooks of `verify`
 SAMPLE: dict[str, tuple[ModuleType, str]] = {"cpp": (_cpp_backend, "sampler")}  # optional hooks of `sample`
+RUNNER: dict[str, tuple[ModuleType, str]] = {"cpp": (_cpp_backend, "runner")}  # optional: a plan's eager calls in one trip to C++
 _PREFERRED = {"cuda": "triton", "cpu": "cpp"}  # "auto": the fused kernel of each device type
 
 
@@ -142,6 +145,13 @@ def sampler(name: str, temperature: torch.Tensor, top_k: torch.Tensor, top_p: to
     return _function(*hook)(temperature, top_k, top_p) if hook is not None else None
 
 
+def runner(name: str, plan, spec: tuple) -> Callable | None:
+    """Backend ``name``'s runner of a token-wise or sample plan (see :func:`specdec_ext._cpp_backend.runner`;
+    ``spec``: (vocab, dtype, draft vocab or None, draft dtype or None)), or None if it has none."""
+    hook = RUNNER.get(name)
+    return _function(*hook)(plan, *spec) if hook is not None else None
+
+
 def compiled_verify(args, base_key: int):
     """``verify`` inside torch.compile: the registered operator (a fake kernel for tracing; C++ or
     eager on CPU, Triton on CUDA) keeps the graph whole."""
@@ -187,4 +197,5 @@ def forget() -> None:
 
 FORGET: list[Callable[[], None]] = []  # other caches built on resolutions (the call plans) register their clear() here
 
-__all__ = ["BACKENDS", "ENTRY_POINTS", "PREPARE", "SAMPLE", "TABLE", "available", "compiled_verify", "forget", "has_prepare_hook", "prepared", "raise_if_blanked", "resolve", "sampler", "unavailable"]
+__all__ = ["BACKENDS", "ENTRY_POINTS", "PREPARE", "RUNNER", "SAMPLE", "TABLE", "available", "compiled_verify", "forget", "has_prepare_hook", "prepared", "raise_if_blanked", "resolve",
+           "runner", "sampler", "unavailable"]

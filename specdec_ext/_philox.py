@@ -54,15 +54,23 @@ KEY_BOUND = 2**62
 
 _KEY_BUFFERS = threading.local()
 _CPU = torch.device("cpu")
+# The C++ extension's draw of the same value (generator -> key, or None for a generator it does not
+# take), set by specdec_ext._cpp_backend when the extension loads: no tensor, no dispatcher call.
+FAST_DRAW = None
 
 
 def draw_base_key(generator: torch.Generator | None) -> int:
     """One per-call key base in [0, 2**62) from a CPU generator (torch's default one for None).
 
     The value ``torch.randint(0, 2**62, (1,), generator=generator)`` gives (randint is ``random_``
-    on a fresh tensor), drawn into a one-element buffer kept per thread: allocating a tensor per
-    call costs about as much as the draw itself.
+    on a fresh tensor): drawn by the C++ extension where it is loaded (``random64() % 2**62`` under
+    the generator's lock, as ``random_`` computes it), else into a one-element buffer kept per
+    thread (allocating a tensor per call costs about as much as the draw itself).
     """
+    if FAST_DRAW is not None:
+        key = FAST_DRAW(generator)
+        if key is not None:
+            return key
     try:
         buffer = _KEY_BUFFERS.buffer
     except AttributeError:
@@ -91,12 +99,17 @@ def draw_keys(seeds: torch.Tensor | None, generator: torch.Generator | None, bat
     """
     if seeds is not None:
         return seeds, 0
-    if (
-        torch.compiler.is_compiling()
-        or (generator is not None and generator.device.type != "cpu")
-        or (device != _CPU and device.type == "cuda" and torch.cuda.is_current_stream_capturing())  # (device.type builds a string: CPU first)
-    ):
+    if torch.compiler.is_compiling():
         return draw_row_keys(generator, batch, device), 0
+    return draw_keys_eager(None, generator, batch, device)
+
+
+def draw_keys_eager(seeds: torch.Tensor | None, generator: torch.Generator | None, batch: int, device: torch.device) -> tuple[torch.Tensor | None, int]:
+    """:func:`draw_keys` for a caller that knows it is not being traced by torch.compile."""
+    if seeds is not None:
+        return seeds, 0
+    if (generator is not None and generator.device.type != "cpu") or (device != _CPU and device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return draw_row_keys(generator, batch, device), 0  # (device.type builds a string: CPU first)
     return None, draw_base_key(generator)
 
 

@@ -444,10 +444,6 @@ def _shape(args: VerifyArgs, layout: dict) -> _Shape:
                   _cdiv(_cdiv(args.draft_vocab, layout["stats_tile"]), layout["tiles_per_part"]))
 
 
-def _logits(a: VerifyArgs, has_draft: bool) -> tuple:
-    return (a.target_logits, a.draft_logits if has_draft else a.target_logits)  # the target is a placeholder, never read
-
-
 def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict) -> list[Template]:
     """The launches that process a call's lines (the shared entry point of every Triton path that
     needs them): unfiltered, ``line_stats``; with top-k / top-p, ``line_stats`` (statistics and
@@ -464,14 +460,22 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
     t_lanes, t_rows = _lanes(args.target_logits.dtype, layout["stats_tile"])
     d_lanes, d_rows = _lanes((args.draft_logits if sh.has_draft else args.target_logits).dtype, layout["stats_tile"])
 
+    # The per-call arguments are read from the call; everything else is bound here, once (a
+    # decoding loop builds these tuples every step).
+    has_draft = sh.has_draft
+    stats_fixed = (b.tau, b.resolved, b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz, b.cand, b.cand_count, b.cand_floor, b.searching)
+    stats_tail = (b.gathered, *sh.shape_args, sh.tok_stride, tiles_per_part)
+
+    def stats_arguments(a: VerifyArgs, key: int, o: Outputs) -> tuple:
+        target = a.target_logits  # (also the draft's placeholder without one: never read)
+        return (target, a.draft_logits if has_draft else target, a.temperature, a.top_k, a.top_p, a.num_draft_tokens, *stats_fixed, a.draft_tokens,
+                *stats_tail)
+
     def line_stats(phase: int) -> Template:
         """The statistics launch: phase 0 of an unfiltered call; a filtered call's phase 1 (every
         line, with the candidates) and phase 2 (the lines the whole-line search cut)."""
         return Template(
-            "line_stats" if phase < 2 else "line_stats:cut", k.line_stats_kernel, (lines, sh.t_parts),
-            lambda a, key, o: (*_logits(a, sh.has_draft), a.temperature, a.top_k, a.top_p, a.num_draft_tokens, b.tau, b.resolved, b.part_m, b.part_z,
-                               b.part_i, b.part_rm, b.part_rz, b.cand, b.cand_count, b.cand_floor, b.searching, a.draft_tokens, b.gathered, *sh.shape_args,
-                               sh.tok_stride, tiles_per_part),
+            "line_stats" if phase < 2 else "line_stats:cut", k.line_stats_kernel, (lines, sh.t_parts), stats_arguments,
             {"PARTS": tiles, "HAS_DRAFT": sh.has_draft, "CHECK": args.check, "PHASE": phase, "LOGPROBS": args.logprobs, "LINE_SLOTS": geo.line_slots,
              "T_LANES": t_lanes, "T_ROWS": t_rows, "D_LANES": d_lanes, "D_ROWS": d_rows},
             STATS_WARPS,
@@ -486,11 +490,16 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
     # programs per multiprocessor: Triton 3.6 gives the sort's straight-line code 199 registers
     # uncapped (no spill at 128 with 3.6 or 3.9: tests/support/triton_compile_check.py).
     programs = max(1, min(lines * sc, geo.select_programs))
+    cutoff_fixed = (b.tau, b.resolved, b.part_m, b.part_z, b.search, b.search_f, b.search_progress, b.search_count, b.search_mass, b.search_counters,
+                    b.cutoff_control, b.searching, b.search_list)
+    cutoff_tail = (b.cand, b.cand_count, b.cand_floor, b.sort, *sh.shape_args, sh.t_parts, sh.d_parts)
+
+    def cutoff_arguments(a: VerifyArgs, key: int, o: Outputs) -> tuple:
+        target = a.target_logits
+        return (target, a.draft_logits if has_draft else target, *cutoff_fixed, a.temperature, a.top_k, a.top_p, a.num_draft_tokens, *cutoff_tail)
+
     cutoff = Template(
-        "cutoff", k.cutoff_kernel, (programs,),
-        lambda a, key, o: (*_logits(a, sh.has_draft), b.tau, b.resolved, b.part_m, b.part_z, b.search, b.search_f, b.search_progress, b.search_count,
-                           b.search_mass, b.search_counters, b.cutoff_control, b.searching, b.search_list, a.temperature, a.top_k, a.top_p,
-                           a.num_draft_tokens, b.cand, b.cand_count, b.cand_floor, b.sort, *sh.shape_args, sh.t_parts, sh.d_parts),
+        "cutoff", k.cutoff_kernel, (programs,), cutoff_arguments,
         {"HAS_DRAFT": sh.has_draft, "PARTS": tiles, "PP": _next_power_of_2(tiles), "LINE_SLOTS": geo.line_slots, "SORT": geo.sort,
          "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES, "maxnreg": 128},
         CUTOFF_WARPS,
@@ -512,13 +521,15 @@ def templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict) -> l
     race_tail = (batch, num_positions, vocab, draft_vocab, *t_strides, *d_strides, tok_stride, t_parts, d_parts, layout["tiles_per_chunk"], layout["chunks"])
     stats_buffers = (b.tau, b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz, b.gathered, b.race_val, b.race_idx, b.counters)
 
+    tau = b.tau
+
     def race_arguments(a: VerifyArgs, key: int, o: Outputs) -> tuple:
-        placeholder = a.num_draft_tokens  # for the optional tensors: never read when absent
+        target, num_draft, seeds, offsets = a.target_logits, a.num_draft_tokens, a.seeds, a.offsets
+        tokens, num_accepted, logprobs, accept_probs = o
         return (
-            *_logits(a, has_draft), a.draft_tokens, a.temperature, a.top_k, a.top_p, a.num_draft_tokens,
-            a.seeds if a.seeds is not None else placeholder, a.offsets if a.offsets is not None else placeholder, *stats_buffers,
-            o.tokens, o.num_accepted, o.logprobs if o.logprobs is not None else b.tau, o.accept_probs if o.accept_probs is not None else b.tau,
-            key, *race_tail,
+            target, a.draft_logits if has_draft else target, a.draft_tokens, a.temperature, a.top_k, a.top_p, num_draft,
+            num_draft if seeds is None else seeds, num_draft if offsets is None else offsets, *stats_buffers,  # (a placeholder when absent: never read)
+            tokens, num_accepted, tau if logprobs is None else logprobs, tau if accept_probs is None else accept_probs, key, *race_tail,
         )
 
     found.append(Template(

@@ -202,11 +202,18 @@ def verify(
         if plan is None and not _hashable(key):
             key = None  # an unhashable argument: the validation names it
         if plan is not None:
+            fast = plan.fast
+            if fast is not None and num_draft_tokens is None:  # one trip to C++ (None: a call it does not take)
+                out = fast(target_logits, draft_logits, draft_tokens, seeds, offsets, generator)
+                if out is not None:
+                    if len(out) == 4:
+                        return _new(VerifyResult, out)
+                    plan.raise_blanked(out[0], target_logits, draft_logits, draft_tokens, generator, seeds, offsets)
             if num_draft_tokens is not None:
                 num_draft_tokens = row_counts(num_draft_tokens, "num_draft_tokens", plan.batch, plan.num_positions, plan.device, plan.check, CHAIN)
             if seeds is not None or offsets is not None or generator is not None:
                 plan.check_keys(generator, seeds, offsets)
-            return _new(VerifyResult, plan(target_logits, draft_logits, draft_tokens, num_draft_tokens, generator, seeds, offsets))
+            return _new(VerifyResult, plan.eager(target_logits, draft_logits, draft_tokens, num_draft_tokens, generator, seeds, offsets))
     args = validate_verify(
         target_logits, draft_logits, draft_tokens, temperature=temperature, top_k=top_k, top_p=top_p, num_draft_tokens=num_draft_tokens,
         generator=generator, check=check, seeds=seeds, offsets=offsets, return_logprobs=return_logprobs, return_accept_probs=return_accept_probs,
@@ -253,6 +260,13 @@ def sample(
         if plan is None and not _hashable(key):
             key = None
         if plan is not None:
+            fast = plan.fast
+            if fast is not None:
+                tokens = fast(logits, None, None, seeds, offsets, generator)
+                if tokens is not None:
+                    if type(tokens) is _Tensor:
+                        return tokens
+                    plan.raise_blanked_sample(tokens[0], logits, generator, seeds, offsets)
             if seeds is not None or offsets is not None or generator is not None:
                 plan.check_keys(generator, seeds, offsets)
             return plan.sample(logits, generator, seeds, offsets)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._dispatch import FORGET, READ_LIMIT, compiled_verify, has_prepare_hook, prepared, raise_if_blanked, resolve, sampler
+from ._dispatch import FORGET, READ_LIMIT, compiled_verify, has_prepare_hook, prepared, raise_if_blanked, resolve, runner, sampler
 from ._params import (
     CHAIN,
     LOGIT_DTYPES,
@@ -35,12 +35,13 @@ from ._params import (
     validate_sample,
     validate_verify,
 )
-from ._philox import SAMPLE_STREAM, VERIFY_STREAM, draw_keys
+from ._philox import SAMPLE_STREAM, VERIFY_STREAM, draw_keys, draw_keys_eager
 from ._results import VerifyResult
 
 _new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (a third of the cost)
 _Tensor = torch.Tensor
 _INT64 = torch.int64
+_is_compiling = torch.compiler.is_compiling  # (the same function: torch.compile knows it)
 
 
 class ChainPlan:
@@ -56,7 +57,7 @@ class ChainPlan:
     """
 
     def __init__(self, batch: int, num_positions: int, device: torch.device, rows: tuple, *, check: bool, stream: int, logprobs: int,
-                 accept_probs: bool, backend: str, method: str, logits_name: str = "target_logits"):
+                 accept_probs: bool, backend: str, method: str, logits_name: str = "target_logits", spec: tuple | None = None):
         check_backend(backend)
         self.batch, self.num_positions, self.device = batch, num_positions, device
         self.temperature, self.top_k, self.top_p, self.filtered = rows
@@ -71,13 +72,19 @@ class ChainPlan:
         self._runs: dict[tuple[bool, bool], Callable] = {}  # (seeded, offset) -> run(args, base_key)
         self._rows = torch.Size((batch,))
         self._sample: Callable | None = None  # the backend's sample hook (K = 0 plans on the sample stream), once resolved
+        # (vocab, dtype, draft vocab or None, draft dtype or None) of the calls, when fixed: a backend's
+        # runner (see _dispatch.runner) then takes an eager call in one trip (``fast``, once resolved).
+        self._spec = spec
+        self.fast: Callable | None = None
 
     @classmethod
     def of(cls, args: VerifyArgs, backend: str, method: str, logits_name: str = "target_logits") -> ChainPlan:
         """The plan of a validated call (its parameters, flags and shapes)."""
         rows = (args.temperature, args.top_k, args.top_p, args.filtered)
-        return cls(args.batch, args.num_positions, args.target_logits.device, rows, check=args.check, stream=args.stream, logprobs=args.logprobs,
-                   accept_probs=args.accept_probs, backend=backend, method=method, logits_name=logits_name)
+        target, draft = args.target_logits, args.draft_logits
+        spec = (target.shape[-1], target.dtype, None if draft is None else draft.shape[-1], None if draft is None else draft.dtype)
+        return cls(args.batch, args.num_positions, target.device, rows, check=args.check, stream=args.stream, logprobs=args.logprobs,
+                   accept_probs=args.accept_probs, backend=backend, method=method, logits_name=logits_name, spec=spec)
 
     def resolve(self) -> str:
         """The backend the plan runs on (see :func:`specdec_ext._dispatch.resolve`); raises if it cannot run."""
@@ -87,7 +94,19 @@ class ChainPlan:
             self.no_drafts = no_drafts(self.batch, self.device) if self.num_positions == 0 else None
             if self.stream == SAMPLE_STREAM:
                 self._sample = sampler(self.backend, self.temperature, self.top_k, self.top_p)
+            if self.method == "token" and self._spec is not None and self.device.type == "cpu":
+                self.fast = runner(self.backend, self, self._spec)
         return self.backend
+
+    def raise_blanked(self, tokens: torch.Tensor, target, draft, drafts, generator, seeds, offsets) -> None:
+        """ValueError for a call whose ``tokens`` (B, K+1) a runner blanked with ``check`` (see ``fast``)."""
+        args = _new(VerifyArgs, (target, draft, drafts, self.temperature, self.top_k, self.top_p, self.num_draft, generator, self.check, self.filtered,
+                                 seeds, offsets, self.stream, self.logprobs, self.accept_probs))
+        raise_for_bad_rows(self._problems(args), tokens[:, 0] < 0, self.logits_name)
+
+    def raise_blanked_sample(self, tokens: torch.Tensor, logits, generator, seeds, offsets) -> None:
+        """ValueError for a sample call whose (B,) ``tokens`` a runner blanked with ``check``."""
+        raise_for_bad_rows(self._problems(self._sample_args(logits, generator, seeds, offsets)), tokens < 0, self.logits_name)
 
     def check_keys(self, generator, seeds, offsets) -> None:
         """The per-call arguments a plan does not fix: their types, shapes and devices (a (B,) int64
@@ -100,11 +119,15 @@ class ChainPlan:
             check_generator(generator)
 
     def __call__(self, target, draft, tokens, num_draft, generator, seeds, offsets) -> tuple:
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return self._compiled(target, draft, tokens, num_draft, generator, seeds, offsets)
+        return self.eager(target, draft, tokens, num_draft, generator, seeds, offsets)
+
+    def eager(self, target, draft, tokens, num_draft, generator, seeds, offsets) -> tuple:
+        """The call outside torch.compile (for a caller that has checked that already)."""
         if self.backend is None:
             self.resolve()
-        seeds, base_key = draw_keys(seeds, generator, self.batch, self.device)
+        seeds, base_key = draw_keys_eager(seeds, generator, self.batch, self.device)
         args = _new(VerifyArgs, (target, draft, tokens, self.temperature, self.top_k, self.top_p, self.num_draft if num_draft is None else num_draft,
                                  generator, self.check, self.filtered, seeds, offsets, self.stream, self.logprobs, self.accept_probs))
         run = self._run or self._runs.get((seeds is None, offsets is None)) or self._bind(args)
@@ -119,13 +142,14 @@ class ChainPlan:
     def sample(self, logits: torch.Tensor, generator, seeds, offsets) -> torch.Tensor:
         """One token per row of (B, V) ``logits``, for a plan with K = 0 on the sample stream: through
         the backend's sample hook where it has one, else as ``verify`` of the (B, 1, V) view."""
-        if self.backend is None and not torch.compiler.is_compiling():
+        if _is_compiling():
+            return self._compiled(logits.unsqueeze(1), None, no_drafts(self.batch, self.device), None, generator, seeds, offsets)[0].squeeze(1)
+        if self.backend is None:
             self.resolve()
         run = self._sample
-        if run is None or torch.compiler.is_compiling():
-            drafts = self.no_drafts if self.no_drafts is not None and not torch.compiler.is_compiling() else no_drafts(self.batch, self.device)
-            return self(logits.unsqueeze(1), None, drafts, None, generator, seeds, offsets)[0].squeeze(1)
-        seeds, base_key = draw_keys(seeds, generator, self.batch, self.device)
+        if run is None:
+            return self.eager(logits.unsqueeze(1), None, self.no_drafts, None, generator, seeds, offsets)[0].squeeze(1)
+        seeds, base_key = draw_keys_eager(seeds, generator, self.batch, self.device)
         tokens = run(logits, seeds, offsets, base_key)
         if self.check and self.batch and (min(tokens.tolist()) < 0 if self._check_as_list else bool((tokens < 0).any())):
             args = self._sample_args(logits, generator, seeds, offsets)
@@ -266,7 +290,8 @@ class Verifier:
         check_method(method, return_accept_probs)
         rows = row_parameters(temperature, top_k, top_p, batch, device, check)
         self._plan = ChainPlan(batch, positions, device, rows, check=check, stream=VERIFY_STREAM, logprobs=logprobs_mode(return_logprobs),
-                               accept_probs=return_accept_probs, backend=backend, method=method)
+                               accept_probs=return_accept_probs, backend=backend, method=method,
+                               spec=(vocab, dtype, None if one_hot_drafts else draft_vocab, None if one_hot_drafts else draft_dtype))
         self.backend = self._plan.resolve()
         self._target = (torch.Size((batch, positions + 1, vocab)), dtype, device)
         self._draft = None if one_hot_drafts else (torch.Size((batch, positions, draft_vocab)), draft_dtype, device)
@@ -278,6 +303,15 @@ class Verifier:
                  num_draft_tokens: torch.Tensor | None = None, generator: torch.Generator | None = None, seeds: torch.Tensor | None = None,
                  offsets: torch.Tensor | None = None) -> VerifyResult:
         plan = self._plan
+        fast = plan.fast
+        compiling = _is_compiling()
+        if fast is not None and num_draft_tokens is None and not compiling:
+            # One trip to C++: the checks below, the key and the kernel (None: a call it does not take).
+            out = fast(target_logits, draft_logits, draft_tokens, seeds, offsets, generator)
+            if out is not None:
+                if len(out) == 4:
+                    return _new(VerifyResult, out)
+                plan.raise_blanked(out[0], target_logits, draft_logits, draft_tokens, generator, seeds, offsets)
         try:
             matches = ((target_logits.shape, target_logits.dtype, target_logits.device) == self._target
                        and (draft_tokens.shape, draft_tokens.device) == self._tokens and draft_tokens.dtype in TOKEN_DTYPES
@@ -290,8 +324,9 @@ class Verifier:
             num_draft_tokens = row_counts(num_draft_tokens, "num_draft_tokens", plan.batch, plan.num_positions, plan.device, plan.check, CHAIN)
         if seeds is not None or offsets is not None or generator is not None:
             plan.check_keys(generator, seeds, offsets)
-        out = plan(target_logits, draft_logits, draft_tokens, num_draft_tokens, generator, seeds, offsets)
-        return VerifyResult(*out) if torch.compiler.is_compiling() else _new(VerifyResult, out)
+        if compiling:
+            return VerifyResult(*plan._compiled(target_logits, draft_logits, draft_tokens, num_draft_tokens, generator, seeds, offsets))
+        return _new(VerifyResult, plan.eager(target_logits, draft_logits, draft_tokens, num_draft_tokens, generator, seeds, offsets))
 
     def _refuse(self, target_logits, draft_logits, draft_tokens) -> None:
         """ValueError for a call whose tensors are not the ones this verifier was built for: the
@@ -350,7 +385,7 @@ class Sampler:
         dtype = _dtype(dtype, "dtype")
         rows = row_parameters(temperature, top_k, top_p, batch, device, check)
         self._plan = ChainPlan(batch, 0, device, rows, check=check, stream=SAMPLE_STREAM, logprobs=0, accept_probs=False, backend=backend,
-                               method="token", logits_name="logits")
+                               method="token", logits_name="logits", spec=(vocab, dtype, None, None))
         self.backend = self._plan.resolve()
         self._logits = (torch.Size((batch, vocab)), dtype, device)
         self._parameters = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
@@ -358,6 +393,13 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, *, generator: torch.Generator | None = None, seeds: torch.Tensor | None = None,
                  offsets: torch.Tensor | None = None) -> torch.Tensor:
         plan = self._plan
+        fast = plan.fast
+        if fast is not None and not _is_compiling():
+            tokens = fast(logits, None, None, seeds, offsets, generator)
+            if tokens is not None:
+                if type(tokens) is _Tensor:
+                    return tokens
+                plan.raise_blanked_sample(tokens[0], logits, generator, seeds, offsets)
         try:
             matches = (logits.shape, logits.dtype, logits.device) == self._logits
         except AttributeError:

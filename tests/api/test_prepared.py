@@ -12,7 +12,7 @@ from conftest import all_cpu_backends
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import specdec_ext
-from specdec_ext import _triton_backend
+from specdec_ext import _philox, _triton_backend
 
 B, K, V = 3, 3, 40
 FILTERED = {"temperature": 0.7, "top_k": 9, "top_p": 0.9}
@@ -84,9 +84,12 @@ def test_sampler_gives_the_default_calls_tokens(backend):
     assert torch.equal(bf16(logits.bfloat16()), logits.bfloat16().float().argmax(-1))
 
 
-def test_calls_are_checked_against_the_verifier():
+@pytest.mark.parametrize("backend", ["eager"] + (["cpp"] if "cpp" in specdec_ext.available_backends("cpu") else []))
+def test_calls_are_checked_against_the_verifier(backend):
+    """The same messages whichever backend runs (the C++ backend checks a call in C++ first and
+    leaves every call it does not take to this validation)."""
     target, draft, drafts, seeds, _ = _inputs()
-    verifier = specdec_ext.Verifier(B, K, V, backend="eager")
+    verifier = specdec_ext.Verifier(B, K, V, backend=backend)
     with pytest.raises(ValueError, match=r"target_logits: this Verifier takes shape \(3, 4, 40\) torch.float32 on cpu, got shape \(3, 4, 41\)"):
         verifier(torch.randn(B, K + 1, V + 1), draft, drafts)
     with pytest.raises(ValueError, match="target_logits: this Verifier takes .* got shape .* torch.bfloat16"):
@@ -94,7 +97,7 @@ def test_calls_are_checked_against_the_verifier():
     with pytest.raises(ValueError, match="draft_logits: this Verifier takes draft logits"):
         verifier(target, None, drafts)
     with pytest.raises(ValueError, match="one_hot_drafts=True"):
-        specdec_ext.Verifier(B, K, V, one_hot_drafts=True, backend="eager")(target, draft, drafts)
+        specdec_ext.Verifier(B, K, V, one_hot_drafts=True, backend=backend)(target, draft, drafts)
     # What no verification would take gets the validator's message.
     with pytest.raises(ValueError, match=r"draft_tokens must have shape \(batch, K\)"):
         verifier(target, draft, drafts[:, :2])
@@ -113,7 +116,15 @@ def test_calls_are_checked_against_the_verifier():
     with pytest.raises(ValueError, match="generator must be a torch.Generator"):
         verifier(target, draft, drafts, generator=3)
     assert verifier(target, draft, drafts.int(), seeds=seeds).tokens.shape == (B, K + 1)  # int32 drafts are fine
-    sampler = specdec_ext.Sampler(B, V, backend="eager")
+    # Calls the C++ check leaves to the Python path give the same tokens: other strides, a tensor
+    # subclass, a generator, ragged drafts.
+    same = verifier(target, draft, drafts, seeds=seeds).tokens
+    assert torch.equal(verifier(target.transpose(0, 1).contiguous().transpose(0, 1), draft, drafts, seeds=seeds).tokens, same)
+    assert torch.equal(verifier(torch.nn.Parameter(target, requires_grad=False), draft, drafts, seeds=seeds).tokens, same)
+    assert torch.equal(verifier(target, draft, drafts, seeds=seeds, num_draft_tokens=torch.full((B,), K)).tokens, same)
+    g1, g2 = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    assert torch.equal(verifier(target, draft, drafts, generator=g1).tokens, specdec_ext.verify(target, draft, drafts, generator=g2, backend="eager").tokens)
+    sampler = specdec_ext.Sampler(B, V, backend=backend)
     with pytest.raises(ValueError, match=r"logits: this Sampler takes shape \(3, 40\)"):
         sampler(target[:2, 0])
     with pytest.raises(ValueError, match="logits must be a 2-D"):
@@ -255,7 +266,9 @@ def test_a_triton_call_allocates_its_outputs_and_nothing_else(params):
     recorder = _Ops()
     with _paused_in_launches(recorder), recorder:
         verifier(target, draft, drafts)
-    assert sorted(op for op, _ in recorder.ops if op != "empty") == ["_local_scalar_dense", "random_"], recorder.ops
+    # The key: drawn by the C++ extension (no aten op), else into a CPU buffer and read.
+    key_ops = [] if _philox.FAST_DRAW is not None else ["_local_scalar_dense", "random_"]
+    assert sorted(op for op, _ in recorder.ops if op != "empty") == key_ops, recorder.ops
     assert all(device == "cpu" for op, device in recorder.ops if op != "empty")  # the key buffer
     recorder = _Ops()
     with _paused_in_launches(recorder), recorder:

@@ -109,3 +109,23 @@ def test_keys_come_from_the_generator():
     assert 0 <= k1 < _philox.KEY_BOUND
     keys = _philox.key_per_row(None, k1, 4, torch.device("cpu"))
     assert keys.tolist() == [k1, k1 + 1, k1 + 2, k1 + 3]
+
+
+@pytest.mark.parametrize("seed", [0, 3, 2**40 + 5])
+def test_keys_drawn_in_cpp_are_torch_randint(seed):
+    """The C++ extension's draw (no tensor) is torch.randint(0, 2**62, (1,)) of the same generator
+    state, from a given generator and from torch's default one, and leaves the same state behind."""
+    from specdec_ext import _cpp_backend
+
+    if _cpp_backend._C is None:
+        pytest.skip("the C++ extension is not built")
+    draw = _cpp_backend._C.draw_base_key
+    g1, g2 = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+    for _ in range(5):
+        assert draw(g1) == torch.randint(0, _philox.KEY_BOUND, (1,), generator=g2).item()
+    assert torch.equal(g1.get_state(), g2.get_state())
+    torch.manual_seed(seed)
+    drawn = [draw(None) for _ in range(3)]
+    torch.manual_seed(seed)
+    assert drawn == [torch.randint(0, _philox.KEY_BOUND, (1,)).item() for _ in range(3)]
+    assert draw(object()) is None  # not a CPU generator: the Python path decides
