@@ -434,6 +434,12 @@ class _Shape(NamedTuple):
     d_parts: int
 
 
+def _logits(a: VerifyArgs, has_draft: bool) -> tuple:
+    """The (target, draft) logits a launch takes: without draft logits the target stands in for the
+    draft (a placeholder, never read). The chain's own argument builders inline it (hot path)."""
+    return (a.target_logits, a.draft_logits if has_draft else a.target_logits)
+
+
 def _shape(args: VerifyArgs, layout: dict) -> _Shape:
     target, draft = args.target_logits, args.draft_logits
     has_draft = layout["has_draft"]
