@@ -1,6 +1,6 @@
 """``python -m bench``: the verification / sampling microbenchmark grid.
 
-Prints a table and the issue's goals, and writes ``<out>/<device>-<date>[-tag].json`` and ``.png``
+Prints a table and the goals, and writes ``<out>/<device>-<date>[-tag].json`` and ``.png``
 (see bench/results/README.md). ``--summary FILE`` prints the table of an existing result file.
 """
 
@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available, else cpu")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_const", dest="size", const="quick", help="a few small cases (seconds): checks that everything runs")
-    size.add_argument("--full", action="store_const", dest="size", const="full", help="the issue's whole grid (the CUDA default; long on CPU)")
+    size.add_argument("--full", action="store_const", dest="size", const="full", help="the whole grid (the CUDA default; long on CPU)")
     size.add_argument("--smoke", action="store_const", dest="size", const="smoke", help="tiny shapes only (for dry runs of the GPU suite)")
     parser.add_argument("--out", type=Path, default=None, help="folder for the JSON and PNG (default: bench/results)")
     parser.add_argument("--tag", default=None, help="suffix of the file names (default: the grid size, or 'partial' for a filtered default grid)")

@@ -222,7 +222,7 @@ def tree_costs(budget_s: float) -> dict:
 
 
 def sample_top_p_costs(budget_s: float) -> dict:
-    """sample on flat rows, unfiltered against top-p alone, in shared rounds (issue 24's CPU case)."""
+    """sample on flat rows, unfiltered against top-p alone, in shared rounds (the top-p window's cost on flat lines)."""
     batch, vocab = SAMPLE_CASE
     logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(3))
     calls = {"unfiltered": lambda: specdec_ext.sample(logits, backend="cpp")}

@@ -14,7 +14,7 @@ bench/results/e2e-<device>-<date>.json and a PNG plot; prints a table. JSON fiel
 setting, batch and method: tokens/s, speed-up over target-only at that batch, tokens per target
 forward, acceptance (accepted / judged drafts; transformers' assisted generation counted through its
 verification function), the Leviathan et al. prediction from the measured acceptance and draft/target
-cost for the loop's rows), ``goals`` (the ratios the issue asks for), ``step_breakdown`` (CPU: where a
+cost for the loop's rows), ``goals`` (the target ratios), ``step_breakdown`` (CPU: where a
 step of the loop goes, ms per step, against the forwards the prediction assumes) and the 1-minute
 load average at its start and end (the result header, bench/results/README.md).
 """
@@ -151,7 +151,7 @@ def run_pair(name, target, draft, tokenizer, prompts, device, *, batches, max_ne
 
 
 def goals(rows: list[dict]) -> dict:
-    """The issue's targets, from the embedded pair's rows."""
+    """The targets, from the embedded pair's rows."""
     def tps(setting, batch, method):
         return next((r["tokens_per_second"] for r in rows if (r["setting"], r["batch"], r["method"]) == (setting, batch, method)), float("nan"))
 

@@ -44,7 +44,7 @@ GRAPHED_MAX_BATCH = 8  # launch overhead matters at small batches only
 GRAPHED_MAX_SETS = 64  # one graph per rotated input set: cases needing more copies are left out
 KIND = "measurement: verify / sample latency per backend against transformers, the eager reference and the memory-traffic floor"
 
-# The grid of the issue; the CPU default is a reduced grid that finishes in minutes on 2 cores and
+# The full grid; the CPU default is a reduced grid that finishes in minutes on 2 cores and
 # still holds the two reference points (B=1, K=5, V=128256 and B=16, K=4, V=32000).
 GRIDS = {
     "full": {"batch": (1, 8, 64, 256), "k": (1, 4, 8), "vocab": (32000, 128256, 151936)},
@@ -87,7 +87,7 @@ class Case:
 
 
 def make_grid(device: str, size: str = "default", ops: tuple[str, ...] = ("verify", "sample")) -> list[Case]:
-    """The cases of one run, the issue's reference points first (so a time budget never drops them)."""
+    """The cases of one run, the reference points first (so a time budget never drops them)."""
     if size == "default":
         size = "full" if device == "cuda" else "cpu-default"
     grid = GRIDS[size]
@@ -423,7 +423,7 @@ def _derive(rows: list[dict], bandwidth_gbs: float | None) -> None:
 
 
 def evaluate_goals(doc: dict) -> list[dict]:
-    """The issue's goals, judged from the rows (reported, never asserted)."""
+    """The goals, judged from the rows (reported, never asserted)."""
     rows = [r for r in doc["results"] if r.get("median_us")]
     on_cuda = doc["device_type"] == "cuda"
     is_h200 = "H200" in doc["device"]
@@ -435,7 +435,7 @@ def evaluate_goals(doc: dict) -> list[dict]:
         return None
 
     goals = []
-    # Issue 11's targets: B=1 replayed from a CUDA graph <= 8 us and launched from Python <= 15 us;
+    # The GPU targets: B=1 replayed from a CUDA graph <= 8 us and launched from Python <= 15 us;
     # with filters (T, top-k, top-p) replayed <= 25 us; B=64 K=8 bf16 within 1.3x of the floor.
     for dtype, filters, replay_limit, launch_limit in (("fp32", False, 8.0, 15.0), ("bf16", False, 8.0, 15.0), ("fp32", True, 25.0, None)):
         label = "with filters" if filters else "no filters"
