@@ -8,14 +8,13 @@ contexts are the chain's K+1 target lines, its first N draft contexts the chain'
 (context N, the last node's, has no children), and ``num_nodes`` plays ``num_draft_tokens``
 (context c < n_b is the only kind that can have children). Then the walk and the race.
 
-What a call costs the device: three launches without top-k / top-p (line statistics, walk, race
-with its own finalisation), five with them (the chain's three statistics launches). No allocation
-besides the outputs; the partial results live in the workspace, whose arrival counters the
-kernels reset themselves (a captured CUDA graph replays the launches as they are). Blocks never
-synchronise with the host. A tree's outputs are (B, D+1) and (B, D), D its deepest used node over
-the batch: the walk publishes D, and the launcher reads that one integer before the race (inside
-CUDA graph capture, where nothing can be read, D = N: the outputs are then padded with -1, as
-they are beyond each row's depth anyway).
+What a call costs the device: three launches, with or without top-k / top-p: the line
+statistics, the walk, the race with its own finalisation; with top-k / top-p the walk is the
+cut-offs launch's last work items (``tree_cut_walk_kernel`` / ``block_cut_walk_kernel``: the
+cut-offs, then each row's walk, in one launch). No allocation besides the outputs; the partial
+results live in the workspace, whose arrival counters the kernels reset themselves (a captured
+CUDA graph replays the launches as they are); nothing is read back to the host. A tree's outputs
+are (B, N+1) and (B, N), padded with -1 beyond each row's path.
 
 Like the chain's, the plan of a call is a list of templates bound once per call signature
 (:class:`Runner`); :func:`launches_for` fills them in without running them, for the compile check
@@ -36,6 +35,8 @@ from ._params import LOGPROBS_NONE, TreeArgs, VerifyArgs
 # interpreter, which pays per step, takes small vocabularies in one).
 WALK_WARPS = 16
 WALK_BLOCK = 4096
+# A filtered call's walk runs in the cut-offs launch, at its warps: the same 8 ids per thread.
+CUT_WALK_BLOCK = WALK_BLOCK * chain.CUTOFF_WARPS // WALK_WARPS
 STATE = 8  # floats and ints of row state per row (tree.py's module docstring)
 
 kernels = chain.kernels
@@ -65,8 +66,6 @@ class _Rows(NamedTuple):
     state_i: torch.Tensor  # (B, STATE) int32
     removed: torch.Tensor  # (B, NP) int32 a tree residual's removed ids
     path: torch.Tensor  # (B, NP) int32 the nodes a tree walk entered
-    depth: torch.Tensor  # (1,) int32 a tree call's deepest used node
-    walk_counters: torch.Tensor  # (2,) int32, 0 between calls
 
 
 def _chain_view(args: TreeArgs | VerifyArgs) -> VerifyArgs:
@@ -82,17 +81,15 @@ def _node_slots(args: TreeArgs | VerifyArgs) -> int:
 
 
 def _row_sizes(batch: int, slots: int) -> chain.Sizes:
-    return chain.Sizes(_pad(batch * STATE), _pad(batch * STATE) + 2 * _pad(batch * slots) + _pad(1), 2)
+    return chain.Sizes(_pad(batch * STATE), _pad(batch * STATE) + 2 * _pad(batch * slots), 0)
 
 
-def _rows(floats: torch.Tensor, ints: torch.Tensor, counters: torch.Tensor, after: chain.Sizes, batch: int, slots: int) -> _Rows:
+def _rows(floats: torch.Tensor, ints: torch.Tensor, after: chain.Sizes, batch: int, slots: int) -> _Rows:
     """The row buffers, carved after the chain's part of the workspace (``after``)."""
     f0, i0 = after.floats, after.ints
     i1 = i0 + _pad(batch * STATE)
     i2 = i1 + _pad(batch * slots)
-    i3 = i2 + _pad(batch * slots)
-    return _Rows(floats[f0 : f0 + batch * STATE], ints[i0 : i0 + batch * STATE], ints[i1 : i1 + batch * slots], ints[i2 : i2 + batch * slots],
-                 ints[i3 : i3 + 1], counters[after.counters : after.counters + 2])
+    return _Rows(floats[f0 : f0 + batch * STATE], ints[i0 : i0 + batch * STATE], ints[i1 : i1 + batch * slots], ints[i2 : i2 + batch * slots])
 
 
 def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, bufs: chain.Buffers, rows: _Rows) -> list[chain.Template]:
@@ -103,8 +100,10 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
     sh = chain._shape(view, layout)
     b = bufs
     parts = layout["tiles"]
+    lines = chain.line_templates(view, geo, bufs, layout)
     found = [chain.Template(t.name, t.kernel, t.grid, lambda c, key, o, _t=t: _t.arguments(c.chain, key, o), t.constexprs, t.num_warps)
-             for t in chain.line_templates(view, geo, bufs, layout)]
+             for t in lines[:1]]
+    cutoff = lines[1] if view.filtered else None  # the walk joins the cut-offs launch (tree.py)
     batch, positions = view.batch, view.num_positions
 
     def keys(a: VerifyArgs) -> tuple:
@@ -116,16 +115,25 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
     logits = chain._logits
     if tree:
         slots = _node_slots(args)
-        found.append(chain.Template(
-            "tree_walk", k.tree_walk_kernel, (batch,),
-            lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.parents, c.chain.temperature, c.chain.top_k, c.chain.top_p,
-                               c.chain.num_draft_tokens, *keys(c.chain), b.tau, b.part_m, b.part_z, b.part_i, rows.state_f, rows.state_i,
-                               rows.removed, rows.path, rows.walk_counters, rows.depth, key, batch, positions, *tail, c.parents.stride(0),
-                               sh.t_parts, sh.d_parts),
-            {"PARTS": parts, "PP": _pow2(parts), "NP": slots, **common, "WITHOUT_REPLACEMENT": sh.has_draft and args.siblings == "without_replacement",
-             "CHECK": view.check, "BLOCK": WALK_BLOCK},
-            WALK_WARPS,
-        ))
+        walk_constexprs = {"NP": slots, "HAS_SEEDS": view.seeds is not None, "HAS_OFFSETS": view.offsets is not None,
+                           "WITHOUT_REPLACEMENT": sh.has_draft and args.siblings == "without_replacement", "CHECK": view.check}
+        if cutoff is None:
+            found.append(chain.Template(
+                "tree_walk", k.tree_walk_kernel, (batch,),
+                lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.parents, c.chain.temperature, c.chain.top_k, c.chain.top_p,
+                                   c.chain.num_draft_tokens, *keys(c.chain), b.tau, b.part_m, b.part_z, b.part_i, rows.state_f, rows.state_i,
+                                   rows.removed, rows.path, key, batch, positions, *tail, c.parents.stride(0), sh.t_parts, sh.d_parts),
+                {"PARTS": parts, "PP": _pow2(parts), **common, **walk_constexprs, "BLOCK": WALK_BLOCK},
+                WALK_WARPS,
+            ))
+        else:
+            found.append(chain.Template(
+                "tree_cut_walk", k.tree_cut_walk_kernel, cutoff.grid,
+                lambda c, key, o: (*cutoff.arguments(c.chain, key, o), c.chain.draft_tokens, c.parents, *keys(c.chain), b.part_i, rows.state_f,
+                                   rows.state_i, rows.removed, rows.path, key, sh.tok_stride, c.parents.stride(0)),
+                {**cutoff.constexprs, **walk_constexprs, "BLOCK": CUT_WALK_BLOCK},
+                cutoff.num_warps,
+            ))
         found.append(chain.Template(
             "tree_race", k.tree_race_kernel, (batch, layout["chunks"]),
             lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.chain.temperature, *keys(c.chain), rows.state_f, rows.state_i,
@@ -136,14 +144,24 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
         ))
         return found
     kp = _pow2(positions + 1)
-    found.append(chain.Template(
-        "block_walk", k.block_walk_kernel, (batch,),
-        lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.chain.temperature, c.chain.top_k, c.chain.top_p,
-                           c.chain.num_draft_tokens, *keys(c.chain), b.tau, b.part_m, b.part_z, b.part_i, b.gathered, rows.state_f, rows.state_i,
-                           key, batch, positions, *tail[:-1], sh.tok_stride, sh.t_parts, sh.d_parts),
-        {"PARTS": parts, "PP": _pow2(parts), "KP": kp, **common, "CHECK": view.check, "BLOCK": WALK_BLOCK},
-        WALK_WARPS,
-    ))
+    walk_constexprs = {"KP": kp, "HAS_SEEDS": view.seeds is not None, "HAS_OFFSETS": view.offsets is not None, "CHECK": view.check}
+    if cutoff is None:
+        found.append(chain.Template(
+            "block_walk", k.block_walk_kernel, (batch,),
+            lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.chain.temperature, c.chain.top_k, c.chain.top_p,
+                               c.chain.num_draft_tokens, *keys(c.chain), b.tau, b.part_m, b.part_z, b.part_i, b.gathered, rows.state_f, rows.state_i,
+                               key, batch, positions, *tail[:-1], sh.tok_stride, sh.t_parts, sh.d_parts),
+            {"PARTS": parts, "PP": _pow2(parts), **common, **walk_constexprs, "BLOCK": WALK_BLOCK},
+            WALK_WARPS,
+        ))
+    else:
+        found.append(chain.Template(
+            "block_cut_walk", k.block_cut_walk_kernel, cutoff.grid,
+            lambda c, key, o: (*cutoff.arguments(c.chain, key, o), c.chain.draft_tokens, *keys(c.chain), b.part_i, b.gathered, rows.state_f,
+                               rows.state_i, key, sh.tok_stride),
+            {**cutoff.constexprs, **walk_constexprs, "BLOCK": CUT_WALK_BLOCK},
+            cutoff.num_warps,
+        ))
     found.append(chain.Template(
         "block_race", k.block_race_kernel, (batch, layout["chunks"]),
         lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.chain.temperature, *keys(c.chain), b.tau, b.part_m, b.part_z,
@@ -173,7 +191,7 @@ def _plan(args: TreeArgs | VerifyArgs, geo: chain.Geometry, floats: torch.Tensor
     else:
         floats, ints, counters = (torch.empty(n, dtype=t.dtype, device=t.device) for n, t in zip(total, (floats, ints, counters), strict=True))
     bufs = chain.buffers(floats, ints, counters, layout, view.batch, geo.line_slots, geo.sort)
-    rows = _rows(floats, ints, counters, sizes, view.batch, slots)
+    rows = _rows(floats, ints, sizes, view.batch, slots)
     return _templates(args, geo, layout, bufs, rows), rows
 
 
@@ -184,10 +202,6 @@ def _prepare(args: TreeArgs | VerifyArgs) -> TreeArgs | VerifyArgs:
         return fixed
     return args._replace(target_logits=fixed.target_logits, draft_logits=fixed.draft_logits, draft_tokens=fixed.draft_tokens,
                          parents=chain._last_dim_contiguous(args.parents))
-
-
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 class Runner:
@@ -202,7 +216,6 @@ class Runner:
         launches = [(t.kernel[t.grid], t.arguments, {**t.constexprs, "num_warps": t.num_warps, "num_stages": 1, "enable_fp_fusion": False})
                     for t in found]
         self.before, self.race = launches[:-1], launches[-1]
-        self.depth = rows.depth
 
     def __call__(self, args: TreeArgs | VerifyArgs, base_key: int) -> tuple:
         device, batch = self.device, args.batch
@@ -210,12 +223,7 @@ class Runner:
         if batch:
             for launch, arguments, options in self.before:
                 launch(*arguments(call, base_key, None), **options)
-        depth = self.width  # a block's K; a tree's N, its widest (inside CUDA-graph capture)
-        if self.tree and not (batch and self.width):
-            depth = 0  # no node in use
-        elif self.tree and not _capturing(device):
-            depth = int(self.depth)  # published by tree_walk_kernel: the one host read
-        # (A tree's accepted_nodes take the chain outputs' logprobs slot.)
+        depth = self.width  # a block's K; a tree's N        # (A tree's accepted_nodes take the chain outputs' logprobs slot.)
         out = chain.Outputs(
             torch.empty(batch, depth + 1, dtype=torch.int64, device=device),
             torch.empty(batch, dtype=torch.int64, device=device),
