@@ -364,7 +364,7 @@ class Call:
     # number of nodes N, the target and draft logits have N+1 contexts).
     method: str = "token"
     siblings: str = "iid"  # a tree's sibling mode
-    tree_depth: int | None = None  # a tree's deepest node D (default: k, a chain-shaped tree)
+    tree_depth: int | None = None  # how deep a tree's walks go (default: k, a chain-shaped tree); the outputs are k + 1 wide whatever it is
 
     @property
     def whole_line(self) -> bool:
@@ -418,7 +418,7 @@ def launches(call: Call, multiprocessors: int):
 
     if call.method == "token":
         return _triton_backend.launches_for(meta_args(call), base_key=(1 << 40) + 3, sm_count=multiprocessors)
-    return _triton_tree.launches_for(meta_args(call), base_key=(1 << 40) + 3, depth=call.tree_depth, sm_count=multiprocessors)
+    return _triton_tree.launches_for(meta_args(call), base_key=(1 << 40) + 3, sm_count=multiprocessors)
 
 
 _CODE_CACHE: dict = {}

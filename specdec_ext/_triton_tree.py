@@ -56,7 +56,7 @@ class _Call(NamedTuple):
 
     chain: VerifyArgs
     parents: torch.Tensor | None
-    depth: int  # a tree's D (the outputs' width - 1); a block's K
+    depth: int  # the outputs' width - 1: a tree's N, a block's K
 
 
 class _Rows(NamedTuple):
@@ -176,8 +176,8 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
 
 
 def _plan(args: TreeArgs | VerifyArgs, geo: chain.Geometry, floats: torch.Tensor | None = None, ints: torch.Tensor | None = None,
-          counters: torch.Tensor | None = None) -> tuple[list[chain.Template], _Rows]:
-    """Templates and row buffers of a call over the workspace of its device (or buffers like the given ones)."""
+          counters: torch.Tensor | None = None) -> list[chain.Template]:
+    """The templates of a call over the workspace of its device (or buffers like the given ones)."""
     view = _chain_view(args)
     layout = chain._layout(view, geo)
     slots = _node_slots(args)
@@ -192,7 +192,7 @@ def _plan(args: TreeArgs | VerifyArgs, geo: chain.Geometry, floats: torch.Tensor
         floats, ints, counters = (torch.empty(n, dtype=t.dtype, device=t.device) for n, t in zip(total, (floats, ints, counters), strict=True))
     bufs = chain.buffers(floats, ints, counters, layout, view.batch, geo.line_slots, geo.sort)
     rows = _rows(floats, ints, sizes, view.batch, slots)
-    return _templates(args, geo, layout, bufs, rows), rows
+    return _templates(args, geo, layout, bufs, rows)
 
 
 def _prepare(args: TreeArgs | VerifyArgs) -> TreeArgs | VerifyArgs:
@@ -204,11 +204,23 @@ def _prepare(args: TreeArgs | VerifyArgs) -> TreeArgs | VerifyArgs:
                          parents=chain._last_dim_contiguous(args.parents))
 
 
+def _outputs(batch: int, width: int, tree: bool, logprobs: bool, device: torch.device) -> chain.Outputs:
+    """The outputs of a call, sized by its shapes alone: tokens (B, width+1), num_accepted (B,), and a
+    tree's accepted_nodes (B, width) in the chain outputs' logprobs slot, or a block's logprobs (B, width+1)."""
+    return chain.Outputs(
+        torch.empty(batch, width + 1, dtype=torch.int64, device=device),
+        torch.empty(batch, dtype=torch.int64, device=device),
+        torch.empty(batch, width, dtype=torch.int64, device=device) if tree else
+        torch.empty(batch, width + 1, dtype=torch.float32, device=device) if logprobs else None,
+        None,
+    )
+
+
 class Runner:
     """The launches of one tree or block call signature, bound once: a call allocates the outputs
-    and launches (a tree also reads its depth, see the module docstring)."""
+    and launches, nothing else (module docstring)."""
 
-    def __init__(self, args: TreeArgs | VerifyArgs, found: list[chain.Template], rows: _Rows):
+    def __init__(self, args: TreeArgs | VerifyArgs, found: list[chain.Template]):
         self.tree = isinstance(args, TreeArgs)
         self.device = args.target_logits.device
         self.width = args.num_tree_nodes if self.tree else args.num_positions
@@ -218,22 +230,15 @@ class Runner:
         self.before, self.race = launches[:-1], launches[-1]
 
     def __call__(self, args: TreeArgs | VerifyArgs, base_key: int) -> tuple:
-        device, batch = self.device, args.batch
-        call = _Call(_chain_view(args), args.parents if self.tree else None, self.width)
+        device, batch, width = self.device, args.batch, self.width
+        call = _Call(_chain_view(args), args.parents if self.tree else None, width)
         if batch:
             for launch, arguments, options in self.before:
                 launch(*arguments(call, base_key, None), **options)
-        depth = self.width  # a block's K; a tree's N        # (A tree's accepted_nodes take the chain outputs' logprobs slot.)
-        out = chain.Outputs(
-            torch.empty(batch, depth + 1, dtype=torch.int64, device=device),
-            torch.empty(batch, dtype=torch.int64, device=device),
-            torch.empty(batch, depth, dtype=torch.int64, device=device) if self.tree else
-            torch.empty(batch, depth + 1, dtype=torch.float32, device=device) if self.logprobs else None,
-            None,
-        )
+        out = _outputs(batch, width, self.tree, self.logprobs, device)
         if batch:
             launch, arguments, options = self.race
-            launch(*arguments(call._replace(depth=depth), base_key, out), **options)
+            launch(*arguments(call, base_key, out), **options)
         return out.tokens, out.num_accepted, out.logprobs
 
 
@@ -259,7 +264,7 @@ def _runner(args: TreeArgs | VerifyArgs, overrides: dict) -> Runner:
     ws = chain.workspace(device)
     if found is not None and found[0] is ws.counters and found[1] is ws.floats and found[2] is ws.ints:
         return found[3]
-    run = Runner(args, *_plan(args, chain.geometry(device, **overrides)))
+    run = Runner(args, _plan(args, chain.geometry(device, **overrides)))
     if len(_RUNNERS) > 256:
         _RUNNERS.clear()
     _RUNNERS[key] = (ws.counters, ws.floats, ws.ints, run)
@@ -267,7 +272,7 @@ def _runner(args: TreeArgs | VerifyArgs, overrides: dict) -> Runner:
 
 
 def verify_tree(args: TreeArgs, base_key: int, **overrides) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(tokens (B, D+1), num_accepted (B,), accepted_nodes (B, D)) of a validated tree call.
+    """(tokens (B, N+1), num_accepted (B,), accepted_nodes (B, N)) of a validated tree call.
     ``overrides``: the chain's geometry overrides (race_chunks, race_block, stats_tile, ...)."""
     args = _prepare(args)
     return _runner(args, overrides)(args, base_key)
@@ -279,28 +284,20 @@ def verify_block(args: VerifyArgs, base_key: int, **overrides) -> tuple[torch.Te
     return _runner(args, overrides)(args, base_key)
 
 
-def launches_for(args: TreeArgs | VerifyArgs, base_key: int = 0, depth: int | None = None, **geometry_overrides) -> list[chain.Launch]:
-    """The launches a tree or block call would make, without running them (any device, ``meta``
-    included). ``depth``: a tree's D (default N, its widest)."""
+def launches_for(args: TreeArgs | VerifyArgs, base_key: int = 0, **geometry_overrides) -> list[chain.Launch]:
+    """The launches a tree or block call would make, without running them (any device, ``meta`` included)."""
     args = _prepare(args)
     device = args.target_logits.device
     geo = chain.geometry(device, **geometry_overrides)
     if device.type == "meta":
-        found, _ = _plan(args, geo, torch.empty(0, device=device), torch.empty(0, dtype=torch.int32, device=device),
-                         torch.empty(0, dtype=torch.int32, device=device))
+        found = _plan(args, geo, torch.empty(0, device=device), torch.empty(0, dtype=torch.int32, device=device),
+                      torch.empty(0, dtype=torch.int32, device=device))
     else:
-        found, _ = _plan(args, geo)
+        found = _plan(args, geo)
     tree = isinstance(args, TreeArgs)
     width = args.num_tree_nodes if tree else args.num_positions
-    depth = width if depth is None or not tree else depth
-    call = _Call(_chain_view(args), args.parents if tree else None, depth)
-    batch = args.batch
-    out = chain.Outputs(
-        torch.empty(batch, depth + 1, dtype=torch.int64, device=device), torch.empty(batch, dtype=torch.int64, device=device),
-        torch.empty(batch, depth, dtype=torch.int64, device=device) if tree else
-        torch.empty(batch, depth + 1, dtype=torch.float32, device=device) if args.logprobs != LOGPROBS_NONE else None,
-        None,
-    )
+    call = _Call(_chain_view(args), args.parents if tree else None, width)
+    out = _outputs(args.batch, width, tree, not tree and args.logprobs != LOGPROBS_NONE, device)
     return [chain.Launch(t.name, t.kernel, t.grid, t.arguments(call, base_key, out), t.constexprs, t.num_warps) for t in found]
 
 

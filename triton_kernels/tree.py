@@ -706,14 +706,14 @@ def tree_race_kernel(
     race_val_ptr,  # (B, >= num_chunks) float32 workspace: each chunk's best key
     race_idx_ptr,  # (B, >= num_chunks) int32 workspace: its id
     counter_ptr,  # (B,) int32 workspace, 0 between calls: programs of the row that arrived
-    out_tokens_ptr,  # (B, D+1) int64 out
+    out_tokens_ptr,  # (B, D+1) int64 out (D = N: the widths the shapes fix)
     out_accepted_ptr,  # (B,) int64 out
     out_nodes_ptr,  # (B, D) int64 out: accepted_nodes
     base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
     N, V, Vd,  # sizes
     t_stride_b, t_stride_n, d_stride_b, d_stride_n, tok_stride_b,  # strides, in elements
     tiles_per_chunk, num_chunks,  # race tiles (BLOCK ids) per chunk, programs per row
-    D,  # the outputs' depth (tree_walk_kernel's deepest used node, or N)
+    D,  # the outputs' width - 1: N
     NP: tl.constexpr,  # next power of two of max(N, 1)
     D1P: tl.constexpr,  # next power of two of N + 1
     HAS_DRAFT: tl.constexpr,

@@ -201,8 +201,9 @@ def test_tree_launches_allocations_and_syncs(filtered, with_draft, siblings):
     launched, allocations, syncs, out = _costs(lambda: _triton_tree.verify_tree(args, 7))
     assert launched == _expected_launches("tree", filtered)
     assert allocations == ["empty"] * 3, allocations  # tokens, num_accepted, accepted_nodes
-    assert syncs == [], syncs
-    assert out[0].shape == (2, 5) and out[2].shape == (2, 4)  # N + 1 and N wide: nothing to read
+    assert syncs == [], syncs  # the outputs' width is N's, not the deepest node's (which lives on the device)
+    assert out[0].shape == (2, 5) and out[2].shape == (2, 4)
+    assert all((out[0][row, n + 1 :] == -1).all() and (out[2][row, n:] == -1).all() for row, n in enumerate(out[1].tolist()))
     planned = [launch.name.split(":")[0] + "_kernel" for launch in _triton_tree.launches_for(args, 7)]
     assert launched == planned
 
@@ -223,6 +224,7 @@ def test_block_launches_allocations_and_syncs(filtered, with_draft, logprobs):
 def test_the_counts_catch_a_host_read_and_an_allocation(monkeypatch):
     """The recorder sees what a launcher must not do: a read of a device value and a temporary."""
     args = _block_inputs(False, True, False)
+    tree = _tree_inputs(False, True, "iid")
     call = _triton_tree.Runner.__call__
 
     def reading(self, a, key):
@@ -233,8 +235,9 @@ def test_the_counts_catch_a_host_read_and_an_allocation(monkeypatch):
     _, allocations, syncs, _ = _costs(lambda: _triton_tree.verify_block(args, 7))
     assert len(syncs) == 1 and allocations == ["gt", "any", "empty", "empty"], (syncs, allocations)
     monkeypatch.setattr(_triton_tree.Runner, "__call__", lambda self, a, key: (a.temperature.sum().item(), call(self, a, key))[1])
-    _, _, syncs, _ = _costs(lambda: _triton_tree.verify_block(args, 7))
-    assert syncs == ["_local_scalar_dense"]
+    for run in (lambda: _triton_tree.verify_block(args, 7), lambda: _triton_tree.verify_tree(tree, 7)):
+        _, _, syncs, _ = _costs(run)
+        assert syncs == ["_local_scalar_dense"]
 
 
 def test_tree_and_block_counters_reset_themselves():
@@ -248,8 +251,8 @@ def test_tree_and_block_counters_reset_themselves():
 
 
 def test_tree_and_block_batch_size_does_not_enter_the_compiled_signature():
-    """As for chains: the walks' and races' batch-dependent integers (and a tree's depth D) are not
-    specialised, and the constexprs of a call's launches do not depend on B."""
+    """As for chains: the walks' and races' batch-dependent integers (and a tree race's output width D)
+    are not specialised, and the constexprs of a call's launches do not depend on B."""
     k = _triton_backend.kernels()
     walks = (k.tree_walk_kernel, k.block_walk_kernel, k.tree_cut_walk_kernel, k.block_cut_walk_kernel)
     for kernel, names in (*((walk, ("base_key", "batch", "t_parts", "d_parts")) for walk in walks),
