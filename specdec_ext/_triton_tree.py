@@ -10,8 +10,8 @@ contexts are the chain's K+1 target lines, its first N draft contexts the chain'
 
 What a call costs the device: three launches, with or without top-k / top-p: the line
 statistics, the walk, the race with its own finalisation; with top-k / top-p the walk is the
-cut-offs launch's last work items (``tree_cut_walk_kernel`` / ``block_cut_walk_kernel``: the
-cut-offs, then each row's walk, in one launch). No allocation besides the outputs; the partial
+cut-offs launch's last work items (``cut_walk_kernel``: the cut-offs, then each row's walk, in
+one launch). No allocation besides the outputs; the partial
 results live in the workspace, whose arrival counters the kernels reset themselves (a captured
 CUDA graph replays the launches as they are); nothing is read back to the host. A tree's outputs
 are (B, N+1) and (B, N), padded with -1 beyond each row's path.
@@ -128,10 +128,10 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
             ))
         else:
             found.append(chain.Template(
-                "tree_cut_walk", k.tree_cut_walk_kernel, cutoff.grid,
-                lambda c, key, o: (*cutoff.arguments(c.chain, key, o), c.chain.draft_tokens, c.parents, *keys(c.chain), b.part_i, rows.state_f,
+                "tree_cut_walk", k.cut_walk_kernel, cutoff.grid,
+                lambda c, key, o: (*cutoff.arguments(c.chain, key, o), c.chain.draft_tokens, c.parents, *keys(c.chain), b.part_i, b.tau, rows.state_f,
                                    rows.state_i, rows.removed, rows.path, key, sh.tok_stride, c.parents.stride(0)),
-                {**cutoff.constexprs, **walk_constexprs, "BLOCK": CUT_WALK_BLOCK},
+                {**cutoff.constexprs, "TREE": True, "KP": 1, **walk_constexprs, "BLOCK": CUT_WALK_BLOCK},
                 cutoff.num_warps,
             ))
         found.append(chain.Template(
@@ -156,10 +156,10 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
         ))
     else:
         found.append(chain.Template(
-            "block_cut_walk", k.block_cut_walk_kernel, cutoff.grid,
-            lambda c, key, o: (*cutoff.arguments(c.chain, key, o), c.chain.draft_tokens, *keys(c.chain), b.part_i, b.gathered, rows.state_f,
-                               rows.state_i, key, sh.tok_stride),
-            {**cutoff.constexprs, **walk_constexprs, "BLOCK": CUT_WALK_BLOCK},
+            "block_cut_walk", k.cut_walk_kernel, cutoff.grid,
+            lambda c, key, o: (*cutoff.arguments(c.chain, key, o), c.chain.draft_tokens, c.chain.num_draft_tokens, *keys(c.chain), b.part_i,
+                               b.gathered, rows.state_f, rows.state_i, rows.state_i, rows.state_i, key, sh.tok_stride, 0),
+            {**cutoff.constexprs, "TREE": False, "NP": 1, "WITHOUT_REPLACEMENT": False, **walk_constexprs, "BLOCK": CUT_WALK_BLOCK},
             cutoff.num_warps,
         ))
     found.append(chain.Template(

@@ -7,15 +7,14 @@ line's candidates), ``cutoff_kernel`` (the cut-offs: from the candidates, or by 
 search in the same launch, with the cut lines' statistics) and ``race_kernel``. Trees and blocks
 run the same statistics launch, then a walk (``tree_walk_kernel`` / ``block_walk_kernel``) and a
 race (``tree_race_kernel`` / ``block_race_kernel``); with top-k / top-p the walk runs in the
-cut-offs launch, after its items (``tree_cut_walk_kernel`` / ``block_cut_walk_kernel``).
+cut-offs launch, after its items (``cut_walk_kernel``).
 """
 
 from .cutoffs import cutoff_kernel
 from .race import race_kernel
 from .stats import line_stats_kernel
-from .tree import block_cut_walk_kernel, block_race_kernel, block_walk_kernel, tree_cut_walk_kernel, tree_race_kernel, tree_walk_kernel
+from .tree import block_race_kernel, block_walk_kernel, cut_walk_kernel, tree_race_kernel, tree_walk_kernel
 
 __all__ = [
-    "block_cut_walk_kernel", "block_race_kernel", "block_walk_kernel", "cutoff_kernel", "line_stats_kernel", "race_kernel", "tree_cut_walk_kernel",
-    "tree_race_kernel", "tree_walk_kernel",
+    "block_race_kernel", "block_walk_kernel", "cut_walk_kernel", "cutoff_kernel", "line_stats_kernel", "race_kernel", "tree_race_kernel", "tree_walk_kernel",
 ]

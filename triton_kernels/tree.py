@@ -10,8 +10,7 @@ children). Then two launches:
    rejection sampling, one residual-mass pass over the line after each rejection) or block
    verification's joint stop. Nothing of size V is written: each row leaves its final residual
    w(y) = max(a p(y) - c q(y) - [y = h], 0) [y not in S] as a few scalars (the row state below).
-   With top-k / top-p the walk is ``tree_cut_walk_kernel`` / ``block_cut_walk_kernel``: the
-   cut-offs launch's work items (cutoffs.py: each line's cut and its statistics over the kept
+   With top-k / top-p the walk is ``cut_walk_kernel``: the cut-offs launch's work items (cutoffs.py: each line's cut and its statistics over the kept
    values), then one walk item per row, which waits until every line's cut is final.
 2. ``tree_race_kernel`` / ``block_race_kernel``, grid (B, chunks): the exponential race argmax
    w(y) / E_y over each chunk of the vocabulary; the last program of a row to arrive picks the
@@ -444,9 +443,9 @@ def block_walk_kernel(
 
 
 @triton.jit(do_not_specialize=["base_key", "batch", "t_parts", "d_parts"])
-def tree_cut_walk_kernel(
-    target_ptr,  # (B, N+1, V) raw target logits, last dim contiguous
-    draft_ptr,  # (B, N+1, Vd) raw draft logits (unused without HAS_DRAFT)
+def cut_walk_kernel(
+    target_ptr,  # (B, K+1, V) raw target logits, last dim contiguous (a tree: K = N)
+    draft_ptr,  # (B, K(+1), Vd) raw draft logits (unused without HAS_DRAFT)
     tau_ptr,  # (lines,) float32 out: the cut-offs (cutoffs.py)
     part_m_ptr,  # (lines, PARTS) float32 line statistics partials: out for every cut line (cutoffs.py)
     part_z_ptr,  # (lines, PARTS) float32
@@ -462,23 +461,24 @@ def tree_cut_walk_kernel(
     temperature_ptr,  # (B,) float32, 0 = greedy
     top_k_ptr,  # (B,) int64, 0 = off
     top_p_ptr,  # (B,) float32, 1 = off
-    num_draft_ptr,  # (B,) int64: nodes used per row
+    num_draft_ptr,  # (B,) int64: drafts to verify (a tree: nodes used) per row
     cand_ptr,  # (lines, LINE_SLOTS) float32: the statistics launch's candidates
     cand_count_ptr,  # (lines, PARTS) int32
     cand_floor_ptr,  # (lines, PARTS, 2) int32
     sort_ptr,  # (lines, SORT) int32 workspace
-    batch, K, V, Vd,  # sizes (K = N)
+    batch, K, V, Vd,  # sizes
     t_stride_b, t_stride_k, d_stride_b, d_stride_k,  # strides, in elements
     t_parts, d_parts,  # statistics partials of a target (draft) line
-    tokens_ptr,  # (B, N) int32 / int64 node tokens
-    parents_ptr,  # (B, N) int64: each node's parent node, -1 = the root context
+    tokens_ptr,  # (B, K) int32 / int64 draft (node) tokens
+    parents_ptr,  # (B, N) int64 a tree's parents (TREE; unused for a block)
     seeds_ptr,  # (B,) int64 per-row keys (HAS_SEEDS)
-    offsets_ptr,  # (B,) int64 absolute position of context 0 (HAS_OFFSETS)
+    offsets_ptr,  # (B,) int64 absolute position of context / draft position 0 (HAS_OFFSETS)
     part_i_ptr,  # (lines, PARTS) int32 greedy lines' argmax
+    gathered_ptr,  # (lines,) float32: a block's draft logits at their tokens (stats.py; unused for a tree)
     row_f_ptr,  # (B, 8) float32 out: row state (module docstring)
     row_i_ptr,  # (B, 8) int32 out
-    removed_ptr,  # (B, NP) int32 out: the residual's removed ids
-    path_ptr,  # (B, NP) int32 out: the nodes entered, -1 beyond
+    removed_ptr,  # (B, NP) int32 out: a tree residual's removed ids (TREE)
+    path_ptr,  # (B, NP) int32 out: the nodes a tree walk entered (TREE)
     base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
     tok_stride_b, parent_stride_b,  # strides, in elements
     HAS_DRAFT: tl.constexpr,
@@ -491,14 +491,16 @@ def tree_cut_walk_kernel(
     TILE: tl.constexpr,
     BINS: tl.constexpr,
     PASSES: tl.constexpr,
-    NP: tl.constexpr,  # next power of two of max(N, 1): node vectors
-    WITHOUT_REPLACEMENT: tl.constexpr,  # siblings drawn without replacement (with draft logits)
+    TREE: tl.constexpr,  # a tree walk (tree_walk_kernel's), else block verification's (block_walk_kernel's)
+    NP: tl.constexpr,  # TREE: next power of two of max(N, 1)
+    KP: tl.constexpr,  # a block: next power of two of K + 1
+    WITHOUT_REPLACEMENT: tl.constexpr,  # TREE: siblings drawn without replacement (with draft logits)
     HAS_SEEDS: tl.constexpr,
     HAS_OFFSETS: tl.constexpr,
-    CHECK: tl.constexpr,  # blank for a bad value in any used line, not only the lines the walk reads
+    CHECK: tl.constexpr,  # blank for a bad value in any used line
     BLOCK: tl.constexpr,  # ids per step of a residual-mass pass
 ):
-    """A filtered tree call's cut-offs (cutoff_kernel's items) and walk (tree_walk_kernel's rows)."""
+    """A filtered tree or block call's cut-offs (cutoff_kernel's items), then its walk."""
     ticket, walks = cutoff_items(
         target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, search_ptr, search_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
         control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
@@ -510,85 +512,19 @@ def tree_cut_walk_kernel(
     if ticket < walks + batch:
         searches_ended(control_ptr, searching_ptr)
     while ticket < walks + batch:
-        _tree_walk_row(
-            ticket - walks, target_ptr, draft_ptr, tokens_ptr, parents_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr,
-            offsets_ptr, tau_ptr, part_m_ptr, part_z_ptr, part_i_ptr, row_f_ptr, row_i_ptr, removed_ptr, path_ptr, base_key, batch, K, V, Vd,
-            t_stride_b, t_stride_k, d_stride_b, d_stride_k, tok_stride_b, parent_stride_b, t_parts, d_parts, PARTS, PP, NP, HAS_DRAFT,
-            WITHOUT_REPLACEMENT, HAS_SEEDS, HAS_OFFSETS, CHECK, True, BLOCK,
-        )
-        ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
-    cutoff_exit(control_ptr)
-
-
-@triton.jit(do_not_specialize=["base_key", "batch", "t_parts", "d_parts"])
-def block_cut_walk_kernel(
-    target_ptr,  # (B, N+1, V) raw target logits, last dim contiguous
-    draft_ptr,  # (B, N+1, Vd) raw draft logits (unused without HAS_DRAFT)
-    tau_ptr,  # (lines,) float32 out: the cut-offs (cutoffs.py)
-    part_m_ptr,  # (lines, PARTS) float32 line statistics partials: out for every cut line (cutoffs.py)
-    part_z_ptr,  # (lines, PARTS) float32
-    search_ptr,  # (lines, 4) int32 workspace: the whole-line search's state (select.py)
-    search_f_ptr,  # (lines, 2) float32 workspace
-    progress_ptr,  # (lines,) int32 workspace
-    part_count_ptr,  # (lines, NUM_CHUNKS, BINS + 1) int32 workspace
-    part_mass_ptr,  # (lines, NUM_CHUNKS, BINS + 1) int64 workspace
-    counter_ptr,  # (lines,) int32, 0 between launches
-    control_ptr,  # (4,) int32, 0 between launches: the tickets (cutoffs.py)
-    searching_ptr,  # (1,) int32: lines listed for the whole-line search
-    search_list_ptr,  # (lines,) int32 workspace
-    temperature_ptr,  # (B,) float32, 0 = greedy
-    top_k_ptr,  # (B,) int64, 0 = off
-    top_p_ptr,  # (B,) float32, 1 = off
-    num_draft_ptr,  # (B,) int64: drafts to verify per row
-    cand_ptr,  # (lines, LINE_SLOTS) float32: the statistics launch's candidates
-    cand_count_ptr,  # (lines, PARTS) int32
-    cand_floor_ptr,  # (lines, PARTS, 2) int32
-    sort_ptr,  # (lines, SORT) int32 workspace
-    batch, K, V, Vd,  # sizes
-    t_stride_b, t_stride_k, d_stride_b, d_stride_k,  # strides, in elements
-    t_parts, d_parts,  # statistics partials of a target (draft) line
-    tokens_ptr,  # (B, K) int32 / int64 draft tokens
-    seeds_ptr,  # (B,) int64 (HAS_SEEDS)
-    offsets_ptr,  # (B,) int64 absolute position of draft position 0 (HAS_OFFSETS)
-    part_i_ptr,  # (lines, PARTS) int32
-    gathered_ptr,  # (lines,) float32: each position's raw logit at its draft token (stats.py)
-    row_f_ptr,  # (B, 8) float32 out: row state (module docstring)
-    row_i_ptr,  # (B, 8) int32 out
-    base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
-    tok_stride_b,  # in elements
-    HAS_DRAFT: tl.constexpr,
-    PARTS: tl.constexpr,  # statistics partial slots per line
-    PP: tl.constexpr,  # next power of two of PARTS
-    LINE_SLOTS: tl.constexpr,  # the cut-offs' geometry (cutoff_kernel)
-    SORT: tl.constexpr,
-    NUM_CHUNKS: tl.constexpr,
-    CHUNK: tl.constexpr,
-    TILE: tl.constexpr,
-    BINS: tl.constexpr,
-    PASSES: tl.constexpr,
-    KP: tl.constexpr,  # next power of two of K + 1
-    HAS_SEEDS: tl.constexpr,
-    HAS_OFFSETS: tl.constexpr,
-    CHECK: tl.constexpr,  # blank for a bad value in any used line (greedy rows' draft lines too)
-    BLOCK: tl.constexpr,  # ids per step of a residual-mass pass
-):
-    """A filtered block call's cut-offs (cutoff_kernel's items) and walk (block_walk_kernel's rows)."""
-    ticket, walks = cutoff_items(
-        target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, search_ptr, search_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
-        control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
-        sort_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
-        HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES,
-    )
-    # The walk items: one per row, after every search item; a row's lines are final once every
-    # search has ended.
-    if ticket < walks + batch:
-        searches_ended(control_ptr, searching_ptr)
-    while ticket < walks + batch:
-        _block_walk_row(
-            ticket - walks, target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr, tau_ptr,
-            part_m_ptr, part_z_ptr, part_i_ptr, gathered_ptr, row_f_ptr, row_i_ptr, base_key, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b,
-            d_stride_k, tok_stride_b, t_parts, d_parts, PARTS, PP, KP, HAS_DRAFT, HAS_SEEDS, HAS_OFFSETS, CHECK, True, BLOCK,
-        )
+        if TREE:
+            _tree_walk_row(
+                ticket - walks, target_ptr, draft_ptr, tokens_ptr, parents_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr,
+                offsets_ptr, tau_ptr, part_m_ptr, part_z_ptr, part_i_ptr, row_f_ptr, row_i_ptr, removed_ptr, path_ptr, base_key, batch, K, V, Vd,
+                t_stride_b, t_stride_k, d_stride_b, d_stride_k, tok_stride_b, parent_stride_b, t_parts, d_parts, PARTS, PP, NP, HAS_DRAFT,
+                WITHOUT_REPLACEMENT, HAS_SEEDS, HAS_OFFSETS, CHECK, True, BLOCK,
+            )
+        else:
+            _block_walk_row(
+                ticket - walks, target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr,
+                tau_ptr, part_m_ptr, part_z_ptr, part_i_ptr, gathered_ptr, row_f_ptr, row_i_ptr, base_key, batch, K, V, Vd, t_stride_b, t_stride_k,
+                d_stride_b, d_stride_k, tok_stride_b, t_parts, d_parts, PARTS, PP, KP, HAS_DRAFT, HAS_SEEDS, HAS_OFFSETS, CHECK, True, BLOCK,
+            )
         ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
     cutoff_exit(control_ptr)
 

@@ -22,8 +22,8 @@ _VIEW_OPS = {"view", "_unsafe_view", "slice", "select", "as_strided", "alias", "
              "permute", "_reshape_alias", "lift_fresh", "unbind", "split", "split_with_sizes"}
 # aten ops that make the host wait for the device: a scalar read, a truth value, a copy to the host.
 _SYNC_OPS = {"_local_scalar_dense", "item", "is_nonzero", "equal"}
-_KERNELS = ("cutoff_kernel", "line_stats_kernel", "race_kernel", "tree_walk_kernel", "tree_cut_walk_kernel", "tree_race_kernel", "block_walk_kernel",
-            "block_cut_walk_kernel", "block_race_kernel")
+_KERNELS = ("cutoff_kernel", "line_stats_kernel", "race_kernel", "tree_walk_kernel", "cut_walk_kernel", "tree_race_kernel", "block_walk_kernel",
+            "block_race_kernel")
 
 
 class _Recorder(TorchDispatchMode):
@@ -187,7 +187,7 @@ def _block_inputs(filtered: bool, with_draft: bool, logprobs: bool):
 
 def _expected_launches(kind: str, filtered: bool) -> list[str]:
     """Statistics, walk, race; with top-k / top-p the walk runs in the cut-offs launch."""
-    return ["line_stats_kernel", f"{kind}_cut_walk_kernel" if filtered else f"{kind}_walk_kernel", f"{kind}_race_kernel"]
+    return ["line_stats_kernel", "cut_walk_kernel" if filtered else f"{kind}_walk_kernel", f"{kind}_race_kernel"]
 
 
 TREE_CASES = [(filtered, with_draft, siblings) for filtered in (False, True) for with_draft in (True, False)
@@ -204,7 +204,7 @@ def test_tree_launches_allocations_and_syncs(filtered, with_draft, siblings):
     assert syncs == [], syncs  # the outputs' width is N's, not the deepest node's (which lives on the device)
     assert out[0].shape == (2, 5) and out[2].shape == (2, 4)
     assert all((out[0][row, n + 1 :] == -1).all() and (out[2][row, n:] == -1).all() for row, n in enumerate(out[1].tolist()))
-    planned = [launch.name.split(":")[0] + "_kernel" for launch in _triton_tree.launches_for(args, 7)]
+    planned = [launch.kernel.fn.__name__ for launch in _triton_tree.launches_for(args, 7)]
     assert launched == planned
 
 
@@ -217,7 +217,7 @@ def test_block_launches_allocations_and_syncs(filtered, with_draft, logprobs):
     assert allocations == ["empty"] * (3 if logprobs else 2), allocations
     assert syncs == [], syncs
     assert out[0].shape == (2, 3)
-    planned = [launch.name.split(":")[0] + "_kernel" for launch in _triton_tree.launches_for(args, 7)]
+    planned = [launch.kernel.fn.__name__ for launch in _triton_tree.launches_for(args, 7)]
     assert launched == planned
 
 
@@ -254,7 +254,7 @@ def test_tree_and_block_batch_size_does_not_enter_the_compiled_signature():
     """As for chains: the walks' and races' batch-dependent integers (and a tree race's output width D)
     are not specialised, and the constexprs of a call's launches do not depend on B."""
     k = _triton_backend.kernels()
-    walks = (k.tree_walk_kernel, k.block_walk_kernel, k.tree_cut_walk_kernel, k.block_cut_walk_kernel)
+    walks = (k.tree_walk_kernel, k.block_walk_kernel, k.cut_walk_kernel)
     for kernel, names in (*((walk, ("base_key", "batch", "t_parts", "d_parts")) for walk in walks),
                           (k.tree_race_kernel, ("base_key", "tiles_per_chunk", "num_chunks", "D")),
                           (k.block_race_kernel, ("base_key", "batch", "t_parts", "tiles_per_chunk", "num_chunks"))):
