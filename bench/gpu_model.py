@@ -355,8 +355,8 @@ class Call:
     stream: int = 1
     draft_dtype: str | None = None  # default: the target's
     draft_vocab: int | None = None  # default: the target's
-    # Lines whose cut the candidates do not settle (the whole-line search in cutoff_kernel, then the
-    # second statistics launch), and the search passes each takes: a data-dependent count, from
+    # Lines whose cut the candidates do not settle (the whole-line search in the cut-offs launch),
+    # and the search passes each takes: a data-dependent count, from
     # the measured distribution (MEASURED) or 1.0 for the whole-line fallback rows.
     search_fraction: float = 0.0
     search_passes: float | None = None  # None: PASSES // 2 (one search, top-k or top-p)
@@ -364,7 +364,7 @@ class Call:
     # number of nodes N, the target and draft logits have N+1 contexts).
     method: str = "token"
     siblings: str = "iid"  # a tree's sibling mode
-    tree_depth: int | None = None  # a tree's deepest node D (default: k, a chain-shaped tree)
+    tree_depth: int | None = None  # how deep a tree's walks go (default: k, a chain-shaped tree); the outputs are k + 1 wide whatever it is
 
     @property
     def whole_line(self) -> bool:
@@ -418,7 +418,7 @@ def launches(call: Call, multiprocessors: int):
 
     if call.method == "token":
         return _triton_backend.launches_for(meta_args(call), base_key=(1 << 40) + 3, sm_count=multiprocessors)
-    return _triton_tree.launches_for(meta_args(call), base_key=(1 << 40) + 3, depth=call.tree_depth, sm_count=multiprocessors)
+    return _triton_tree.launches_for(meta_args(call), base_key=(1 << 40) + 3, sm_count=multiprocessors)
 
 
 _CODE_CACHE: dict = {}
@@ -500,6 +500,7 @@ LOOP_KINDS = {
     "threshold ticket loop": "one work item per line over the candidates (the sort unrolled: no inner loop)",
     "spin wait": "waits for other programs' items: no instructions of its own beyond the wait (latency of what it waits for)",
     "search ticket loop": "whole-line search items: searched lines x chunks per pass over the programs (search_fraction, search_passes: MEASURED)",
+    "walk ticket loop": "a filtered tree or block call's walk items, in the cut-offs launch: one row per program",
     "histogram tile": "CHUNK / TILE steps per search item",
     "histogram sum": "the last item of a line's pass sums the chunks' histograms, four chunks per step",
     "node pass": "a tree walk's passes over the nodes (the tree's check, each node's depth): N per row",
@@ -561,24 +562,7 @@ def loop_kinds(kernel: str, code: KernelCode) -> list[str | None]:
         final = [loop for loop in code.loops if loop.has("LDG") and not loop.has("MUFU") and loop.after_atomic]
         name(final, ["finalising block"] * len(final))
     elif kernel in ("tree_walk", "block_walk"):
-        has_children = {loop.parent for loop in code.loops if loop.parent is not None}
-        kind_of = {}
-        for n, loop in enumerate(code.loops):
-            parent = kind_of.get(loop.parent)
-            if loop.parent is None:
-                if kernel == "block_walk":
-                    kind = "stop search step" if loop.start in has_children else "block position step"
-                else:
-                    kind = "context step" if loop.start in has_children else "line check step" if loop.has("LDG") else "node pass"
-            elif parent in ("context step",):
-                kind = "sibling test"
-            elif parent in ("sibling test", "stop search step"):
-                kind = "residual-mass tile"
-            elif parent == "residual-mass tile":
-                kind = "removed-id test"
-            else:
-                kind = None
-            kind_of[loop.start] = kinds[n] = kind
+        _walk_kinds(kernel, code.loops, None, kinds)
     elif kernel in ("tree_race", "block_race"):
         for n, loop in enumerate(code.loops):
             if loop.parent is not None:
@@ -588,19 +572,62 @@ def loop_kinds(kernel: str, code: KernelCode) -> list[str | None]:
             elif loop.after_atomic and loop.has("LDG"):
                 kinds[n] = "finalising block"
     elif kernel == "cutoff":
+        _cutoff_kinds(code.loops, kinds)
+    elif kernel in ("tree_cut_walk", "block_cut_walk"):
+        # The cut-offs launch's loops, then (last in the code) the walk items' ticket loop around
+        # the walk's own loops.
         parents = {loop.parent for loop in code.loops if loop.parent is not None}
-        for n, loop in enumerate(code.loops):
-            if loop.start in parents:
-                kinds[n] = "search ticket loop" if loop.after_wait else None
-            elif loop.has("CCTL") and loop.instructions < 64 and not loop.has("MUFU"):
-                kinds[n] = "spin wait"
-            elif loop.after_wait and _atomics(loop) and loop.has("MUFU"):
-                kinds[n] = "histogram tile"
-            elif loop.after_wait and loop.has("LDG") and not loop.has("MUFU") and not _atomics(loop):
-                kinds[n] = "histogram sum"
-            elif not loop.after_wait and loop.parent is None:
-                kinds[n] = "threshold ticket loop"
+        ticket = max((loop for loop in code.loops if loop.parent is None and loop.start in parents and loop.after_wait), key=lambda loop: loop.start)
+        inside = {ticket.start}
+        for loop in code.loops:  # parents come before their children in address order
+            if loop.parent in inside:
+                inside.add(loop.start)
+        walk = [n for n, loop in enumerate(code.loops) if loop.start in inside and loop is not ticket]
+        _walk_kinds(kernel.replace("_cut", ""), [code.loops[n] for n in walk], ticket.start, kinds, walk)
+        kinds[code.loops.index(ticket)] = "walk ticket loop"
+        rest = [n for n, loop in enumerate(code.loops) if loop.start not in inside]
+        _cutoff_kinds([code.loops[n] for n in rest], kinds, rest)
     return kinds
+
+
+def _walk_kinds(kernel: str, loops: list[Loop], top: int | None, kinds: list, at: list[int] | None = None) -> None:
+    """Kinds of a tree or block walk's loops into ``kinds`` (at the indices ``at``; ``top``: the
+    parent its outermost loops have)."""
+    has_children = {loop.parent for loop in loops if loop.parent is not None}
+    kind_of = {}
+    for n, loop in zip(at if at is not None else range(len(loops)), loops, strict=True):
+        parent = kind_of.get(loop.parent)
+        if loop.parent == top:
+            if kernel == "block_walk":
+                kind = "stop search step" if loop.start in has_children else "block position step"
+            else:
+                kind = "context step" if loop.start in has_children else "line check step" if loop.has("LDG") else "node pass"
+        elif parent in ("context step",):
+            kind = "sibling test"
+        elif parent in ("sibling test", "stop search step"):
+            kind = "residual-mass tile"
+        elif parent == "residual-mass tile":
+            kind = "removed-id test"
+        else:
+            kind = None
+        kind_of[loop.start] = kinds[n] = kind
+
+
+def _cutoff_kinds(loops: list[Loop], kinds: list, at: list[int] | None = None) -> None:
+    """Kinds of the cut-offs launch's loops (its threshold items, then its search items) into
+    ``kinds`` (at the indices ``at``)."""
+    parents = {loop.parent for loop in loops if loop.parent is not None}
+    for n, loop in zip(at if at is not None else range(len(loops)), loops, strict=True):
+        if loop.start in parents:
+            kinds[n] = "search ticket loop" if loop.after_wait else None
+        elif loop.has("CCTL") and loop.instructions < 64 and not loop.has("MUFU"):
+            kinds[n] = "spin wait"
+        elif loop.after_wait and _atomics(loop) and loop.has("MUFU"):
+            kinds[n] = "histogram tile"
+        elif loop.after_wait and loop.has("LDG") and not loop.has("MUFU") and not _atomics(loop):
+            kinds[n] = "histogram sum"
+        elif not loop.after_wait and loop.parent is None:
+            kinds[n] = "threshold ticket loop"
 
 
 def _logits_bytes(call: Call) -> int:
@@ -667,27 +694,27 @@ def _work(launch, call: Call, phase: str) -> dict:
 
     if phase in ("tree_walk", "tree_race", "block_walk", "block_race"):
         return _tree_work(launch, call, phase)
+    if phase.endswith(":walk"):  # the walk items of a filtered tree or block call, one row per program
+        work = _tree_work(launch, call, phase.split(":")[0].replace("_cut", ""))
+        return work | {"loops": work["loops"] | {"walk ticket loop": (1.0, 1)}, "programs_used": min(call.batch, launch.grid[0])}
+    phase = phase.removeprefix(launch.name + ":") if launch.name.endswith("_cut_walk") else phase  # its cut-offs phases
     args = launch.args
     c = launch.constexprs
     lines_t = call.batch * (call.k + 1)
     lines_d = call.batch * call.k if call.draft == "logits" else 0
     lines = lines_t + lines_d
-    if phase in ("line_stats", "line_stats:cut"):
+    if phase == "line_stats":
         tile = c["T_LANES"] * c["T_ROWS"]
         parts = launch.grid[1]
         programs_used = lines * parts
         # Per line: its whole tiles unmasked, its ragged last tile masked, spread over its parts.
         whole, ragged = call.vocab // tile / parts, (1 if call.vocab % tile else 0) / parts
-        if phase == "line_stats":
-            kind = "candidate tile" if c["PHASE"] == 1 else "sampled tile"
-            read = 1.0
-        else:  # only the lines the whole-line search cut; the others read a flag and exit
-            kind, read = "sampled tile", call.search_fraction
+        kind = "candidate tile" if c["PHASE"] == 1 else "sampled tile"
         return {
-            "loops": {kind: (whole * read, tile), kind + " (masked)": (ragged * read, tile)}, "programs_used": programs_used,
-            "bytes": read * lines * call.vocab * call.itemsize + lines * 4,
+            "loops": {kind: (whole, tile), kind + " (masked)": (ragged, tile)}, "programs_used": programs_used,
+            "bytes": lines * call.vocab * call.itemsize + lines * 4,
             # the tiles' loads (issued together), then the partials' and candidates' stores
-            "rounds": (["dram", "l2"] if read else []) + ["l2"],
+            "rounds": ["dram", "l2", "l2"],
         }
     if phase == "race":
         chunks = args[-1]
@@ -768,8 +795,8 @@ def estimate_launch(launch, call: Call, phase: str | None = None) -> LaunchEstim
     loops = loop_trips(launch, call, phase, code)
     # Instructions per warp: the longest path outside the loops, plus every loop's trips.
     path, barriers = code.path, code.barriers_outside_loops
-    if phase in ("cutoff", "cutoff:search") and code.phases:
-        path, barriers = code.phases["before_wait" if phase == "cutoff" else "from_wait"]
+    if phase.endswith(("cutoff", "cutoff:search")) and code.phases:
+        path, barriers = code.phases["before_wait" if phase.endswith("cutoff") else "from_wait"]
     per_warp = path + sum(loop.instructions * trips for loop, _, trips, _ in loops)
     # The pipes of what runs outside the loops: the straight-line mix, scaled to the path.
     scale = path / code.straight if code.straight else 0.0
@@ -837,14 +864,19 @@ def estimate_call(call: Call, goals: dict | None = None, baseline: CallEstimate 
     planned = launches(call, a["multiprocessors"])
     estimates = []
     for launch in planned:
-        if launch.name == "cutoff":
-            estimates.append(estimate_launch(launch, call, "cutoff"))
-            if call.whole_line:  # the passes of the searches, one after another in the same launch
+        if launch.name in ("cutoff", "tree_cut_walk", "block_cut_walk"):
+            # Its work items one kind after another: the cuts from the candidates, the passes of
+            # the whole-line searches, then (a filtered walk) the rows' walks.
+            prefix = "" if launch.name == "cutoff" else launch.name + ":"
+            estimates.append(estimate_launch(launch, call, prefix + "cutoff"))
+            if call.whole_line:
                 passes = _search_passes(call, launch)
-                search = estimate_launch(launch, call, "cutoff:search")
+                search = estimate_launch(launch, call, prefix + "cutoff:search")
                 estimates += [search] * math.floor(passes)
                 if passes % 1:
                     estimates.append(LaunchEstimate(**(asdict(search) | {"time_us": round(search.time_us * (passes % 1), 3)})))
+            if prefix:
+                estimates.append(estimate_launch(launch, call, prefix + "walk"))
         else:
             estimates.append(estimate_launch(launch, call))
     kernels = sum(e.time_us for e in estimates)

@@ -384,7 +384,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("draft_logits"), py::arg("draft_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("num_draft_tokens"),
         py::arg("seeds"), py::arg("offsets"), py::arg("base_key"), py::arg("check") = true, py::arg("logprobs") = 0, no_gil);
   m.def("tree_verify", &specdec::tree_verify_cpu,
-        "Tree verification: (tokens (B, D+1) int64, num_accepted (B,) int64, accepted_nodes (B, D) int64)", py::arg("target_logits"),
+        "Tree verification: (tokens (B, N+1) int64, num_accepted (B,) int64, accepted_nodes (B, N) int64), -1 beyond each row's path", py::arg("target_logits"),
         py::arg("draft_logits"), py::arg("draft_tokens"), py::arg("parents"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
         py::arg("num_nodes"), py::arg("seeds"), py::arg("offsets"), py::arg("base_key"), py::arg("without_replacement") = false,
         py::arg("check") = true, no_gil);

@@ -32,8 +32,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_block_chain(const at::Tens
                                                                   const at::Tensor& draft_tokens, const RowTensors& rows, const at::Tensor& num_draft_tokens,
                                                                   bool check, int64_t logprobs);
 
-// Tree verification, tree.cpp: (tokens (B, D+1), num_accepted (B,), accepted_nodes (B, D)), D the
-// deepest used node of the rows with a valid tree.
+// Tree verification, tree.cpp: (tokens (B, N+1), num_accepted (B,), accepted_nodes (B, N)), -1 beyond
+// each row's accepted path.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_logits,
                                                            const at::Tensor& draft_tokens, const at::Tensor& parents, const RowTensors& rows,
                                                            const at::Tensor& num_nodes, bool without_replacement, bool check);

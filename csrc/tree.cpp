@@ -31,7 +31,6 @@ struct TreeRow {
   int64_t used = 0;  // nodes 0 .. used - 1
   bool bad = false;
   bool bad_shape = false;                      // a parent out of range or not below its child, or num_nodes outside [0, N]
-  std::vector<int64_t> depth;                  // of each used node (1 = child of the root)
   std::vector<std::vector<int64_t>> children;  // per context, in node order
   // The walk of a sampled row.
   enum Stage : int8_t { kLines, kMass, kRace, kDone };
@@ -135,11 +134,9 @@ void TreeCall::read_layout(const IdReader& parents, int64_t b) {
       return;
     }
   }
-  r.depth.resize(r.used);
   r.children.assign(r.used + 1, {});
   for (int64_t i = 0; i < r.used; ++i) {
     const int64_t parent = parents(b, i);
-    r.depth[i] = parent < 0 ? 1 : r.depth[parent] + 1;
     r.children[parent + 1].push_back(i);
   }
 }
@@ -306,14 +303,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> TreeCall::run() {
     }
     walking.resize(still);
   }
-  int64_t max_depth = 0;
-  for (const TreeRow& r : rows_) {
-    for (int64_t d : r.depth) max_depth = std::max(max_depth, d);
-  }
+  // The outputs are as wide as the deepest path N nodes allow, whatever the rows entered: the width
+  // every backend gives, since a device backend sizes its outputs before its walk has run.
   const auto long_options = at::TensorOptions().dtype(at::kLong);  // (CPU)
-  at::Tensor out_tokens = at::full({batch_, max_depth + 1}, -1, long_options);
+  at::Tensor out_tokens = at::full({batch_, nodes_ + 1}, -1, long_options);
   at::Tensor out_accepted = at::zeros({batch_}, long_options);
-  at::Tensor out_nodes = at::full({batch_, max_depth}, -1, long_options);
+  at::Tensor out_nodes = at::full({batch_, nodes_}, -1, long_options);
   int64_t* tok = out_tokens.mutable_data_ptr<int64_t>();
   int64_t* acc = out_accepted.mutable_data_ptr<int64_t>();
   int64_t* nodes = out_nodes.mutable_data_ptr<int64_t>();
@@ -323,10 +318,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> TreeCall::run() {
     if (r.bad) continue;
     const int64_t entered = static_cast<int64_t>(r.path.size());
     for (int64_t d = 0; d < entered; ++d) {
-      nodes[b * max_depth + d] = r.path[d];
-      tok[b * (max_depth + 1) + d] = tokens_(b, r.path[d]);
+      nodes[b * nodes_ + d] = r.path[d];
+      tok[b * (nodes_ + 1) + d] = tokens_(b, r.path[d]);
     }
-    tok[b * (max_depth + 1) + entered] = r.token;
+    tok[b * (nodes_ + 1) + entered] = r.token;
     acc[b] = entered;
   }
   return {out_tokens, out_accepted, out_nodes};

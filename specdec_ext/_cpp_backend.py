@@ -124,8 +124,8 @@ def verify_block(args: VerifyArgs, base_key: int):
 
 
 def verify_tree(args: TreeArgs, base_key: int):
-    """Tree verification of a validated call; returns (tokens (B, D+1) int64, num_accepted (B,)
-    int64, accepted_nodes (B, D) int64)."""
+    """Tree verification of a validated call; returns (tokens (B, N+1) int64, num_accepted (B,)
+    int64, accepted_nodes (B, N) int64), -1 beyond each row's path."""
     return _extension().tree_verify(
         args.target_logits, args.draft_logits, args.draft_tokens, args.parents, args.temperature, args.top_k, args.top_p, args.num_nodes,
         args.seeds, args.offsets, base_key, args.siblings == "without_replacement", args.check,

@@ -53,15 +53,16 @@ class TreeResult(NamedTuple):
     """The result of :func:`specdec_ext.verify_tree`.
 
     Attributes:
-        tokens (torch.Tensor): ``int64`` of shape ``(batch_size, D + 1)``, D the depth of the deepest
-            node any row of the batch uses (on CUDA inside a CUDA-graph capture, where that depth
-            cannot be read on the host, D is N, the number of nodes). Row b holds the tokens of the ``num_accepted[b]`` nodes it
+        tokens (torch.Tensor): ``int64`` of shape ``(batch_size, N + 1)``, N the number of nodes
+            (``parents.shape[1]``): room for the longest path any tree of N nodes has, so the shape
+            follows from the call's shapes alone, on every backend (a device call never waits to
+            learn how deep its rows went). Row b holds the tokens of the ``num_accepted[b]`` nodes it
             entered, root to leaf, then the corrected or bonus token drawn at the context where the
             walk stopped, then **-1** padding. A blanked row (``check=False`` and a bad value or a bad
             tree) is -1 throughout.
         num_accepted (torch.Tensor): ``int64`` of shape ``(batch_size,)``, the depth each row reached;
             a valid row emits ``num_accepted + 1`` tokens (a blanked row emits none and holds 0).
-        accepted_nodes (torch.Tensor): ``int64`` of shape ``(batch_size, D)``, the node index entered at
+        accepted_nodes (torch.Tensor): ``int64`` of shape ``(batch_size, N)``, the node index entered at
             each depth (-1 beyond ``num_accepted``): the KV-cache entries a caller keeps.
 
     Randomness: as for :class:`VerifyResult`, per row (``seeds[b]``, else ``base + b`` from one draw of
@@ -77,7 +78,7 @@ class TreeResult(NamedTuple):
         >>> parents = torch.tensor([[-1, -1, 1]])
         >>> out = specdec_ext.verify_tree(target, None, tokens, parents, temperature=0.0)
         >>> out.tokens.tolist(), out.num_accepted.tolist(), out.accepted_nodes.tolist()  # nodes 1 and 2, then the argmax at node 2
-        ([[1, 2, 0]], [2], [[1, 2]])
+        ([[1, 2, 0, -1]], [2], [[1, 2, -1]])
     """
 
     tokens: torch.Tensor

@@ -8,9 +8,8 @@ shapes, dtypes, flags and the device's geometry; :func:`launches_for` fills them
 What a call costs on the device: two launches without top-k / top-p (line statistics, then the
 race with its own finalisation). With top-k / top-p: the line statistics also leave each line's
 candidates, the cut-offs launch settles each cut from them (and runs, in the same launch, the
-whole-line search of the lines they do not settle), a second statistics launch reads only those
-lines with their cut, then the race: four launches, and the lines the candidates settle are read
-once. No allocation besides the outputs (the partial results live in a workspace cached per
+whole-line search of the lines they do not settle) and leaves every cut line's statistics over its
+kept values, then the race: three launches, and a line is read for its statistics once. No allocation besides the outputs (the partial results live in a workspace cached per
 device and CUDA stream, whose arrival counters reset themselves, so a captured CUDA graph replays
 the launches as they are); no host synchronisation; the row keys come in as a scalar (``base_key``) or a tensor
 (``seeds``), never from a launch.
@@ -54,6 +53,8 @@ SORT = 1024
 # work items in turn: a line's search over its candidates, then whole-line search chunks).
 CUTOFF_WARPS = 8
 CUTOFF_PROGRAMS_PER_SM = 4
+# Its counters: tickets drawn, threshold items finished, programs exited, searches ended.
+CUTOFF_CONTROL = 4
 # The whole-line search: histogram bins per pass, passes (four resolve all 32 bits of an order
 # key: one search; top-k then top-p takes two), values per work item, values per loop step.
 SELECT_BINS = 256
@@ -269,12 +270,12 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
     stats += _next_power_of_2(tiles)  # the race reads whole power-of-two rows of partials
     histograms = searched * select_chunks * (SELECT_BINS + 1)
     floats = padded(stats, stats, stats, stats, lines, lines, batch * chunks, searched * geo.line_slots, searched * 2)
-    ints = padded(stats, batch * chunks, searched * tiles, 2 * searched * tiles, searched * geo.sort, lines, searched * 4, histograms, 2 * histograms,
+    ints = padded(stats, batch * chunks, searched * tiles, 2 * searched * tiles, searched * geo.sort, searched * 4, histograms, 2 * histograms,
                   searched, 1 if searched else 0, searched)
     return {
         "has_draft": has_draft, "lines": lines, "stats_tile": stats_tile, "tiles": tiles, "tiles_per_part": tiles_per_part, "chunks": chunks,
         "tiles_per_chunk": tiles_per_chunk, "filtered": args.filtered, "select_chunks": select_chunks,
-        "sizes": Sizes(floats, ints, padded(batch) + (padded(searched) + 3 if searched else 0)),
+        "sizes": Sizes(floats, ints, padded(batch) + (padded(searched) + CUTOFF_CONTROL if searched else 0)),
     }
 
 
@@ -331,7 +332,6 @@ class Buffers(NamedTuple):
     cand_count: torch.Tensor  # (lines, tiles) int32
     cand_floor: torch.Tensor  # (lines, tiles, 2) int32
     sort: torch.Tensor  # (lines, sort) int32: a threshold item's packed candidates
-    resolved: torch.Tensor
     search: torch.Tensor  # (lines, 4) int32: the whole-line search's state
     search_f: torch.Tensor  # (lines, 2) float32
     search_progress: torch.Tensor  # (lines,) int32: search passes published per line
@@ -340,7 +340,7 @@ class Buffers(NamedTuple):
     search_counters: torch.Tensor  # (lines,) int32 arrival counters, 0 between launches
     search_list: torch.Tensor  # (lines,) int32: the lines handed to the whole-line search
     searching: torch.Tensor  # (1,) int32: how many
-    cutoff_control: torch.Tensor  # (3,) int32 counters of the cut-offs launch, 0 between launches
+    cutoff_control: torch.Tensor  # (CUTOFF_CONTROL,) int32 counters of the cut-offs launch, 0 between launches
 
 
 _BUFFERS: dict[tuple, Buffers] = {}
@@ -370,13 +370,13 @@ def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tens
         part_m=take("f", stats), part_z=take("f", stats), part_rm=take("f", stats), part_rz=take("f", stats), part_i=take("i", stats),
         gathered=take("f", lines), tau=take("f", lines), race_val=take("f", batch * chunks), race_idx=take("i", batch * chunks), counters=counters,
         cand=take("f", searched * line_slots), cand_count=take("i", searched * tiles), cand_floor=take("i", 2 * searched * tiles),
-        sort=take("i", searched * sort), resolved=take("i", lines),
+        sort=take("i", searched * sort),
         search_f=take("f", searched * 2), search=take("i", searched * 4), search_count=take("i", searched * sc * (SELECT_BINS + 1)),
         search_mass=take("i", 2 * searched * sc * (SELECT_BINS + 1)).view(torch.int64), search_list=take("i", searched),
         searching=take("i", 1 if searched else 0), search_progress=take("i", searched),
         # The race's counters come first (one per row), the search's after them, then the cut-offs launch's.
         search_counters=counters[race_counters : race_counters + searched],
-        cutoff_control=counters[race_counters + _ALIGN * _cdiv(searched, _ALIGN) :][: 3 if searched else 0],
+        cutoff_control=counters[race_counters + _ALIGN * _cdiv(searched, _ALIGN) :][: CUTOFF_CONTROL if searched else 0],
     )
     if len(_BUFFERS) > 64:
         _BUFFERS.clear()
@@ -453,8 +453,8 @@ def _shape(args: VerifyArgs, layout: dict) -> _Shape:
 def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict) -> list[Template]:
     """The launches that process a call's lines (the shared entry point of every Triton path that
     needs them): unfiltered, ``line_stats``; with top-k / top-p, ``line_stats`` (statistics and
-    candidates), ``cutoff`` (each line's cut: from its candidates, or by the whole-line search) and
-    ``line_stats:cut`` (the searched lines' statistics with their cut). Run in order, they leave in
+    candidates) and ``cutoff`` (each line's cut: from its candidates, or by the whole-line search),
+    which also leaves each cut line's statistics over its kept values. Run in order, they leave in
     ``bufs``: ``tau`` (lines,) the cut of each line (keep s >= tau), the statistics partials
     ``part_m`` / ``part_z`` (and ``part_i``, ``part_rm``, ``part_rz``) of each line over
     ``layout["tiles"]`` slots, and ``gathered``, each draft position's logit at its draft token.
@@ -469,7 +469,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
     # The per-call arguments are read from the call; everything else is bound here, once (a
     # decoding loop builds these tuples every step).
     has_draft = sh.has_draft
-    stats_fixed = (b.tau, b.resolved, b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz, b.cand, b.cand_count, b.cand_floor, b.searching)
+    stats_fixed = (b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz, b.cand, b.cand_count, b.cand_floor, b.searching)
     stats_tail = (b.gathered, *sh.shape_args, sh.tok_stride, tiles_per_part)
 
     def stats_arguments(a: VerifyArgs, key: int, o: Outputs) -> tuple:
@@ -478,10 +478,10 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
                 *stats_tail)
 
     def line_stats(phase: int) -> Template:
-        """The statistics launch: phase 0 of an unfiltered call; a filtered call's phase 1 (every
-        line, with the candidates) and phase 2 (the lines the whole-line search cut)."""
+        """The statistics launch: phase 0 of an unfiltered call, phase 1 of a filtered one (with
+        the candidates)."""
         return Template(
-            "line_stats" if phase < 2 else "line_stats:cut", k.line_stats_kernel, (lines, sh.t_parts), stats_arguments,
+            "line_stats", k.line_stats_kernel, (lines, sh.t_parts), stats_arguments,
             {"PARTS": tiles, "HAS_DRAFT": sh.has_draft, "CHECK": args.check, "PHASE": phase, "LOGPROBS": args.logprobs, "LINE_SLOTS": geo.line_slots,
              "T_LANES": t_lanes, "T_ROWS": t_rows, "D_LANES": d_lanes, "D_ROWS": d_rows},
             STATS_WARPS,
@@ -496,7 +496,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
     # programs per multiprocessor: Triton 3.6 gives the sort's straight-line code 199 registers
     # uncapped (no spill at 128 with 3.6 or 3.9: tests/support/triton_compile_check.py).
     programs = max(1, min(lines * sc, geo.select_programs))
-    cutoff_fixed = (b.tau, b.resolved, b.part_m, b.part_z, b.search, b.search_f, b.search_progress, b.search_count, b.search_mass, b.search_counters,
+    cutoff_fixed = (b.tau, b.part_m, b.part_z, b.search, b.search_f, b.search_progress, b.search_count, b.search_mass, b.search_counters,
                     b.cutoff_control, b.searching, b.search_list)
     cutoff_tail = (b.cand, b.cand_count, b.cand_floor, b.sort, *sh.shape_args, sh.t_parts, sh.d_parts)
 
@@ -510,7 +510,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
          "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES, "maxnreg": 128},
         CUTOFF_WARPS,
     )
-    return [line_stats(1), cutoff, line_stats(2)]
+    return [line_stats(1), cutoff]
 
 
 def templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict) -> list[Template]:

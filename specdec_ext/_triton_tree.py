@@ -8,14 +8,13 @@ contexts are the chain's K+1 target lines, its first N draft contexts the chain'
 (context N, the last node's, has no children), and ``num_nodes`` plays ``num_draft_tokens``
 (context c < n_b is the only kind that can have children). Then the walk and the race.
 
-What a call costs the device: three launches without top-k / top-p (line statistics, walk, race
-with its own finalisation), five with them (the chain's three statistics launches). No allocation
-besides the outputs; the partial results live in the workspace, whose arrival counters the
-kernels reset themselves (a captured CUDA graph replays the launches as they are). Blocks never
-synchronise with the host. A tree's outputs are (B, D+1) and (B, D), D its deepest used node over
-the batch: the walk publishes D, and the launcher reads that one integer before the race (inside
-CUDA graph capture, where nothing can be read, D = N: the outputs are then padded with -1, as
-they are beyond each row's depth anyway).
+What a call costs the device: three launches, with or without top-k / top-p: the line
+statistics, the walk, the race with its own finalisation; with top-k / top-p the walk is the
+cut-offs launch's last work items (``cut_walk_kernel``: the cut-offs, then each row's walk, in
+one launch). No allocation besides the outputs; the partial
+results live in the workspace, whose arrival counters the kernels reset themselves (a captured
+CUDA graph replays the launches as they are); nothing is read back to the host. A tree's outputs
+are (B, N+1) and (B, N), padded with -1 beyond each row's path.
 
 Like the chain's, the plan of a call is a list of templates bound once per call signature
 (:class:`Runner`); :func:`launches_for` fills them in without running them, for the compile check
@@ -36,6 +35,8 @@ from ._params import LOGPROBS_NONE, TreeArgs, VerifyArgs
 # interpreter, which pays per step, takes small vocabularies in one).
 WALK_WARPS = 16
 WALK_BLOCK = 4096
+# A filtered call's walk runs in the cut-offs launch, at its warps: the same 8 ids per thread.
+CUT_WALK_BLOCK = WALK_BLOCK * chain.CUTOFF_WARPS // WALK_WARPS
 STATE = 8  # floats and ints of row state per row (tree.py's module docstring)
 
 kernels = chain.kernels
@@ -55,7 +56,7 @@ class _Call(NamedTuple):
 
     chain: VerifyArgs
     parents: torch.Tensor | None
-    depth: int  # a tree's D (the outputs' width - 1); a block's K
+    depth: int  # the outputs' width - 1: a tree's N, a block's K
 
 
 class _Rows(NamedTuple):
@@ -65,8 +66,6 @@ class _Rows(NamedTuple):
     state_i: torch.Tensor  # (B, STATE) int32
     removed: torch.Tensor  # (B, NP) int32 a tree residual's removed ids
     path: torch.Tensor  # (B, NP) int32 the nodes a tree walk entered
-    depth: torch.Tensor  # (1,) int32 a tree call's deepest used node
-    walk_counters: torch.Tensor  # (2,) int32, 0 between calls
 
 
 def _chain_view(args: TreeArgs | VerifyArgs) -> VerifyArgs:
@@ -82,17 +81,15 @@ def _node_slots(args: TreeArgs | VerifyArgs) -> int:
 
 
 def _row_sizes(batch: int, slots: int) -> chain.Sizes:
-    return chain.Sizes(_pad(batch * STATE), _pad(batch * STATE) + 2 * _pad(batch * slots) + _pad(1), 2)
+    return chain.Sizes(_pad(batch * STATE), _pad(batch * STATE) + 2 * _pad(batch * slots), 0)
 
 
-def _rows(floats: torch.Tensor, ints: torch.Tensor, counters: torch.Tensor, after: chain.Sizes, batch: int, slots: int) -> _Rows:
+def _rows(floats: torch.Tensor, ints: torch.Tensor, after: chain.Sizes, batch: int, slots: int) -> _Rows:
     """The row buffers, carved after the chain's part of the workspace (``after``)."""
     f0, i0 = after.floats, after.ints
     i1 = i0 + _pad(batch * STATE)
     i2 = i1 + _pad(batch * slots)
-    i3 = i2 + _pad(batch * slots)
-    return _Rows(floats[f0 : f0 + batch * STATE], ints[i0 : i0 + batch * STATE], ints[i1 : i1 + batch * slots], ints[i2 : i2 + batch * slots],
-                 ints[i3 : i3 + 1], counters[after.counters : after.counters + 2])
+    return _Rows(floats[f0 : f0 + batch * STATE], ints[i0 : i0 + batch * STATE], ints[i1 : i1 + batch * slots], ints[i2 : i2 + batch * slots])
 
 
 def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, bufs: chain.Buffers, rows: _Rows) -> list[chain.Template]:
@@ -103,8 +100,10 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
     sh = chain._shape(view, layout)
     b = bufs
     parts = layout["tiles"]
+    lines = chain.line_templates(view, geo, bufs, layout)
     found = [chain.Template(t.name, t.kernel, t.grid, lambda c, key, o, _t=t: _t.arguments(c.chain, key, o), t.constexprs, t.num_warps)
-             for t in chain.line_templates(view, geo, bufs, layout)]
+             for t in lines[:1]]
+    cutoff = lines[1] if view.filtered else None  # the walk joins the cut-offs launch (tree.py)
     batch, positions = view.batch, view.num_positions
 
     def keys(a: VerifyArgs) -> tuple:
@@ -116,16 +115,25 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
     logits = chain._logits
     if tree:
         slots = _node_slots(args)
-        found.append(chain.Template(
-            "tree_walk", k.tree_walk_kernel, (batch,),
-            lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.parents, c.chain.temperature, c.chain.top_k, c.chain.top_p,
-                               c.chain.num_draft_tokens, *keys(c.chain), b.tau, b.part_m, b.part_z, b.part_i, rows.state_f, rows.state_i,
-                               rows.removed, rows.path, rows.walk_counters, rows.depth, key, batch, positions, *tail, c.parents.stride(0),
-                               sh.t_parts, sh.d_parts),
-            {"PARTS": parts, "PP": _pow2(parts), "NP": slots, **common, "WITHOUT_REPLACEMENT": sh.has_draft and args.siblings == "without_replacement",
-             "CHECK": view.check, "BLOCK": WALK_BLOCK},
-            WALK_WARPS,
-        ))
+        walk_constexprs = {"NP": slots, "HAS_SEEDS": view.seeds is not None, "HAS_OFFSETS": view.offsets is not None,
+                           "WITHOUT_REPLACEMENT": sh.has_draft and args.siblings == "without_replacement", "CHECK": view.check}
+        if cutoff is None:
+            found.append(chain.Template(
+                "tree_walk", k.tree_walk_kernel, (batch,),
+                lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.parents, c.chain.temperature, c.chain.top_k, c.chain.top_p,
+                                   c.chain.num_draft_tokens, *keys(c.chain), b.tau, b.part_m, b.part_z, b.part_i, rows.state_f, rows.state_i,
+                                   rows.removed, rows.path, key, batch, positions, *tail, c.parents.stride(0), sh.t_parts, sh.d_parts),
+                {"PARTS": parts, "PP": _pow2(parts), **common, **walk_constexprs, "BLOCK": WALK_BLOCK},
+                WALK_WARPS,
+            ))
+        else:
+            found.append(chain.Template(
+                "tree_cut_walk", k.cut_walk_kernel, cutoff.grid,
+                lambda c, key, o: (*cutoff.arguments(c.chain, key, o), c.chain.draft_tokens, c.parents, *keys(c.chain), b.part_i, b.tau, rows.state_f,
+                                   rows.state_i, rows.removed, rows.path, key, sh.tok_stride, c.parents.stride(0)),
+                {**cutoff.constexprs, "TREE": True, "KP": 1, **walk_constexprs, "BLOCK": CUT_WALK_BLOCK},
+                cutoff.num_warps,
+            ))
         found.append(chain.Template(
             "tree_race", k.tree_race_kernel, (batch, layout["chunks"]),
             lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.chain.temperature, *keys(c.chain), rows.state_f, rows.state_i,
@@ -136,14 +144,24 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
         ))
         return found
     kp = _pow2(positions + 1)
-    found.append(chain.Template(
-        "block_walk", k.block_walk_kernel, (batch,),
-        lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.chain.temperature, c.chain.top_k, c.chain.top_p,
-                           c.chain.num_draft_tokens, *keys(c.chain), b.tau, b.part_m, b.part_z, b.part_i, b.gathered, rows.state_f, rows.state_i,
-                           key, batch, positions, *tail[:-1], sh.tok_stride, sh.t_parts, sh.d_parts),
-        {"PARTS": parts, "PP": _pow2(parts), "KP": kp, **common, "CHECK": view.check, "BLOCK": WALK_BLOCK},
-        WALK_WARPS,
-    ))
+    walk_constexprs = {"KP": kp, "HAS_SEEDS": view.seeds is not None, "HAS_OFFSETS": view.offsets is not None, "CHECK": view.check}
+    if cutoff is None:
+        found.append(chain.Template(
+            "block_walk", k.block_walk_kernel, (batch,),
+            lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.chain.temperature, c.chain.top_k, c.chain.top_p,
+                               c.chain.num_draft_tokens, *keys(c.chain), b.tau, b.part_m, b.part_z, b.part_i, b.gathered, rows.state_f, rows.state_i,
+                               key, batch, positions, *tail[:-1], sh.tok_stride, sh.t_parts, sh.d_parts),
+            {"PARTS": parts, "PP": _pow2(parts), **common, **walk_constexprs, "BLOCK": WALK_BLOCK},
+            WALK_WARPS,
+        ))
+    else:
+        found.append(chain.Template(
+            "block_cut_walk", k.cut_walk_kernel, cutoff.grid,
+            lambda c, key, o: (*cutoff.arguments(c.chain, key, o), c.chain.draft_tokens, c.chain.num_draft_tokens, *keys(c.chain), b.part_i,
+                               b.gathered, rows.state_f, rows.state_i, rows.state_i, rows.state_i, key, sh.tok_stride, 0),
+            {**cutoff.constexprs, "TREE": False, "NP": 1, "WITHOUT_REPLACEMENT": False, **walk_constexprs, "BLOCK": CUT_WALK_BLOCK},
+            cutoff.num_warps,
+        ))
     found.append(chain.Template(
         "block_race", k.block_race_kernel, (batch, layout["chunks"]),
         lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.chain.temperature, *keys(c.chain), b.tau, b.part_m, b.part_z,
@@ -158,8 +176,8 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
 
 
 def _plan(args: TreeArgs | VerifyArgs, geo: chain.Geometry, floats: torch.Tensor | None = None, ints: torch.Tensor | None = None,
-          counters: torch.Tensor | None = None) -> tuple[list[chain.Template], _Rows]:
-    """Templates and row buffers of a call over the workspace of its device (or buffers like the given ones)."""
+          counters: torch.Tensor | None = None) -> list[chain.Template]:
+    """The templates of a call over the workspace of its device (or buffers like the given ones)."""
     view = _chain_view(args)
     layout = chain._layout(view, geo)
     slots = _node_slots(args)
@@ -173,8 +191,8 @@ def _plan(args: TreeArgs | VerifyArgs, geo: chain.Geometry, floats: torch.Tensor
     else:
         floats, ints, counters = (torch.empty(n, dtype=t.dtype, device=t.device) for n, t in zip(total, (floats, ints, counters), strict=True))
     bufs = chain.buffers(floats, ints, counters, layout, view.batch, geo.line_slots, geo.sort)
-    rows = _rows(floats, ints, counters, sizes, view.batch, slots)
-    return _templates(args, geo, layout, bufs, rows), rows
+    rows = _rows(floats, ints, sizes, view.batch, slots)
+    return _templates(args, geo, layout, bufs, rows)
 
 
 def _prepare(args: TreeArgs | VerifyArgs) -> TreeArgs | VerifyArgs:
@@ -186,15 +204,23 @@ def _prepare(args: TreeArgs | VerifyArgs) -> TreeArgs | VerifyArgs:
                          parents=chain._last_dim_contiguous(args.parents))
 
 
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+def _outputs(batch: int, width: int, tree: bool, logprobs: bool, device: torch.device) -> chain.Outputs:
+    """The outputs of a call, sized by its shapes alone: tokens (B, width+1), num_accepted (B,), and a
+    tree's accepted_nodes (B, width) in the chain outputs' logprobs slot, or a block's logprobs (B, width+1)."""
+    return chain.Outputs(
+        torch.empty(batch, width + 1, dtype=torch.int64, device=device),
+        torch.empty(batch, dtype=torch.int64, device=device),
+        torch.empty(batch, width, dtype=torch.int64, device=device) if tree else
+        torch.empty(batch, width + 1, dtype=torch.float32, device=device) if logprobs else None,
+        None,
+    )
 
 
 class Runner:
     """The launches of one tree or block call signature, bound once: a call allocates the outputs
-    and launches (a tree also reads its depth, see the module docstring)."""
+    and launches, nothing else (module docstring)."""
 
-    def __init__(self, args: TreeArgs | VerifyArgs, found: list[chain.Template], rows: _Rows):
+    def __init__(self, args: TreeArgs | VerifyArgs, found: list[chain.Template]):
         self.tree = isinstance(args, TreeArgs)
         self.device = args.target_logits.device
         self.width = args.num_tree_nodes if self.tree else args.num_positions
@@ -202,30 +228,17 @@ class Runner:
         launches = [(t.kernel[t.grid], t.arguments, {**t.constexprs, "num_warps": t.num_warps, "num_stages": 1, "enable_fp_fusion": False})
                     for t in found]
         self.before, self.race = launches[:-1], launches[-1]
-        self.depth = rows.depth
 
     def __call__(self, args: TreeArgs | VerifyArgs, base_key: int) -> tuple:
-        device, batch = self.device, args.batch
-        call = _Call(_chain_view(args), args.parents if self.tree else None, self.width)
+        device, batch, width = self.device, args.batch, self.width
+        call = _Call(_chain_view(args), args.parents if self.tree else None, width)
         if batch:
             for launch, arguments, options in self.before:
                 launch(*arguments(call, base_key, None), **options)
-        depth = self.width  # a block's K; a tree's N, its widest (inside CUDA-graph capture)
-        if self.tree and not (batch and self.width):
-            depth = 0  # no node in use
-        elif self.tree and not _capturing(device):
-            depth = int(self.depth)  # published by tree_walk_kernel: the one host read
-        # (A tree's accepted_nodes take the chain outputs' logprobs slot.)
-        out = chain.Outputs(
-            torch.empty(batch, depth + 1, dtype=torch.int64, device=device),
-            torch.empty(batch, dtype=torch.int64, device=device),
-            torch.empty(batch, depth, dtype=torch.int64, device=device) if self.tree else
-            torch.empty(batch, depth + 1, dtype=torch.float32, device=device) if self.logprobs else None,
-            None,
-        )
+        out = _outputs(batch, width, self.tree, self.logprobs, device)
         if batch:
             launch, arguments, options = self.race
-            launch(*arguments(call._replace(depth=depth), base_key, out), **options)
+            launch(*arguments(call, base_key, out), **options)
         return out.tokens, out.num_accepted, out.logprobs
 
 
@@ -251,7 +264,7 @@ def _runner(args: TreeArgs | VerifyArgs, overrides: dict) -> Runner:
     ws = chain.workspace(device)
     if found is not None and found[0] is ws.counters and found[1] is ws.floats and found[2] is ws.ints:
         return found[3]
-    run = Runner(args, *_plan(args, chain.geometry(device, **overrides)))
+    run = Runner(args, _plan(args, chain.geometry(device, **overrides)))
     if len(_RUNNERS) > 256:
         _RUNNERS.clear()
     _RUNNERS[key] = (ws.counters, ws.floats, ws.ints, run)
@@ -259,7 +272,7 @@ def _runner(args: TreeArgs | VerifyArgs, overrides: dict) -> Runner:
 
 
 def verify_tree(args: TreeArgs, base_key: int, **overrides) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(tokens (B, D+1), num_accepted (B,), accepted_nodes (B, D)) of a validated tree call.
+    """(tokens (B, N+1), num_accepted (B,), accepted_nodes (B, N)) of a validated tree call.
     ``overrides``: the chain's geometry overrides (race_chunks, race_block, stats_tile, ...)."""
     args = _prepare(args)
     return _runner(args, overrides)(args, base_key)
@@ -271,28 +284,20 @@ def verify_block(args: VerifyArgs, base_key: int, **overrides) -> tuple[torch.Te
     return _runner(args, overrides)(args, base_key)
 
 
-def launches_for(args: TreeArgs | VerifyArgs, base_key: int = 0, depth: int | None = None, **geometry_overrides) -> list[chain.Launch]:
-    """The launches a tree or block call would make, without running them (any device, ``meta``
-    included). ``depth``: a tree's D (default N, its widest)."""
+def launches_for(args: TreeArgs | VerifyArgs, base_key: int = 0, **geometry_overrides) -> list[chain.Launch]:
+    """The launches a tree or block call would make, without running them (any device, ``meta`` included)."""
     args = _prepare(args)
     device = args.target_logits.device
     geo = chain.geometry(device, **geometry_overrides)
     if device.type == "meta":
-        found, _ = _plan(args, geo, torch.empty(0, device=device), torch.empty(0, dtype=torch.int32, device=device),
-                         torch.empty(0, dtype=torch.int32, device=device))
+        found = _plan(args, geo, torch.empty(0, device=device), torch.empty(0, dtype=torch.int32, device=device),
+                      torch.empty(0, dtype=torch.int32, device=device))
     else:
-        found, _ = _plan(args, geo)
+        found = _plan(args, geo)
     tree = isinstance(args, TreeArgs)
     width = args.num_tree_nodes if tree else args.num_positions
-    depth = width if depth is None or not tree else depth
-    call = _Call(_chain_view(args), args.parents if tree else None, depth)
-    batch = args.batch
-    out = chain.Outputs(
-        torch.empty(batch, depth + 1, dtype=torch.int64, device=device), torch.empty(batch, dtype=torch.int64, device=device),
-        torch.empty(batch, depth, dtype=torch.int64, device=device) if tree else
-        torch.empty(batch, depth + 1, dtype=torch.float32, device=device) if args.logprobs != LOGPROBS_NONE else None,
-        None,
-    )
+    call = _Call(_chain_view(args), args.parents if tree else None, width)
+    out = _outputs(args.batch, width, tree, not tree and args.logprobs != LOGPROBS_NONE, device)
     return [chain.Launch(t.name, t.kernel, t.grid, t.arguments(call, base_key, out), t.constexprs, t.num_warps) for t in found]
 
 

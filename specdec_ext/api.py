@@ -332,7 +332,8 @@ def verify_tree(
             num_accepted 0); bad values in lines the walk does not read do not blank it.
 
     Returns:
-        :class:`TreeResult` (tokens (B, D+1), num_accepted (B,), accepted_nodes (B, D)).
+        :class:`TreeResult` (tokens (B, N+1), num_accepted (B,), accepted_nodes (B, N); -1 beyond each
+        row's path: the widths follow from the shapes, never from the rows' walks).
 
     Example:
         >>> import torch, specdec_ext
@@ -341,8 +342,8 @@ def verify_tree(
         >>> tokens = torch.tensor([[3, 7, 1]])  # two children of the root, one grandchild under node 0
         >>> parents = torch.tensor([[-1, -1, 0]])
         >>> out = specdec_ext.verify_tree(target, draft, tokens, parents, backend="eager")
-        >>> out.tokens.shape, out.accepted_nodes.shape
-        (torch.Size([1, 3]), torch.Size([1, 2]))
+        >>> out.tokens.shape, out.accepted_nodes.shape  # N + 1 and N wide, whatever depth the walk reached
+        (torch.Size([1, 4]), torch.Size([1, 3]))
     """
     args = validate_tree(
         target_logits, draft_logits, draft_tokens, parents, temperature=temperature, top_k=top_k, top_p=top_p, num_nodes=num_nodes,

@@ -73,11 +73,9 @@ class TreeLayout:
 
     bad: torch.Tensor  # (B,) bool: a parent out of range or not below its child, or num_nodes outside [0, N]
     used: torch.Tensor  # (B, N) bool: nodes the row verifies (none in a bad row)
-    depth: torch.Tensor  # (B, N) int64: 1 for a child of the root; 0 where unused
     rank: torch.Tensor  # (B, N) int64: place among the siblings, in node order
     children: torch.Tensor  # (B, N+1, C) int64: node of the child of rank r at context c, -1 beyond the last
     has_children: torch.Tensor  # (B, N+1) bool
-    max_depth: int  # deepest used node over the batch (0 without nodes)
 
 
 def tree_layout(args: TreeArgs) -> TreeLayout:
@@ -87,11 +85,6 @@ def tree_layout(args: TreeArgs) -> TreeLayout:
     bad = bad_parents(args).any(1) | (args.num_nodes < 0) | (args.num_nodes > nodes)
     used = (node[None, :] < args.num_nodes[:, None]) & ~bad[:, None]
     parent = torch.where(used, args.parents, -1)
-    depth = torch.zeros(batch, nodes, dtype=torch.int64, device=device)
-    for i in range(nodes):  # parents come first, so one pass in node order settles every depth
-        above = depth.gather(1, parent[:, i : i + 1].clamp(min=0))[:, 0]
-        depth[:, i] = torch.where(parent[:, i] >= 0, above, 0) + 1
-    depth = torch.where(used, depth, 0)
     earlier = node[None, :] < node[:, None]  # (child i, sibling j): j < i
     same_parent = (parent[:, :, None] == parent[:, None, :]) & used[:, :, None] & used[:, None, :] & earlier[None]
     rank = same_parent.sum(2)
@@ -101,8 +94,7 @@ def tree_layout(args: TreeArgs) -> TreeLayout:
     flat = (rows * (nodes + 1) + parent + 1) * width + rank
     children.view(-1).scatter_(0, flat[used], node[None, :].expand(batch, nodes)[used])
     has_children = children[:, :, 0] >= 0
-    max_depth = int(depth.max()) if depth.numel() else 0
-    return TreeLayout(bad, used, depth, rank, children, has_children, max_depth)
+    return TreeLayout(bad, used, rank, children, has_children)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -144,8 +136,10 @@ def tree_keys(args: TreeArgs, base_key: int) -> tuple[torch.Tensor, torch.Tensor
 def verify_tree_eager(args: TreeArgs, base_key: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eager tree verification.
 
-    Returns (tokens (B, D+1) int64, num_accepted (B,) int64, accepted_nodes (B, D) int64), D the deepest
-    used node over the batch; -1 pads, and a bad row is all -1 with num_accepted 0.
+    Returns (tokens (B, N+1) int64, num_accepted (B,) int64, accepted_nodes (B, N) int64): as wide as
+    the deepest path N nodes allow, whatever the rows entered, so the width follows from the call's
+    shapes alone (a device backend sizes its outputs before its walk has run). -1 pads beyond each
+    row's path, and a bad row is all -1 with num_accepted 0.
     """
     batch, nodes, vocab = args.batch, args.num_tree_nodes, args.vocab
     device = args.target_logits.device
@@ -169,7 +163,7 @@ def verify_tree_eager(args: TreeArgs, base_key: int) -> tuple[torch.Tensor, torc
     draft_mass = torch.ones_like(scale)  # M
     removed = torch.zeros(batch, vocab, dtype=torch.bool, device=device) if (deterministic or without_replacement) else None
     walking = ~layout.bad
-    path = torch.full((batch, max(layout.max_depth, 0)), -1, dtype=torch.int64, device=device)
+    path = torch.full((batch, nodes), -1, dtype=torch.int64, device=device)
     read_target = torch.zeros(batch, contexts, dtype=torch.bool, device=device)
     read_draft = torch.zeros_like(read_target)
     width = layout.children.shape[2]
@@ -223,8 +217,7 @@ def verify_tree_eager(args: TreeArgs, base_key: int) -> tuple[torch.Tensor, torc
         rank = torch.where(reject, rank + 1, rank)
 
         # Acceptance: enter the child with a fresh residual (its context's p).
-        if path.shape[1]:
-            path[enter, depth[enter]] = child[enter]
+        path[enter, depth[enter]] = child[enter]
         context = torch.where(enter, child + 1, context)
         depth = torch.where(enter, depth + 1, depth)
         rank = torch.where(enter, 0, rank)
@@ -244,9 +237,9 @@ def verify_tree_eager(args: TreeArgs, base_key: int) -> tuple[torch.Tensor, torc
     winner = torch.where(greedy, target.argmax[line], winner)
 
     num_accepted = depth
-    out = torch.full((batch, layout.max_depth + 1), -1, dtype=torch.int64, device=device)
+    out = torch.full((batch, nodes + 1), -1, dtype=torch.int64, device=device)
     on_path = path >= 0
-    out[:, : layout.max_depth] = torch.where(on_path, tokens.gather(1, path.clamp(min=0)), -1)
+    out[:, :nodes] = torch.where(on_path, tokens.gather(1, path.clamp(min=0)), -1)
     out.scatter_(1, num_accepted[:, None], winner[:, None])
     bad = layout.bad | invalid_tree_rows(args, layout, None if args.check else (read_target, read_draft))
     out = torch.where(bad[:, None], -1, out)

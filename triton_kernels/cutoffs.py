@@ -16,6 +16,11 @@ many programs are resident (one program alone, as under the interpreter, takes e
 order). A call whose lines all settled among the candidates lists no line: past the threshold
 items each program draws one ticket and exits. The last program to exit resets the counters, so
 the next call and a CUDA graph's next replay start from zero.
+
+Either way a cut line leaves its statistics over the kept values (max and normaliser, in its first
+partial slot), so nothing reads a line again for them. ``cutoff_items`` is the ticket loop as a
+function: tree.py's filtered walks append their own items (one per row, after every search item)
+to the same tickets, in the same launch.
 """
 
 import triton
@@ -25,21 +30,82 @@ from .select import search_item
 from .thresholds import threshold_line
 
 
+@triton.jit
+def cutoff_items(
+    target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
+    control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
+    sort_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
+    HAS_DRAFT: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, NUM_CHUNKS: tl.constexpr,
+    CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr, PASSES: tl.constexpr,
+):
+    """The threshold and search items of a program (arguments as cutoff_kernel's); returns
+    (the program's first ticket past them, where the items after them start)."""
+    lines = batch * (K + 1) + (batch * K if HAS_DRAFT else 0)
+    ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
+    while ticket < lines:
+        threshold_line(
+            ticket, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
+            temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
+            batch, K, V, Vd, t_parts, d_parts, PARTS, PP, LINE_SLOTS, SORT,
+        )
+        tl.debug_barrier()  # every thread's stores precede the release
+        tl.atomic_add(control_ptr + 1, 1, sem="release", scope="gpu")
+        ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
+    # The search list is complete once every threshold item has finished.
+    finished = tl.atomic_add(control_ptr + 1, 0, sem="acquire", scope="gpu")
+    while finished < lines:
+        finished = tl.atomic_add(control_ptr + 1, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()  # every thread reads the list after the acquire
+    per_pass = tl.load(searching_ptr, cache_modifier=".cg") * NUM_CHUNKS
+    while ticket < lines + PASSES * per_pass:
+        item = ticket - lines
+        search_pass = item // per_pass
+        slot = item % per_pass
+        line = tl.load(search_list_ptr + slot // NUM_CHUNKS, cache_modifier=".cg")
+        search_item(
+            target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr,
+            part_mass_ptr, counter_ptr, progress_ptr, control_ptr + 3, line, slot % NUM_CHUNKS, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k,
+            d_stride_b, d_stride_k, t_parts, d_parts, NUM_CHUNKS, HAS_DRAFT, CHUNK, TILE, BINS, PASSES, PARTS, PP,
+        )
+        ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
+    return ticket, lines + PASSES * per_pass
+
+
+@triton.jit
+def searches_ended(control_ptr, searching_ptr):
+    """Wait until every listed line's search has ended (its cut and statistics written): for an item
+    whose ticket follows every search item's."""
+    searching = tl.load(searching_ptr, cache_modifier=".cg")
+    ended = tl.atomic_add(control_ptr + 3, 0, sem="acquire", scope="gpu")
+    while ended < searching:
+        ended = tl.atomic_add(control_ptr + 3, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()  # every thread reads the lines' results after the acquire
+
+
+@triton.jit
+def cutoff_exit(control_ptr):
+    """The last program out resets the counters (no program draws a ticket after its exit)."""
+    if tl.atomic_add(control_ptr + 2, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+        tl.store(control_ptr, 0)
+        tl.store(control_ptr + 1, 0)
+        tl.store(control_ptr + 2, 0)
+        tl.store(control_ptr + 3, 0)
+
+
 @triton.jit(do_not_specialize=["batch", "t_parts", "d_parts"])
 def cutoff_kernel(
     target_ptr,  # (B, K+1, V) raw target logits, last dim contiguous
     draft_ptr,  # (B, K, Vd) raw draft logits (unused without HAS_DRAFT)
     tau_ptr,  # (lines,) float32 out: keep s >= tau (-inf = keep all)
-    resolved_ptr,  # (lines,) int32 out: 0 for the lines listed for the whole-line search (their statistics wait for their cut)
-    part_m_ptr,  # (lines, PARTS) float32: the statistics of the whole line (PHASE 1); out for lines the candidates
-    part_z_ptr,  # settle: the line max and the kept mass in slot 0, -inf and 0 in the line's other parts
+    part_m_ptr,  # (lines, PARTS) float32: the statistics of the whole line (PHASE 1); out for every cut line:
+    part_z_ptr,  # the line max and the kept mass in slot 0, -inf and 0 in the line's other parts
     state_ptr,  # (lines, 4) int32 workspace: the search's stage (0 none or ended, 1 top-k, 2 top-p), lo, hi, top-k key
     state_f_ptr,  # (lines, 2) float32 workspace: line max, then the mass of key >= lo (top-k) or the top-p budget
     progress_ptr,  # (lines,) int32 workspace: search passes of the line published (PASSES once its search ended)
     part_count_ptr,  # (lines, NUM_CHUNKS, BINS + 1) int32 workspace: per-chunk histograms of counts
     part_mass_ptr,  # (lines, NUM_CHUNKS, BINS + 1) int64 workspace: per-chunk histograms of fixed-point masses
     counter_ptr,  # (lines,) int32, 0 between launches: a line's arrived items in the current pass
-    control_ptr,  # (3,) int32, 0 between launches: tickets drawn, threshold items finished, programs exited
+    control_ptr,  # (4,) int32, 0 between launches: tickets drawn, threshold items finished, programs exited, searches ended
     searching_ptr,  # (1,) int32, 0 on entry (line_stats_kernel): lines listed for the whole-line search
     search_list_ptr,  # (lines,) int32 workspace: the listed lines, slots [0, searching) used (in any order)
     temperature_ptr,  # (B,) float32, 0 = greedy
@@ -71,36 +137,10 @@ def cutoff_kernel(
     BINS: tl.constexpr,  # histogram bins per pass: the interval narrows BINS-fold
     PASSES: tl.constexpr,  # search passes that end any line (top-k, then top-p)
 ):
-    lines = batch * (K + 1) + (batch * K if HAS_DRAFT else 0)
-    ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
-    while ticket < lines:
-        threshold_line(
-            ticket, tau_ptr, resolved_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
-            temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
-            batch, K, V, Vd, t_parts, d_parts, PARTS, PP, LINE_SLOTS, SORT,
-        )
-        tl.debug_barrier()  # every thread's stores precede the release
-        tl.atomic_add(control_ptr + 1, 1, sem="release", scope="gpu")
-        ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
-    # The search list is complete once every threshold item has finished.
-    finished = tl.atomic_add(control_ptr + 1, 0, sem="acquire", scope="gpu")
-    while finished < lines:
-        finished = tl.atomic_add(control_ptr + 1, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()  # every thread reads the list after the acquire
-    per_pass = tl.load(searching_ptr, cache_modifier=".cg") * NUM_CHUNKS
-    while ticket < lines + PASSES * per_pass:
-        item = ticket - lines
-        search_pass = item // per_pass
-        slot = item % per_pass
-        line = tl.load(search_list_ptr + slot // NUM_CHUNKS, cache_modifier=".cg")
-        search_item(
-            target_ptr, draft_ptr, tau_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
-            progress_ptr, line, slot % NUM_CHUNKS, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k,
-            NUM_CHUNKS, HAS_DRAFT, CHUNK, TILE, BINS, PASSES,
-        )
-        ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
-    # The last program out resets the counters (no program draws a ticket after its exit).
-    if tl.atomic_add(control_ptr + 2, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
-        tl.store(control_ptr, 0)
-        tl.store(control_ptr + 1, 0)
-        tl.store(control_ptr + 2, 0)
+    cutoff_items(
+        target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
+        control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
+        sort_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
+        HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES,
+    )
+    cutoff_exit(control_ptr)

@@ -14,7 +14,9 @@ of ``cutoff_kernel`` (cutoffs.py) once the line's previous pass has finished:
    chunks' histograms (integers: deterministic, whatever the order; no float atomics), finds the
    bin holding the cut and makes it the new interval, then publishes the pass (``progress``). A
    finished top-k search hands the line to top-p (budget = top_p times the mass of the top-k set)
-   or writes the cut.
+   or writes the cut, with the line's statistics over the kept values: its max and the kept mass,
+   which the last histograms hold exactly (the mass of the keys >= the cut, in fixed point), so
+   no launch reads the line again for them.
 
 With 256 bins four passes resolve all 32 bits of a key (one search), so eight passes end any
 line, top-k then top-p included; items of a line whose search has ended exit at once.
@@ -29,7 +31,9 @@ from .stats import line_of
 
 # Masses are summed in fixed point: exp(s - line max) <= 1 times 2**40, as int64 (exact for every
 # weight above 2**-17; a line of 2**23 values cannot overflow). Integer sums do not depend on the
-# order of the additions: the histograms' atomics and the sums over chunks are deterministic.
+# order of the additions: the histograms' atomics and the sums over chunks are deterministic. As
+# the kept set's normaliser (>= 1: the max's own weight), the truncation of each weight to 2**-40
+# costs at most V * 2**-40 relative (1.2e-7 at V = 131072): a float32 sum's own rounding.
 # 2**40 and its inverse are written as literals (see thresholds.py on module constants).
 
 
@@ -64,8 +68,9 @@ def _shift(lo, hi):
 
 @triton.jit
 def _select_pass(
-    base, line, chunk, width, inv_t, top_k, top_p, use_p, stage, tau_ptr, state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
-    progress_ptr, search_pass, NUM_CHUNKS: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr, PASSES: tl.constexpr,
+    base, line, chunk, width, parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, part_count_ptr,
+    part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr,
+    BINS: tl.constexpr, PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr,
 ):
     """Both searches look for the largest key x in [lo, hi] with F(x) >= target, lo qualifying:
     top-k with F = count(key >= x) and target k; top-p with F = mass(key >= x) and target the
@@ -113,6 +118,9 @@ def _select_pass(
         lo = new_lo
         k_key = tl.load(state_ptr + line64 * 4 + 3, cache_modifier=".cg").to(tl.int64)
         done = lo >= hi
+        # The mass of the keys >= lo (whether or not the bin qualified): the kept set's once the
+        # search has ended.
+        kept_mass = tl.max(tl.where(slots == best, mass_from_f, 0.0), axis=0).to(tl.float32)
         if top_k_stage:
             carried = tl.where(found_mass >= 0.0, found_mass.to(tl.float32), carried)  # the mass of key >= lo
             k_key = tl.where(done, lo, k_key)
@@ -132,17 +140,25 @@ def _select_pass(
         if stage == 0:
             # Keys at or below -inf's keep every value: the cut is -inf.
             tl.store(tau_ptr + line, tl.where(lo <= -2139095041, float("-inf"), key_to_float(lo.to(tl.int32))))
+            # The statistics over the kept values, in the first partial slot (as the candidates
+            # leave a line they settle).
+            part = tl.arange(0, PP)
+            tl.store(part_m_ptr + line64 * PARTS + part, tl.where(part == 0, row_max, float("-inf")), mask=part < parts)
+            tl.store(part_z_ptr + line64 * PARTS + part, tl.where(part == 0, kept_mass, 0.0), mask=part < parts)
         tl.store(counter_ptr + line, 0)  # ready for the next pass, launch and graph replay
         tl.debug_barrier()  # every store above precedes the release
         # The line's next pass may start; a finished line lets every later item of it through.
         tl.atomic_xchg(progress_ptr + line, tl.where(stage == 0, PASSES, search_pass + 1), sem="release", scope="gpu")
+        if stage == 0:
+            tl.atomic_add(ended_ptr, 1, sem="release", scope="gpu")  # what a walk item waits for (cutoffs.py)
 
 
 @triton.jit
 def search_item(
-    target_ptr, draft_ptr, tau_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
-    progress_ptr, line, chunk, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k,
-    NUM_CHUNKS: tl.constexpr, HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr, PASSES: tl.constexpr,
+    target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr,
+    part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, line, chunk, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k,
+    t_parts, d_parts, NUM_CHUNKS: tl.constexpr, HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr,
+    PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr,
 ):
     """Pass ``search_pass`` over one chunk of one listed line, once the line's previous pass is
     published (every earlier pass's items hold earlier tickets: the wait always ends)."""
@@ -163,10 +179,12 @@ def search_item(
             if HAS_DRAFT:
                 if chunk * CHUNK < Vd:
                     d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
-                    _select_pass(d_base, line, chunk, Vd, inv_t, top_k, top_p, use_p, stage, tau_ptr, state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr,
-                                 counter_ptr, progress_ptr, search_pass, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES)
+                    _select_pass(d_base, line, chunk, Vd, d_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr,
+                                 state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS, CHUNK, TILE,
+                                 BINS, PASSES, PARTS, PP)
         else:
             if chunk * CHUNK < V:
                 t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
-                _select_pass(t_base, line, chunk, V, inv_t, top_k, top_p, use_p, stage, tau_ptr, state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr,
-                             counter_ptr, progress_ptr, search_pass, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES)
+                _select_pass(t_base, line, chunk, V, t_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr,
+                             state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS, CHUNK, TILE, BINS,
+                             PASSES, PARTS, PP)

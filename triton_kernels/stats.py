@@ -9,7 +9,7 @@ reduction over ROWS stays inside the thread. Per-lane accumulators carry the lin
 partials go to the workspace, where the race kernel combines a line's parts.
 
 Per line kind, each its own loop:
-* sampled line: m = max of s = raw * inv_t, z = sum of exp(s - m) (over s >= tau in PHASE 2);
+* sampled line: m = max of s = raw * inv_t, z = sum of exp(s - m);
   NaN or +inf anywhere makes z NaN (and m +inf), so "bad" needs no per-value test;
 * a sampled line a filter cuts (PHASE 1): the same statistics of the whole line, and the part's
   candidates for the cut-off (below);
@@ -18,9 +18,10 @@ Per line kind, each its own loop:
 * RAW_STATS (logprobs "raw"): the max and sum-exp of the raw line next to the processed ones.
 Lines a call never reads (beyond n_b, draft lines of greedy rows unless CHECK) are skipped.
 
-A filtered call launches this kernel twice. PHASE 1 reads every used line (the only read of the
-lines the candidates settle). PHASE 2 runs after the cut-offs launch and reads only the lines whose
-cut needed the whole-line search (``resolved`` 0), with their cut.
+A filtered call launches this kernel once, PHASE 1: it reads every used line, the only read of
+the statistics. The cut-offs launch (cutoffs.py) then replaces a cut line's partials with its
+statistics over the kept values: from the sorted candidates, or from the whole-line search's
+histograms (select.py), so no line is read again for them.
 
 Candidates (PHASE 1): every lane keeps the three largest values it read (a multiset: ties are
 separate entries), five min / max per value. A lane's third value bounds every value it dropped,
@@ -65,14 +66,11 @@ def filter_of(line, lines_t, K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft
 
 
 @triton.jit
-def _fold(lane_max, lane_sum, s, tau, FILTERED: tl.constexpr):
+def _fold(lane_max, lane_sum, s):
     """Fold a (ROWS, LANES) block of processed values into per-lane (max, sum of exp(s - max))."""
     new_max = tl.maximum(lane_max, tl.max(s, axis=0))  # the reduction over ROWS stays in the thread
     ref = tl.where(new_max == float("-inf"), 0.0, new_max)  # an all -inf lane sums to 0, not NaN
-    weights = exp(s - ref[None, :])
-    if FILTERED:
-        weights = tl.where(s < tau, 0.0, weights)  # NaN stays (NaN < tau is false)
-    return new_max, lane_sum * exp(lane_max - ref) + tl.sum(weights, axis=0)
+    return new_max, lane_sum * exp(lane_max - ref) + tl.sum(exp(s - ref[None, :]), axis=0)
 
 
 @triton.jit
@@ -94,7 +92,7 @@ def _load_tile(base, start, width, block, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _greedy_tiles(base, first, last, width, rows, lanes, block, lane_best, lane_index, lane_nan, lane_max, lane_sum, tau,
+def _greedy_tiles(base, first, last, width, rows, lanes, block, lane_best, lane_index, lane_nan, lane_max, lane_sum,
                   GREEDY_SUMS: tl.constexpr, MASKED: tl.constexpr, LANES: tl.constexpr, ROWS: tl.constexpr):
     for tile in range(first, last):
         start = tile * (ROWS * LANES)
@@ -106,28 +104,26 @@ def _greedy_tiles(base, first, last, width, rows, lanes, block, lane_best, lane_
         lane_best = tl.where(better, tile_best, lane_best)
         lane_nan = lane_nan | tl.max((raw != raw).to(tl.int32), axis=0)
         if GREEDY_SUMS:
-            lane_max, lane_sum = _fold(lane_max, lane_sum, raw, tau, False)
+            lane_max, lane_sum = _fold(lane_max, lane_sum, raw)
     return lane_best, lane_index, lane_nan, lane_max, lane_sum
 
 
 @triton.jit
-def _sampled_tiles(base, first, last, width, block, inv_t, tau, lane_max, lane_sum, raw_max, raw_sum,
-                   FILTERED: tl.constexpr, RAW_STATS: tl.constexpr, MASKED: tl.constexpr, LANES: tl.constexpr, ROWS: tl.constexpr):
+def _sampled_tiles(base, first, last, width, block, inv_t, lane_max, lane_sum, raw_max, raw_sum, RAW_STATS: tl.constexpr, MASKED: tl.constexpr, LANES: tl.constexpr, ROWS: tl.constexpr):
     for tile in range(first, last):
         raw = _load_tile(base, tile * (ROWS * LANES), width, block, MASKED)
-        lane_max, lane_sum = _fold(lane_max, lane_sum, raw * inv_t, tau, FILTERED)
+        lane_max, lane_sum = _fold(lane_max, lane_sum, raw * inv_t)
         if RAW_STATS:
-            raw_max, raw_sum = _fold(raw_max, raw_sum, raw, tau, False)
+            raw_max, raw_sum = _fold(raw_max, raw_sum, raw)
     return lane_max, lane_sum, raw_max, raw_sum
 
 
 @triton.jit
-def _sampled_part(base, first, whole, last, width, block, inv_t, tau, lane_max, lane_sum, raw_max, raw_sum,
-                  FILTERED: tl.constexpr, RAW_STATS: tl.constexpr, LANES: tl.constexpr, ROWS: tl.constexpr):
+def _sampled_part(base, first, whole, last, width, block, inv_t, lane_max, lane_sum, raw_max, raw_sum, RAW_STATS: tl.constexpr, LANES: tl.constexpr, ROWS: tl.constexpr):
     """Whole tiles [first, whole) unmasked, then [whole, last) masked."""
     lane_max, lane_sum, raw_max, raw_sum = _sampled_tiles(
-        base, first, whole, width, block, inv_t, tau, lane_max, lane_sum, raw_max, raw_sum, FILTERED, RAW_STATS, False, LANES, ROWS)
-    return _sampled_tiles(base, whole, last, width, block, inv_t, tau, lane_max, lane_sum, raw_max, raw_sum, FILTERED, RAW_STATS, True, LANES, ROWS)
+        base, first, whole, width, block, inv_t, lane_max, lane_sum, raw_max, raw_sum, RAW_STATS, False, LANES, ROWS)
+    return _sampled_tiles(base, whole, last, width, block, inv_t, lane_max, lane_sum, raw_max, raw_sum, RAW_STATS, True, LANES, ROWS)
 
 
 @triton.jit
@@ -194,9 +190,9 @@ def _store_candidates(t1, t2, t3, line, part, quota, cand_ptr, cand_count_ptr, c
 
 @triton.jit
 def _part(
-    base, first, last, width, inv_t, tau, greedy, candidates, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
+    base, first, last, width, inv_t, greedy, candidates, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
     cand_ptr, cand_count_ptr, cand_floor_ptr,
-    FILTERED: tl.constexpr, CANDIDATES: tl.constexpr, GREEDY_SUMS: tl.constexpr, RAW_STATS: tl.constexpr, LANES: tl.constexpr, ROWS: tl.constexpr,
+    CANDIDATES: tl.constexpr, GREEDY_SUMS: tl.constexpr, RAW_STATS: tl.constexpr, LANES: tl.constexpr, ROWS: tl.constexpr,
     PARTS: tl.constexpr, LINE_SLOTS: tl.constexpr,
 ):
     """Statistics of tiles [first, last) of one line into partial slot ``out``: whole tiles
@@ -215,9 +211,9 @@ def _part(
         lane_index = tl.zeros((LANES,), tl.int32)
         lane_nan = tl.zeros((LANES,), tl.int32)
         lane_best, lane_index, lane_nan, lane_max, lane_sum = _greedy_tiles(
-            base, first, whole, width, rows, lanes, block, lane_best, lane_index, lane_nan, lane_max, lane_sum, tau, GREEDY_SUMS, False, LANES, ROWS)
+            base, first, whole, width, rows, lanes, block, lane_best, lane_index, lane_nan, lane_max, lane_sum, GREEDY_SUMS, False, LANES, ROWS)
         lane_best, lane_index, lane_nan, lane_max, lane_sum = _greedy_tiles(
-            base, whole, last, width, rows, lanes, block, lane_best, lane_index, lane_nan, lane_max, lane_sum, tau, GREEDY_SUMS, True, LANES, ROWS)
+            base, whole, last, width, rows, lanes, block, lane_best, lane_index, lane_nan, lane_max, lane_sum, GREEDY_SUMS, True, LANES, ROWS)
         best = tl.max(lane_best, axis=0)
         tl.store(part_i_ptr + out, tl.min(tl.where(lane_best == best, lane_index, 2147483647), axis=0))
         seen_nan = tl.max(lane_nan, axis=0) != 0
@@ -241,10 +237,10 @@ def _part(
                 _store_candidates(t1, t2, t3, line, part, quota, cand_ptr, cand_count_ptr, cand_floor_ptr, PARTS, LINE_SLOTS)
             else:
                 lane_max, lane_sum, raw_max, raw_sum = _sampled_part(
-                    base, first, whole, last, width, block, inv_t, tau, lane_max, lane_sum, raw_max, raw_sum, FILTERED, RAW_STATS, LANES, ROWS)
+                    base, first, whole, last, width, block, inv_t, lane_max, lane_sum, raw_max, raw_sum, RAW_STATS, LANES, ROWS)
         else:
             lane_max, lane_sum, raw_max, raw_sum = _sampled_part(
-                base, first, whole, last, width, block, inv_t, tau, lane_max, lane_sum, raw_max, raw_sum, FILTERED, RAW_STATS, LANES, ROWS)
+                base, first, whole, last, width, block, inv_t, lane_max, lane_sum, raw_max, raw_sum, RAW_STATS, LANES, ROWS)
         part_max, part_sum = _combine(lane_max, lane_sum)
         tl.store(part_m_ptr + out, part_max)
         tl.store(part_z_ptr + out, part_sum)
@@ -262,10 +258,8 @@ def line_stats_kernel(
     top_k_ptr,  # (B,) int64, 0 = off (read in PHASE 1)
     top_p_ptr,  # (B,) float32, 1 = off (read in PHASE 1)
     num_draft_ptr,  # (B,) int64 drafts to verify per row
-    tau_ptr,  # (lines,) float32 cut-offs, keep s >= tau (read in PHASE 2)
-    resolved_ptr,  # (lines,) int32: 0 where the line's statistics wait for its cut (read in PHASE 2)
     part_m_ptr,  # (lines, PARTS) float32 out: max of the processed part (raw for greedy lines; NaN = NaN seen)
-    part_z_ptr,  # (lines, PARTS) float32 out: sum of exp(s - max) over the part (its kept values in PHASE 2)
+    part_z_ptr,  # (lines, PARTS) float32 out: sum of exp(s - max) over the part
     part_i_ptr,  # (lines, PARTS) int32 out: greedy lines, lowest index of the raw max
     part_rm_ptr,  # (lines, PARTS) float32 out: RAW_STATS, max of the raw part
     part_rz_ptr,  # (lines, PARTS) float32 out: RAW_STATS, sum of exp(raw - raw max)
@@ -288,7 +282,7 @@ def line_stats_kernel(
     PARTS: tl.constexpr,  # partial slots per line (cdiv(V, TILE)): the row stride of part_*
     HAS_DRAFT: tl.constexpr,
     CHECK: tl.constexpr,  # also read greedy rows' draft lines (check=True validates every used line)
-    PHASE: tl.constexpr,  # 0 an unfiltered call; a filtered call's 1 (every line, candidates) and 2 (lines waiting for their cut)
+    PHASE: tl.constexpr,  # 0 an unfiltered call; 1 a filtered call's (every line, with its candidates)
     LOGPROBS: tl.constexpr,  # 0 none, 1 processed, 2 raw
     LINE_SLOTS: tl.constexpr,  # candidate slots per line, shared by its parts
     T_LANES: tl.constexpr,  # target tiles are (T_ROWS, T_LANES); T_ROWS * T_LANES == D_ROWS * D_LANES
@@ -311,12 +305,6 @@ def line_stats_kernel(
             tl.store(searching_ptr, 0)  # cutoff_kernel, launched next, counts from here
         _, _, _, _, _, _, _, _, _, active = filter_of(line, lines_t, K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, V, Vd)
         candidates = active
-    if PHASE == 2:
-        tau = tl.where(greedy, float("-inf"), tl.load(tau_ptr + line))
-        done = tl.load(resolved_ptr + line) != 0  # statistics complete (phase 1 or the candidates): no second read
-    else:
-        tau = float("-inf")
-        done = line < 0
     out = line.to(tl.int64) * PARTS + part
     first = part * tiles_per_part
     # The draft token of this position (clamped as the race clamps it), for the gather below.
@@ -332,13 +320,12 @@ def line_stats_kernel(
             if used:
                 d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
                 # Issued with the tiles' loads; stored when the token lies in this part.
-                mine = (token >= first * (D_LANES * D_ROWS)) & (token < last * (D_LANES * D_ROWS)) & (PHASE != 2)
+                mine = (token >= first * (D_LANES * D_ROWS)) & (token < last * (D_LANES * D_ROWS))
                 at_token = tl.load(d_base + token, mask=mine, other=0.0).to(tl.float32)
-                if done == 0:
-                    quota = LINE_SLOTS // tl.cdiv(line_tiles, tiles_per_part)
-                    _part(d_base, first, last, Vd, inv_t, tau, greedy, candidates, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr,
-                          part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
-                          PHASE == 2, PHASE == 1, False, False, D_LANES, D_ROWS, PARTS, LINE_SLOTS)
+                quota = LINE_SLOTS // tl.cdiv(line_tiles, tiles_per_part)
+                _part(d_base, first, last, Vd, inv_t, greedy, candidates, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr,
+                      part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
+                      PHASE == 1, False, False, D_LANES, D_ROWS, PARTS, LINE_SLOTS)
                 tl.store(gathered_ptr + line, at_token, mask=mine)
     else:
         line_tiles = tl.cdiv(V, T_LANES * T_ROWS)
@@ -347,11 +334,10 @@ def line_stats_kernel(
             t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
             # The race reads the draft token's logit from here, with the partials, instead of
             # gathering it from the line after its other loads.
-            mine = (pos < num_draft) & (token >= first * (T_LANES * T_ROWS)) & (token < last * (T_LANES * T_ROWS)) & (PHASE != 2)
+            mine = (pos < num_draft) & (token >= first * (T_LANES * T_ROWS)) & (token < last * (T_LANES * T_ROWS))
             at_token = tl.load(t_base + token, mask=mine, other=0.0).to(tl.float32)
-            if done == 0:
-                quota = LINE_SLOTS // tl.cdiv(line_tiles, tiles_per_part)
-                _part(t_base, first, last, V, inv_t, tau, greedy, candidates, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr,
-                      part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
-                      PHASE == 2, PHASE == 1, (LOGPROBS != 0) & (PHASE != 2), (LOGPROBS == 2) & (PHASE != 2), T_LANES, T_ROWS, PARTS, LINE_SLOTS)
+            quota = LINE_SLOTS // tl.cdiv(line_tiles, tiles_per_part)
+            _part(t_base, first, last, V, inv_t, greedy, candidates, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr,
+                  part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
+                  PHASE == 1, LOGPROBS != 0, LOGPROBS == 2, T_LANES, T_ROWS, PARTS, LINE_SLOTS)
             tl.store(gathered_ptr + line, at_token, mask=mine)

@@ -14,8 +14,8 @@ value are the reference's sorted ones, as far as the candidates reach. When the 
 among them (top-k: at least k values; top-p alone: their mass reaches the budget) the cut and the
 line's normaliser over the kept set come from the sorted candidates, and the line is never read
 again. Otherwise (a large k, a flat distribution under top-p) the line gets a search state and the
-whole-line search (select.py) finds the cut in the same launch; the second statistics launch then
-reads the line with it. Either way the result is the same exact key.
+whole-line search (select.py) finds the cut in the same launch, with the kept set's statistics.
+Either way the result is the same exact key.
 """
 
 import triton
@@ -132,15 +132,15 @@ def _line_threshold(
 
 @triton.jit
 def threshold_line(
-    line, tau_ptr, resolved_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
+    line, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
     batch, K, V, Vd, t_parts, d_parts,
     PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr,
 ):
     """The cut-off of one line from its candidates (cutoffs.py's first work items): tau and, when
     the candidates settle it, the line's statistics; otherwise a search state, the line appended
-    to the whole-line search list. ``resolved`` ends 0 only for a listed line (its statistics wait
-    for the second statistics launch). The outputs are described at cutoff_kernel's arguments."""
+    to the whole-line search list (which writes its statistics when the search ends). The outputs
+    are described at cutoff_kernel's arguments."""
     row, pos, is_draft, width, inv_t, top_k, top_p, use_k, use_p, active = filter_of(
         line, batch * (K + 1), K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, V, Vd
     )
@@ -170,7 +170,6 @@ def threshold_line(
         tl.store(state_f_ptr + line.to(tl.int64) * 2, row_max)
         tl.store(state_f_ptr + line.to(tl.int64) * 2 + 1, carried)
         tl.store(progress_ptr + line, 0)  # no search pass finished yet
-    tl.store(resolved_ptr + line, (stage == 0).to(tl.int32))
     if resolved:
         slot = line.to(tl.int64) * PARTS + tl.arange(0, PP)
         first = tl.arange(0, PP) == 0

@@ -1,17 +1,17 @@
 """Tree and block verification kernels (semantics: specdec_ext/reference_tree.py).
 
-A tree or block call first runs the chain's line statistics (stats.py; with top-k / top-p also
-cutoffs.py and the second statistics launch): the per-part partials of every used target and draft
-line, each line's cut-off, and for blocks each draft's logit at its token. Lines are numbered as
-stats.py's ``line_of`` reads them with K = N for a tree (the target's B(N+1) contexts, then the
-draft's first N contexts per row: context N, the last node's, has no children). Then two launches:
+A tree or block call first runs the chain's line statistics (stats.py): the per-part partials of
+every used target and draft line, and for blocks each draft's logit at its token. Lines are
+numbered as stats.py's ``line_of`` reads them with K = N for a tree (the target's B(N+1)
+contexts, then the draft's first N contexts per row: context N, the last node's, has no
+children). Then two launches:
 
 1. ``tree_walk_kernel`` / ``block_walk_kernel``, grid (B,): the walk down the tree (recursive
    rejection sampling, one residual-mass pass over the line after each rejection) or block
    verification's joint stop. Nothing of size V is written: each row leaves its final residual
    w(y) = max(a p(y) - c q(y) - [y = h], 0) [y not in S] as a few scalars (the row state below).
-   The tree walk also finds the call's deepest used node D (the outputs' width): its last program
-   publishes it and resets the counters.
+   With top-k / top-p the walk is ``cut_walk_kernel``: the cut-offs launch's work items (cutoffs.py: each line's cut and its statistics over the kept
+   values), then one walk item per row, which waits until every line's cut is final.
 2. ``tree_race_kernel`` / ``block_race_kernel``, grid (B, chunks): the exponential race argmax
    w(y) / E_y over each chunk of the vocabulary; the last program of a row to arrive picks the
    winner, writes the row's outputs and resets the row's counter (a CUDA graph replays as is).
@@ -29,6 +29,7 @@ y & 3 of (y >> 2, P_lo, P_hi, 1)), P = offset + depth (specdec_ext/_philox.py).
 import triton
 import triton.language as tl
 
+from .cutoffs import cutoff_exit, cutoff_items, searches_ended
 from .race import _combine_argmax, _combine_lines, _prob, chunk_winner, emitted_logprobs, keep_better, lanes_winner, row_parameters
 from .random import fast_reciprocal, log2_uniform, position_words, race_uniforms, ranked_coins, reciprocal
 
@@ -119,51 +120,22 @@ def _residual_tile(t_line, d_line, idx, end, draft_end, inv_t, t_max, t_norm, t_
 # Walks
 
 
-@triton.jit(do_not_specialize=["base_key", "batch", "t_parts", "d_parts"])
-def tree_walk_kernel(
-    target_ptr,  # (B, N+1, V) raw target logits, last dim contiguous
-    draft_ptr,  # (B, N+1, Vd) raw draft logits (unused without HAS_DRAFT)
-    tokens_ptr,  # (B, N) int32 / int64 node tokens
-    parents_ptr,  # (B, N) int64: each node's parent node, -1 = the root context
-    temperature_ptr,  # (B,) float32, 0 = greedy
-    top_k_ptr,  # (B,) int64 (validity only; the cut-off is in tau)
-    top_p_ptr,  # (B,) float32 (validity only)
-    num_nodes_ptr,  # (B,) int64 nodes used per row
-    seeds_ptr,  # (B,) int64 per-row keys (HAS_SEEDS)
-    offsets_ptr,  # (B,) int64 absolute position of context 0 (HAS_OFFSETS)
-    tau_ptr,  # (lines,) float32 cut-offs (FILTERED)
-    part_m_ptr,  # (lines, PARTS) float32 line statistics partials (stats.py)
-    part_z_ptr,  # (lines, PARTS) float32
-    part_i_ptr,  # (lines, PARTS) int32 greedy lines' argmax
-    state_f_ptr,  # (B, 8) float32 out: row state (module docstring)
-    state_i_ptr,  # (B, 8) int32 out
-    removed_ptr,  # (B, NP) int32 out: the residual's removed ids
-    path_ptr,  # (B, NP) int32 out: the nodes entered, -1 beyond
-    walk_counter_ptr,  # (2,) int32, 0 between calls: programs arrived, deepest used node so far
-    depth_ptr,  # (1,) int32 out: the call's deepest used node D
-    base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
-    batch, N, V, Vd,  # sizes
-    t_stride_b, t_stride_n, d_stride_b, d_stride_n, tok_stride_b, parent_stride_b,  # strides, in elements
-    t_parts, d_parts,  # statistics partials of a target (draft) line
-    PARTS: tl.constexpr,  # statistics partial slots per line
-    PP: tl.constexpr,  # next power of two of PARTS
-    NP: tl.constexpr,  # next power of two of max(N, 1): node vectors
-    HAS_DRAFT: tl.constexpr,
-    WITHOUT_REPLACEMENT: tl.constexpr,  # siblings drawn without replacement (with draft logits)
-    HAS_SEEDS: tl.constexpr,
-    HAS_OFFSETS: tl.constexpr,
-    CHECK: tl.constexpr,  # blank for a bad value in any used line, not only the lines the walk reads
-    FILTERED: tl.constexpr,
-    BLOCK: tl.constexpr,  # ids per step of a residual-mass pass
+@triton.jit
+def _tree_walk_row(
+    row, target_ptr, draft_ptr, tokens_ptr, parents_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_nodes_ptr, seeds_ptr, offsets_ptr, tau_ptr,
+    part_m_ptr, part_z_ptr, part_i_ptr, state_f_ptr, state_i_ptr, removed_ptr, path_ptr, base_key, batch, N, V, Vd, t_stride_b, t_stride_n,
+    d_stride_b, d_stride_n, tok_stride_b, parent_stride_b, t_parts, d_parts,
+    PARTS: tl.constexpr, PP: tl.constexpr, NP: tl.constexpr, HAS_DRAFT: tl.constexpr, WITHOUT_REPLACEMENT: tl.constexpr, HAS_SEEDS: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr, CHECK: tl.constexpr, FILTERED: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    """The walk of one row (arguments as tree_walk_kernel's)."""
     row64 = row.to(tl.int64)
     temperature, inv_t, used, key, offset, invalid = row_parameters(temperature_ptr, top_k_ptr, top_p_ptr, num_nodes_ptr, seeds_ptr, offsets_ptr,
                                                                     base_key, row, N, HAS_SEEDS, HAS_OFFSETS)
     greedy = temperature == 0
     sampled = temperature != 0
     requested = tl.load(num_nodes_ptr + row)
-    tree_bad = (requested < 0) | (requested > N)  # (a bad tree does not count towards the depth D)
+    tree_bad = (requested < 0) | (requested > N)
     nodes = tl.arange(0, NP)
     in_use = nodes < used
     parents = tl.load(parents_ptr + row64 * parent_stride_b + nodes, mask=in_use, other=-2).to(tl.int32)  # -2: no context's child
@@ -172,12 +144,6 @@ def tree_walk_kernel(
     tree_bad = tree_bad | (tl.max((in_use & ((parents < -1) | (parents >= nodes))).to(tl.int32), axis=0) != 0)
     invalid = invalid | tree_bad | (tl.max((in_use & ((tokens < 0) | (tokens >= Vd))).to(tl.int32), axis=0) != 0)
     tokens = tl.minimum(tl.maximum(tokens, 0), Vd - 1).to(tl.int32)
-    # Depth of every node, in node order (a parent's depth is known before its children's).
-    depths = tl.zeros((NP,), tl.int32)
-    for j in range(0, N):
-        above = _at(depths, nodes, _at(parents, nodes, j))
-        depths = tl.where(nodes == j, above + 1, depths)
-    deepest = tl.where(tree_bad, 0, tl.max(tl.where(in_use, depths, 0), axis=0))
     lines_t = batch * (N + 1)
     t_first = row * (N + 1)
     d_first = lines_t + row * N
@@ -283,49 +249,61 @@ def tree_walk_kernel(
                  invalid, argmax, removed_count)
     tl.store(removed_ptr + row64 * NP + nodes, removed)
     tl.store(path_ptr + row64 * NP + nodes, path)
-    # The outputs' width: the deepest used node over the batch, published by the last program.
-    tl.atomic_max(walk_counter_ptr + 1, deepest, sem="relaxed", scope="gpu")
-    tl.debug_barrier()
-    ticket = tl.atomic_add(walk_counter_ptr, 1, sem="acq_rel", scope="gpu")
-    if ticket == batch - 1:
-        tl.store(depth_ptr, tl.atomic_xchg(walk_counter_ptr + 1, 0, sem="acq_rel", scope="gpu"))
-        tl.store(walk_counter_ptr, 0)  # ready for the next call (and the next graph replay)
 
 
 @triton.jit(do_not_specialize=["base_key", "batch", "t_parts", "d_parts"])
-def block_walk_kernel(
-    target_ptr,  # (B, K+1, V) raw target logits, last dim contiguous
-    draft_ptr,  # (B, K, Vd) raw draft logits (unused without HAS_DRAFT)
-    tokens_ptr,  # (B, K) int32 / int64 draft tokens
+def tree_walk_kernel(
+    target_ptr,  # (B, N+1, V) raw target logits, last dim contiguous
+    draft_ptr,  # (B, N+1, Vd) raw draft logits (unused without HAS_DRAFT)
+    tokens_ptr,  # (B, N) int32 / int64 node tokens
+    parents_ptr,  # (B, N) int64: each node's parent node, -1 = the root context
     temperature_ptr,  # (B,) float32, 0 = greedy
-    top_k_ptr,  # (B,) int64 (validity only)
+    top_k_ptr,  # (B,) int64 (validity only; the cut-off is in tau)
     top_p_ptr,  # (B,) float32 (validity only)
-    num_draft_ptr,  # (B,) int64
-    seeds_ptr,  # (B,) int64 (HAS_SEEDS)
-    offsets_ptr,  # (B,) int64 absolute position of draft position 0 (HAS_OFFSETS)
+    num_nodes_ptr,  # (B,) int64 nodes used per row
+    seeds_ptr,  # (B,) int64 per-row keys (HAS_SEEDS)
+    offsets_ptr,  # (B,) int64 absolute position of context 0 (HAS_OFFSETS)
     tau_ptr,  # (lines,) float32 cut-offs (FILTERED)
-    part_m_ptr,  # (lines, PARTS) float32 line statistics partials
+    part_m_ptr,  # (lines, PARTS) float32 line statistics partials (stats.py)
     part_z_ptr,  # (lines, PARTS) float32
-    part_i_ptr,  # (lines, PARTS) int32
-    gathered_ptr,  # (lines,) float32: each position's raw logit at its draft token (stats.py)
+    part_i_ptr,  # (lines, PARTS) int32 greedy lines' argmax
     state_f_ptr,  # (B, 8) float32 out: row state (module docstring)
     state_i_ptr,  # (B, 8) int32 out
+    removed_ptr,  # (B, NP) int32 out: the residual's removed ids
+    path_ptr,  # (B, NP) int32 out: the nodes entered, -1 beyond
     base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
-    batch, K, V, Vd,  # sizes
-    t_stride_b, t_stride_k, d_stride_b, d_stride_k, tok_stride_b,  # strides, in elements
+    batch, N, V, Vd,  # sizes
+    t_stride_b, t_stride_n, d_stride_b, d_stride_n, tok_stride_b, parent_stride_b,  # strides, in elements
     t_parts, d_parts,  # statistics partials of a target (draft) line
-    PARTS: tl.constexpr,
-    PP: tl.constexpr,
-    KP: tl.constexpr,  # next power of two of K + 1
-    HAS_DRAFT: tl.constexpr,  # draft logits (else one-hot drafts)
-    HAS_SEEDS: tl.constexpr,  # per-row keys
-    HAS_OFFSETS: tl.constexpr,  # per-row positions
-    CHECK: tl.constexpr,  # blank for a bad value in any used line (greedy rows' draft lines too)
-    FILTERED: tl.constexpr,  # top-k / top-p: the lines' cut-offs in tau
+    PARTS: tl.constexpr,  # statistics partial slots per line
+    PP: tl.constexpr,  # next power of two of PARTS
+    NP: tl.constexpr,  # next power of two of max(N, 1): node vectors
+    HAS_DRAFT: tl.constexpr,
+    WITHOUT_REPLACEMENT: tl.constexpr,  # siblings drawn without replacement (with draft logits)
+    HAS_SEEDS: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
+    CHECK: tl.constexpr,  # blank for a bad value in any used line, not only the lines the walk reads
+    FILTERED: tl.constexpr,
     BLOCK: tl.constexpr,  # ids per step of a residual-mass pass
 ):
+    _tree_walk_row(
+        tl.program_id(0), target_ptr, draft_ptr, tokens_ptr, parents_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_nodes_ptr, seeds_ptr, offsets_ptr,
+        tau_ptr, part_m_ptr, part_z_ptr, part_i_ptr, state_f_ptr, state_i_ptr, removed_ptr, path_ptr, base_key, batch, N, V, Vd, t_stride_b, t_stride_n,
+        d_stride_b, d_stride_n, tok_stride_b, parent_stride_b, t_parts, d_parts, PARTS, PP, NP, HAS_DRAFT, WITHOUT_REPLACEMENT, HAS_SEEDS, HAS_OFFSETS,
+        CHECK, FILTERED, BLOCK,
+    )
+
+
+@triton.jit
+def _block_walk_row(
+    row, target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr, tau_ptr, part_m_ptr,
+    part_z_ptr, part_i_ptr, gathered_ptr, state_f_ptr, state_i_ptr, base_key, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k,
+    tok_stride_b, t_parts, d_parts,
+    PARTS: tl.constexpr, PP: tl.constexpr, KP: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_SEEDS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+    CHECK: tl.constexpr, FILTERED: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Block verification's walk of one row (arguments as block_walk_kernel's)."""
     # The row, all positions at once where they do not depend on each other (as the chain's race).
-    row = tl.program_id(0)
     positions = tl.arange(0, KP)
     temperature, inv_t, n, key, offset, invalid = row_parameters(temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr,
                                                                  base_key, row, K, HAS_SEEDS, HAS_OFFSETS)
@@ -419,6 +397,136 @@ def block_walk_kernel(
     _store_state(state_f_ptr, state_i_ptr, row, tl.where(residual, a, 1.0), c, _at(t_max, positions, tau), _at(t_norm, positions, tau),
                  _at(t_tau, positions, tau), _at(d_max, positions, tau), _at(d_norm, positions, tau), _at(d_tau, positions, tau),
                  tau, draft_position, tau, hot, invalid, _at(argmax, positions, tau), 0)
+
+
+@triton.jit(do_not_specialize=["base_key", "batch", "t_parts", "d_parts"])
+def block_walk_kernel(
+    target_ptr,  # (B, K+1, V) raw target logits, last dim contiguous
+    draft_ptr,  # (B, K, Vd) raw draft logits (unused without HAS_DRAFT)
+    tokens_ptr,  # (B, K) int32 / int64 draft tokens
+    temperature_ptr,  # (B,) float32, 0 = greedy
+    top_k_ptr,  # (B,) int64 (validity only)
+    top_p_ptr,  # (B,) float32 (validity only)
+    num_draft_ptr,  # (B,) int64
+    seeds_ptr,  # (B,) int64 (HAS_SEEDS)
+    offsets_ptr,  # (B,) int64 absolute position of draft position 0 (HAS_OFFSETS)
+    tau_ptr,  # (lines,) float32 cut-offs (FILTERED)
+    part_m_ptr,  # (lines, PARTS) float32 line statistics partials
+    part_z_ptr,  # (lines, PARTS) float32
+    part_i_ptr,  # (lines, PARTS) int32
+    gathered_ptr,  # (lines,) float32: each position's raw logit at its draft token (stats.py)
+    state_f_ptr,  # (B, 8) float32 out: row state (module docstring)
+    state_i_ptr,  # (B, 8) int32 out
+    base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
+    batch, K, V, Vd,  # sizes
+    t_stride_b, t_stride_k, d_stride_b, d_stride_k, tok_stride_b,  # strides, in elements
+    t_parts, d_parts,  # statistics partials of a target (draft) line
+    PARTS: tl.constexpr,
+    PP: tl.constexpr,
+    KP: tl.constexpr,  # next power of two of K + 1
+    HAS_DRAFT: tl.constexpr,  # draft logits (else one-hot drafts)
+    HAS_SEEDS: tl.constexpr,  # per-row keys
+    HAS_OFFSETS: tl.constexpr,  # per-row positions
+    CHECK: tl.constexpr,  # blank for a bad value in any used line (greedy rows' draft lines too)
+    FILTERED: tl.constexpr,  # top-k / top-p: the lines' cut-offs in tau
+    BLOCK: tl.constexpr,  # ids per step of a residual-mass pass
+):
+    _block_walk_row(
+        tl.program_id(0), target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr, tau_ptr,
+        part_m_ptr, part_z_ptr, part_i_ptr, gathered_ptr, state_f_ptr, state_i_ptr, base_key, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b,
+        d_stride_k, tok_stride_b, t_parts, d_parts, PARTS, PP, KP, HAS_DRAFT, HAS_SEEDS, HAS_OFFSETS, CHECK, FILTERED, BLOCK,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Filtered walks: the cut-offs launch's work items, then the walk of each row, in one launch
+
+
+@triton.jit(do_not_specialize=["base_key", "batch", "t_parts", "d_parts"])
+def cut_walk_kernel(
+    target_ptr,  # (B, K+1, V) raw target logits, last dim contiguous (a tree: K = N)
+    draft_ptr,  # (B, K(+1), Vd) raw draft logits (unused without HAS_DRAFT)
+    tau_ptr,  # (lines,) float32 out: the cut-offs (cutoffs.py)
+    part_m_ptr,  # (lines, PARTS) float32 line statistics partials: out for every cut line (cutoffs.py)
+    part_z_ptr,  # (lines, PARTS) float32
+    search_ptr,  # (lines, 4) int32 workspace: the whole-line search's state (select.py)
+    search_f_ptr,  # (lines, 2) float32 workspace
+    progress_ptr,  # (lines,) int32 workspace
+    part_count_ptr,  # (lines, NUM_CHUNKS, BINS + 1) int32 workspace
+    part_mass_ptr,  # (lines, NUM_CHUNKS, BINS + 1) int64 workspace
+    counter_ptr,  # (lines,) int32, 0 between launches
+    control_ptr,  # (4,) int32, 0 between launches: the tickets (cutoffs.py)
+    searching_ptr,  # (1,) int32: lines listed for the whole-line search
+    search_list_ptr,  # (lines,) int32 workspace
+    temperature_ptr,  # (B,) float32, 0 = greedy
+    top_k_ptr,  # (B,) int64, 0 = off
+    top_p_ptr,  # (B,) float32, 1 = off
+    num_draft_ptr,  # (B,) int64: drafts to verify (a tree: nodes used) per row
+    cand_ptr,  # (lines, LINE_SLOTS) float32: the statistics launch's candidates
+    cand_count_ptr,  # (lines, PARTS) int32
+    cand_floor_ptr,  # (lines, PARTS, 2) int32
+    sort_ptr,  # (lines, SORT) int32 workspace
+    batch, K, V, Vd,  # sizes
+    t_stride_b, t_stride_k, d_stride_b, d_stride_k,  # strides, in elements
+    t_parts, d_parts,  # statistics partials of a target (draft) line
+    tokens_ptr,  # (B, K) int32 / int64 draft (node) tokens
+    parents_ptr,  # (B, N) int64 a tree's parents (TREE; unused for a block)
+    seeds_ptr,  # (B,) int64 per-row keys (HAS_SEEDS)
+    offsets_ptr,  # (B,) int64 absolute position of context / draft position 0 (HAS_OFFSETS)
+    part_i_ptr,  # (lines, PARTS) int32 greedy lines' argmax
+    gathered_ptr,  # (lines,) float32: a block's draft logits at their tokens (stats.py; unused for a tree)
+    row_f_ptr,  # (B, 8) float32 out: row state (module docstring)
+    row_i_ptr,  # (B, 8) int32 out
+    removed_ptr,  # (B, NP) int32 out: a tree residual's removed ids (TREE)
+    path_ptr,  # (B, NP) int32 out: the nodes a tree walk entered (TREE)
+    base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
+    tok_stride_b, parent_stride_b,  # strides, in elements
+    HAS_DRAFT: tl.constexpr,
+    PARTS: tl.constexpr,  # statistics partial slots per line
+    PP: tl.constexpr,  # next power of two of PARTS
+    LINE_SLOTS: tl.constexpr,  # the cut-offs' geometry (cutoff_kernel)
+    SORT: tl.constexpr,
+    NUM_CHUNKS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    TILE: tl.constexpr,
+    BINS: tl.constexpr,
+    PASSES: tl.constexpr,
+    TREE: tl.constexpr,  # a tree walk (tree_walk_kernel's), else block verification's (block_walk_kernel's)
+    NP: tl.constexpr,  # TREE: next power of two of max(N, 1)
+    KP: tl.constexpr,  # a block: next power of two of K + 1
+    WITHOUT_REPLACEMENT: tl.constexpr,  # TREE: siblings drawn without replacement (with draft logits)
+    HAS_SEEDS: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
+    CHECK: tl.constexpr,  # blank for a bad value in any used line
+    BLOCK: tl.constexpr,  # ids per step of a residual-mass pass
+):
+    """A filtered tree or block call's cut-offs (cutoff_kernel's items), then its walk."""
+    ticket, walks = cutoff_items(
+        target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, search_ptr, search_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
+        control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
+        sort_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
+        HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES,
+    )
+    # The walk items: one per row, after every search item; a row's lines are final once every
+    # search has ended.
+    if ticket < walks + batch:
+        searches_ended(control_ptr, searching_ptr)
+    while ticket < walks + batch:
+        if TREE:
+            _tree_walk_row(
+                ticket - walks, target_ptr, draft_ptr, tokens_ptr, parents_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr,
+                offsets_ptr, tau_ptr, part_m_ptr, part_z_ptr, part_i_ptr, row_f_ptr, row_i_ptr, removed_ptr, path_ptr, base_key, batch, K, V, Vd,
+                t_stride_b, t_stride_k, d_stride_b, d_stride_k, tok_stride_b, parent_stride_b, t_parts, d_parts, PARTS, PP, NP, HAS_DRAFT,
+                WITHOUT_REPLACEMENT, HAS_SEEDS, HAS_OFFSETS, CHECK, True, BLOCK,
+            )
+        else:
+            _block_walk_row(
+                ticket - walks, target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr,
+                tau_ptr, part_m_ptr, part_z_ptr, part_i_ptr, gathered_ptr, row_f_ptr, row_i_ptr, base_key, batch, K, V, Vd, t_stride_b, t_stride_k,
+                d_stride_b, d_stride_k, tok_stride_b, t_parts, d_parts, PARTS, PP, KP, HAS_DRAFT, HAS_SEEDS, HAS_OFFSETS, CHECK, True, BLOCK,
+            )
+        ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
+    cutoff_exit(control_ptr)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -534,14 +642,14 @@ def tree_race_kernel(
     race_val_ptr,  # (B, >= num_chunks) float32 workspace: each chunk's best key
     race_idx_ptr,  # (B, >= num_chunks) int32 workspace: its id
     counter_ptr,  # (B,) int32 workspace, 0 between calls: programs of the row that arrived
-    out_tokens_ptr,  # (B, D+1) int64 out
+    out_tokens_ptr,  # (B, D+1) int64 out (D = N: the widths the shapes fix)
     out_accepted_ptr,  # (B,) int64 out
     out_nodes_ptr,  # (B, D) int64 out: accepted_nodes
     base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
     N, V, Vd,  # sizes
     t_stride_b, t_stride_n, d_stride_b, d_stride_n, tok_stride_b,  # strides, in elements
     tiles_per_chunk, num_chunks,  # race tiles (BLOCK ids) per chunk, programs per row
-    D,  # the outputs' depth (tree_walk_kernel's deepest used node, or N)
+    D,  # the outputs' width - 1: N
     NP: tl.constexpr,  # next power of two of max(N, 1)
     D1P: tl.constexpr,  # next power of two of N + 1
     HAS_DRAFT: tl.constexpr,

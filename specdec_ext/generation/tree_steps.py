@@ -95,11 +95,11 @@ class TreeSteps:
         greedy = run.sampling["temperature"] == 0  # greedy verification never reads the draft's lines
         result = verify_tree(processed, None if greedy else proposal.lines, tokens, parents, num_nodes=nodes_within[proposal.depth_budget],
                              siblings=run.siblings, generator=run.generator, check=False, backend=run.backend, **run.sampling)
-        accepted, path = result.num_accepted.to(device), result.accepted_nodes.to(device)
-        if path.shape[1] < shape.max_depth:  # the verifier sizes its path to the deepest node any row used
-            path = torch.cat([path, path.new_full((batch, shape.max_depth - path.shape[1]), -1)], 1)
-        emitted = result.tokens.to(device)
-        contexts = torch.cat([torch.zeros_like(path[:, :1]), (path[:, : emitted.shape[1] - 1] + 1).clamp(min=0)], 1)
+        # The outputs are N + 1 and N wide; no path through this tree is deeper than its levels.
+        depth = shape.max_depth
+        accepted, path = result.num_accepted.to(device), result.accepted_nodes[:, :depth].to(device)
+        emitted = result.tokens[:, : depth + 1].to(device)
+        contexts = torch.cat([torch.zeros_like(path[:, :1]), (path + 1).clamp(min=0)], 1)
         last_draft = tokens.gather(1, path.gather(1, (accepted - 1).clamp(min=0)[:, None]).clamp(min=0))[:, 0]
         return Verdict(emitted, accepted, contexts, last_draft, path=path)
 

@@ -35,7 +35,7 @@ def test_result_layout_and_accepted_path():
     target, draft, tokens, parents = _inputs()
     for backend in available_backends("cpu", "verify_tree", interpreted=False):
         out = verify_tree(target, draft, tokens, parents, generator=torch.Generator().manual_seed(1), backend=backend)
-        assert out.tokens.shape == (B, 4) and out.accepted_nodes.shape == (B, 3) and out.num_accepted.shape == (B,)
+        assert out.tokens.shape == (B, len(PARENTS) + 1) and out.accepted_nodes.shape == (B, len(PARENTS)) and out.num_accepted.shape == (B,)
         for row in range(B):
             n = int(out.num_accepted[row])
             nodes = out.accepted_nodes[row, :n].tolist()
@@ -48,14 +48,22 @@ def test_result_layout_and_accepted_path():
                 previous = node
 
 
-def test_depth_of_the_output_follows_the_deepest_used_node():
+@pytest.mark.parametrize("backend", available_backends("cpu", "verify_tree"))
+def test_the_output_width_follows_the_number_of_nodes_alone(backend):
+    """tokens (B, N+1) and accepted_nodes (B, N) however deep the rows' trees or walks go: a width
+    that depended on them would live on the device, and a device call would wait to read it."""
     target, draft, tokens, parents = _inputs()
-    out = verify_tree(target, draft, tokens, parents, num_nodes=torch.tensor([0, 1, 2, 3]), backend="eager")
-    assert out.tokens.shape == (B, 3)  # node 2 (depth 2) is the deepest used
-    out = verify_tree(target[:, :1], draft[:, :1], tokens[:, :0], parents[:, :0], backend="eager")
+    nodes = len(PARENTS)
+    for num_nodes in (torch.tensor([0, 1, 2, 3]), torch.zeros(B, dtype=torch.int64)):  # at most node 2 (depth 2) in use; none
+        out = verify_tree(target, draft, tokens, parents, num_nodes=num_nodes, backend=backend)
+        assert out.tokens.shape == (B, nodes + 1) and out.accepted_nodes.shape == (B, nodes)
+        for row in range(B):
+            n = int(out.num_accepted[row])
+            assert n <= min(int(num_nodes[row]), 2) and (out.tokens[row, n + 1 :] == -1).all() and (out.accepted_nodes[row, n:] == -1).all()
+    out = verify_tree(target[:, :1], draft[:, :1], tokens[:, :0], parents[:, :0], backend=backend)
     assert out.tokens.shape == (B, 1) and out.accepted_nodes.shape == (B, 0) and (out.num_accepted == 0).all()
-    empty = verify_tree(target[:0], draft[:0], tokens[:0], parents[:0], backend="eager")
-    assert empty.tokens.shape == (0, 1)  # no row, no used node
+    empty = verify_tree(target[:0], draft[:0], tokens[:0], parents[:0], backend=backend)
+    assert empty.tokens.shape == (0, nodes + 1) and empty.accepted_nodes.shape == (0, nodes)  # no row: still N + 1 wide
 
 
 def test_same_seeds_same_tokens_and_rows_are_independent():

@@ -217,8 +217,8 @@ def _reference_thresholds(args) -> torch.Tensor:
 
 def _triton_thresholds(args, **geometry) -> tuple[torch.Tensor, torch.Tensor]:
     """(tau, resolved) of every target line after a whole call (the cut-offs launch settles each cut
-    from the candidates or by the whole-line search; resolved 0 marks a line the search cut), read
-    from the call's workspace."""
+    from the candidates or by the whole-line search; resolved 0 marks a line the search cut: one
+    the launch listed for it), read from the call's workspace."""
     _triton_backend.verify(args, 0, **geometry)
     args = _triton_backend.prepare(args)
     geo = _triton_backend.geometry(args.target_logits.device, **geometry)
@@ -226,7 +226,10 @@ def _triton_thresholds(args, **geometry) -> tuple[torch.Tensor, torch.Tensor]:
     ws = _triton_backend.workspace(args.target_logits.device)
     bufs = _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch, geo.line_slots, geo.sort)
     lines = args.batch * args.target_logits.shape[1]
-    return bufs.tau[:lines].clone(), bufs.resolved[:lines].clone()
+    resolved = torch.ones(lines, dtype=torch.int32)
+    listed = bufs.search_list[: int(bufs.searching[0])].long()
+    resolved[listed[listed < lines]] = 0
+    return bufs.tau[:lines].clone(), resolved
 
 
 # Several statistics parts per line (ragged last tile), six values per lane: candidates from each part.

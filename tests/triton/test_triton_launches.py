@@ -1,8 +1,7 @@
 """What one Triton call costs the device, counted on the interpreter: launches per call (a chain:
-two without top-k / top-p, four with them; a tree or block: three, five), no tensor allocated or
-computed besides the outputs once the workspace is warm, no host synchronisation (a tree reads its
-depth, the outputs' width, and nothing else), and the same launches the GPU model
-(bench/gpu_model.py) plans and compiles."""
+two without top-k / top-p, three with them; a tree or block: three either way), no tensor
+allocated or computed besides the outputs once the workspace is warm, no host synchronisation,
+and the same launches the GPU model (bench/gpu_model.py) plans and compiles."""
 
 from __future__ import annotations
 
@@ -23,7 +22,8 @@ _VIEW_OPS = {"view", "_unsafe_view", "slice", "select", "as_strided", "alias", "
              "permute", "_reshape_alias", "lift_fresh", "unbind", "split", "split_with_sizes"}
 # aten ops that make the host wait for the device: a scalar read, a truth value, a copy to the host.
 _SYNC_OPS = {"_local_scalar_dense", "item", "is_nonzero", "equal"}
-_KERNELS = ("cutoff_kernel", "line_stats_kernel", "race_kernel", "tree_walk_kernel", "tree_race_kernel", "block_walk_kernel", "block_race_kernel")
+_KERNELS = ("cutoff_kernel", "line_stats_kernel", "race_kernel", "tree_walk_kernel", "cut_walk_kernel", "tree_race_kernel", "block_walk_kernel",
+            "block_race_kernel")
 
 
 class _Recorder(TorchDispatchMode):
@@ -100,7 +100,7 @@ def _inputs(filtered: bool, logprobs: bool):
     return _params.validate_verify(target, draft, tokens, **kw)
 
 
-@pytest.mark.parametrize("filtered,logprobs,expected", [(False, False, 2), (False, True, 2), (True, True, 4)])
+@pytest.mark.parametrize("filtered,logprobs,expected", [(False, False, 2), (False, True, 2), (True, True, 3)])
 def test_launches_and_allocations_per_call(filtered, logprobs, expected):
     args = _inputs(filtered, logprobs)
     _triton_backend.verify(args, 7)  # warm-up: the workspace and the launch plan are made once
@@ -186,8 +186,8 @@ def _block_inputs(filtered: bool, with_draft: bool, logprobs: bool):
 
 
 def _expected_launches(kind: str, filtered: bool) -> list[str]:
-    lines = ["line_stats_kernel", "cutoff_kernel", "line_stats_kernel"] if filtered else ["line_stats_kernel"]
-    return [*lines, f"{kind}_walk_kernel", f"{kind}_race_kernel"]
+    """Statistics, walk, race; with top-k / top-p the walk runs in the cut-offs launch."""
+    return ["line_stats_kernel", "cut_walk_kernel" if filtered else f"{kind}_walk_kernel", f"{kind}_race_kernel"]
 
 
 TREE_CASES = [(filtered, with_draft, siblings) for filtered in (False, True) for with_draft in (True, False)
@@ -201,10 +201,10 @@ def test_tree_launches_allocations_and_syncs(filtered, with_draft, siblings):
     launched, allocations, syncs, out = _costs(lambda: _triton_tree.verify_tree(args, 7))
     assert launched == _expected_launches("tree", filtered)
     assert allocations == ["empty"] * 3, allocations  # tokens, num_accepted, accepted_nodes
-    assert syncs == ["_local_scalar_dense"], syncs  # the depth D: the outputs' width, and nothing else
-    depth = out[2].shape[1]
-    assert out[0].shape == (2, depth + 1) and 1 <= depth <= 3
-    planned = [launch.name.split(":")[0] + "_kernel" for launch in _triton_tree.launches_for(args, 7)]
+    assert syncs == [], syncs  # the outputs' width is N's, not the deepest node's (which lives on the device)
+    assert out[0].shape == (2, 5) and out[2].shape == (2, 4)
+    assert all((out[0][row, n + 1 :] == -1).all() and (out[2][row, n:] == -1).all() for row, n in enumerate(out[1].tolist()))
+    planned = [launch.kernel.fn.__name__ for launch in _triton_tree.launches_for(args, 7)]
     assert launched == planned
 
 
@@ -217,13 +217,14 @@ def test_block_launches_allocations_and_syncs(filtered, with_draft, logprobs):
     assert allocations == ["empty"] * (3 if logprobs else 2), allocations
     assert syncs == [], syncs
     assert out[0].shape == (2, 3)
-    planned = [launch.name.split(":")[0] + "_kernel" for launch in _triton_tree.launches_for(args, 7)]
+    planned = [launch.kernel.fn.__name__ for launch in _triton_tree.launches_for(args, 7)]
     assert launched == planned
 
 
 def test_the_counts_catch_a_host_read_and_an_allocation(monkeypatch):
     """The recorder sees what a launcher must not do: a read of a device value and a temporary."""
     args = _block_inputs(False, True, False)
+    tree = _tree_inputs(False, True, "iid")
     call = _triton_tree.Runner.__call__
 
     def reading(self, a, key):
@@ -234,8 +235,9 @@ def test_the_counts_catch_a_host_read_and_an_allocation(monkeypatch):
     _, allocations, syncs, _ = _costs(lambda: _triton_tree.verify_block(args, 7))
     assert len(syncs) == 1 and allocations == ["gt", "any", "empty", "empty"], (syncs, allocations)
     monkeypatch.setattr(_triton_tree.Runner, "__call__", lambda self, a, key: (a.temperature.sum().item(), call(self, a, key))[1])
-    _, _, syncs, _ = _costs(lambda: _triton_tree.verify_block(args, 7))
-    assert syncs == ["_local_scalar_dense"]
+    for run in (lambda: _triton_tree.verify_block(args, 7), lambda: _triton_tree.verify_tree(tree, 7)):
+        _, _, syncs, _ = _costs(run)
+        assert syncs == ["_local_scalar_dense"]
 
 
 def test_tree_and_block_counters_reset_themselves():
@@ -249,10 +251,11 @@ def test_tree_and_block_counters_reset_themselves():
 
 
 def test_tree_and_block_batch_size_does_not_enter_the_compiled_signature():
-    """As for chains: the walks' and races' batch-dependent integers (and a tree's depth D) are not
-    specialised, and the constexprs of a call's launches do not depend on B."""
+    """As for chains: the walks' and races' batch-dependent integers (and a tree race's output width D)
+    are not specialised, and the constexprs of a call's launches do not depend on B."""
     k = _triton_backend.kernels()
-    for kernel, names in ((k.tree_walk_kernel, ("base_key", "batch", "t_parts", "d_parts")), (k.block_walk_kernel, ("base_key", "batch", "t_parts", "d_parts")),
+    walks = (k.tree_walk_kernel, k.block_walk_kernel, k.cut_walk_kernel)
+    for kernel, names in (*((walk, ("base_key", "batch", "t_parts", "d_parts")) for walk in walks),
                           (k.tree_race_kernel, ("base_key", "tiles_per_chunk", "num_chunks", "D")),
                           (k.block_race_kernel, ("base_key", "batch", "t_parts", "tiles_per_chunk", "num_chunks"))):
         declared = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize", ())
