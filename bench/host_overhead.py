@@ -34,7 +34,12 @@ FILTERED = {"temperature": 0.7, "top_k": 50, "top_p": 0.9}
 
 
 class _NoLaunch:
-    """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](*args)`` does nothing."""
+    """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](*args)`` does nothing. It keeps the
+    kernel's parameter names (``arg_names``), from which the launcher passes constexprs by position,
+    so the launches it times are the ones a GPU gets."""
+
+    def __init__(self, kernel):
+        self.arg_names = kernel.arg_names
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: None
@@ -67,7 +72,7 @@ def cases() -> tuple[dict, dict]:
     torch.set_num_threads(1)
     kernels = _triton_backend.kernels()
     for name in kernels.__all__:
-        setattr(kernels, name, _NoLaunch())
+        setattr(kernels, name, _NoLaunch(getattr(kernels, name)))
     _triton_backend._SETUPS.clear()
     _dispatch.forget()  # no plan or runner holds the real kernels
 

@@ -13,7 +13,8 @@ dtypes and flags of ``args`` (the Triton launcher binds its launches there); for
 ``sampler(temperature, top_k, top_p) -> run(logits (B, V), seeds, offsets, base_key) -> (B,)``
 (the C++ kernel reshapes in C++); for a plan's eager calls, ``runner(plan, spec)`` -> a callable
 that checks a call's tensors, draws its key and runs the kernel in one trip (the C++ kernel: see
-:func:`specdec_ext._cpp_backend.runner`). Without a hook the entry point itself runs every call.
+:func:`specdec_ext._cpp_backend.runner`; the Triton launches: :func:`specdec_ext._triton_backend.plan_runner`).
+Without a hook the entry point itself runs every call.
 
 Resolution, the same for every entry point: ``"auto"`` takes the fused kernel of the device (Triton
 for CUDA tensors, C++ for CPU tensors) when it is built for that entry point, else the eager
@@ -48,7 +49,8 @@ TABLE: dict[str, dict[str, tuple[ModuleType, str]]] = {
 }
 PREPARE: dict[str, tuple[ModuleType, str]] = {"triton": (_triton_backend, "runner")}  # optional hooks of `verify`
 SAMPLE: dict[str, tuple[ModuleType, str]] = {"cpp": (_cpp_backend, "sampler")}  # optional hooks of `sample`
-RUNNER: dict[str, tuple[ModuleType, str]] = {"cpp": (_cpp_backend, "runner")}  # optional: a plan's eager calls in one trip to C++
+# optional: a plan's eager calls in one trip (C++: checks, key and kernel; Triton: bound launches)
+RUNNER: dict[str, tuple[ModuleType, str]] = {"cpp": (_cpp_backend, "runner"), "triton": (_triton_backend, "plan_runner")}
 _PREFERRED = {"cuda": "triton", "cpu": "cpp"}  # "auto": the fused kernel of each device type
 
 
@@ -146,8 +148,9 @@ def sampler(name: str, temperature: torch.Tensor, top_k: torch.Tensor, top_p: to
 
 
 def runner(name: str, plan, spec: tuple) -> Callable | None:
-    """Backend ``name``'s runner of a token-wise or sample plan (see :func:`specdec_ext._cpp_backend.runner`;
-    ``spec``: (vocab, dtype, draft vocab or None, draft dtype or None)), or None if it has none."""
+    """Backend ``name``'s runner of a token-wise or sample plan (see :func:`specdec_ext._cpp_backend.runner`
+    and :func:`specdec_ext._triton_backend.plan_runner`; ``spec``: (vocab, dtype, draft vocab or None,
+    draft dtype or None)), or None if it has none."""
     hook = RUNNER.get(name)
     return _function(*hook)(plan, *spec) if hook is not None else None
 

@@ -175,6 +175,13 @@ def check_generator(generator) -> None:
         raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
 
 
+def is_row_vector(value, rows: torch.Size, device: torch.device) -> bool:
+    """Whether ``value`` is a (B,) int64 tensor on ``device`` (``rows``: torch.Size((B,))), as
+    ``seeds`` and ``offsets`` must be: a prepared call takes it at a glance (:func:`row_vector` says
+    what is wrong with anything else)."""
+    return type(value) is torch.Tensor and value.dtype is torch.int64 and value.shape == rows and value.device == device
+
+
 def row_vector(value, name: str, batch: int, device: torch.device) -> torch.Tensor | None:
     """``seeds`` / ``offsets``: None or a (B,) int64 tensor on the logits' device. Their values are
     checked after the kernel (a negative entry blanks its row, then raises with check=True)."""

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
-from ._params import LOGPROBS_NONE, VerifyArgs
+from ._params import LOGPROBS_NONE, TOKEN_DTYPES, VerifyArgs, is_row_vector
+from ._philox import SAMPLE_STREAM, draw_base_key, draw_keys_eager
 
 # Line statistics: values per tile (one block reduction each) and warps per program. A thread
 # holds TILE / (32 * warps) values; 16-byte loads give each row of the tile 4 (fp32) or 8 (16-bit)
@@ -579,12 +581,45 @@ def _strides(args: VerifyArgs) -> tuple:
 _new = tuple.__new__  # builds a NamedTuple without its Python-level __new__
 
 
+def _by_position(kernel, constexprs: dict, runtime: int) -> tuple[tuple, dict]:
+    """A launch's constexprs as (those passed by position, the rest by keyword): the ones that follow
+    its ``runtime`` arguments in the kernel's parameter order (``arg_names``) go by position. Every
+    keyword costs each launch twice (the launcher copies the dictionary, Triton's binder takes it
+    apart again); a kernel without parameter names keeps them all keywords."""
+    names = getattr(kernel, "arg_names", None) or ()
+    positional = []
+    for name in names[runtime:]:
+        if name not in constexprs:
+            break
+        positional.append(name)
+    return tuple(constexprs[name] for name in positional), {name: value for name, value in constexprs.items() if name not in positional}
+
+
+class _Input:
+    """Marks where a per-call value goes in a launch's arguments (see :meth:`Runner.spliced`)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+# The per-call values of a spliced call (Runner.spliced), in the order its function takes them.
+CALL_INPUTS = ("target", "draft", "draft_tokens", "seeds", "offsets", "tokens", "num_accepted", "logprobs", "accept_probs", "key")
+_MARKS = {name: _Input(name) for name in CALL_INPUTS}
+_NO_OUTPUTS = Outputs(None, None, None, None)
+
+
 class Runner:
     """The launches of one call signature (shapes, strides, dtypes, flags, device, CUDA stream),
     bound once: a call allocates the outputs and launches, nothing else (no lookup, no planning).
 
     :meth:`launch` runs a call of exactly that signature; calling the runner checks the strides
     and the stream first and takes the general path (:func:`verify`) when they differ.
+    :meth:`spliced` binds the launches further, to a prepared call's own tensors.
     """
 
     def __init__(self, args: VerifyArgs, overrides: dict, found: list[Template]):
@@ -596,10 +631,13 @@ class Runner:
         self.overrides = overrides
         self.batch, self.length = args.batch, args.num_positions + 1
         self.logprobs, self.accept_probs = args.logprobs != LOGPROBS_NONE, args.accept_probs
-        # No FMA contraction: p(x) is the same float expression on every backend (an explicit
-        # tl.fma where a kernel wants one).
-        self.launches = [(t.kernel[t.grid], t.arguments, {**t.constexprs, "num_warps": t.num_warps, "num_stages": 1, "enable_fp_fusion": False})
-                         for t in found]
+        # (launcher, arguments, constexprs by position, keywords). No FMA contraction: p(x) is the
+        # same float expression on every backend (an explicit tl.fma where a kernel wants one).
+        self.launches = []
+        for t in found:
+            positional, keywords = _by_position(t.kernel, t.constexprs, len(t.arguments(args, 0, _NO_OUTPUTS)))
+            self.launches.append((t.kernel[t.grid], t.arguments, positional,
+                                  {**keywords, "num_warps": t.num_warps, "num_stages": 1, "enable_fp_fusion": False}))
 
     def launch(self, args: VerifyArgs, base_key: int) -> Outputs:
         device, batch = self.device, self.batch
@@ -610,14 +648,47 @@ class Runner:
             torch.empty(batch, self.length - 1, dtype=torch.float32, device=device) if self.accept_probs else None,
         ))
         if batch:
-            for launch, arguments, options in self.launches:
-                launch(*arguments(args, base_key, out), **options)
+            for launch, arguments, constexprs, options in self.launches:
+                launch(*arguments(args, base_key, out), *constexprs, **options)
         return out
 
     def __call__(self, args: VerifyArgs, base_key: int) -> Outputs:
         if _strides(args) != self.strides or (self.on_cuda and _stream_id(self.device) != self.stream):
             return verify(args, base_key, **self.overrides)
         return self.launch(args, base_key)
+
+    def spliced(self, marked: VerifyArgs, outputs: Outputs) -> Callable:
+        """Every launch of this runner as one function of a call's values, ``run(*CALL_INPUTS)``.
+
+        ``marked`` and ``outputs`` are a call of this signature in which each value that changes
+        from call to call is its mark (``_MARKS[name]``) and every other value is the one all calls
+        share (a plan's per-row tensors, a placeholder, a scratch output): each template fills in
+        its arguments from them once, and the function passes the call's values at the marks,
+        the rest as they are. It is written out as code, the way ``collections.namedtuple`` and
+        Triton's own argument binder make theirs: a launch then costs one call with its fixed
+        arguments unpacked around the call's values, no argument tuple built beforehand.
+        """
+        scope: dict[str, Any] = {}
+        lines = []
+        for i, (launch, arguments, constexprs, options) in enumerate(self.launches if self.batch else ()):
+            parts: list[str] = []
+            fixed: list = []
+            for value in (*arguments(marked, _MARKS["key"], outputs), *constexprs):
+                if type(value) is _Input:
+                    if fixed:
+                        scope[f"fixed{i}_{len(parts)}"] = tuple(fixed)
+                        parts.append(f"*fixed{i}_{len(parts)}")
+                        fixed = []
+                    parts.append(value.name)
+                else:
+                    fixed.append(value)
+            if fixed:
+                scope[f"fixed{i}_{len(parts)}"] = tuple(fixed)
+                parts.append(f"*fixed{i}_{len(parts)}")
+            scope[f"launch{i}"], scope[f"options{i}"] = launch, options
+            lines.append(f"    launch{i}({', '.join(parts)}, **options{i})")
+        exec(f"def run({', '.join(CALL_INPUTS)}):\n" + "\n".join(lines or ["    pass"]), scope)  # (our names only: no value becomes code)
+        return scope["run"]
 
 
 _SETUPS: dict[tuple, tuple] = {}
@@ -652,6 +723,139 @@ def runner(args: VerifyArgs) -> Runner:
     a prepared call skips the signature lookup of every call."""
     args = prepare(args)
     return _setup(args, args.target_logits.device, {})
+
+
+def _strides_to_match(x: torch.Tensor) -> tuple | None:
+    """The strides a later call's tensor must have where ``x`` had them: None for a contiguous ``x``
+    (any contiguous tensor of its shape will do, see plan_runner)."""
+    return None if x.is_contiguous() else x.stride()
+
+
+def plan_runner(plan, vocab: int, dtype: torch.dtype, draft_vocab: int | None, draft_dtype: torch.dtype | None) -> Callable | None:
+    """A plan's calls with the least host work each (the backend table's runner hook, as
+    :func:`specdec_ext._cpp_backend.runner` is the C++ kernel's): ``run(target_logits, draft_logits,
+    draft_tokens, seeds, offsets, generator)`` (sample: ``run(logits, None, None, seeds, offsets,
+    generator)``) returns verify's 4-tuple (sample: the (B,) tokens), or None, having drawn nothing,
+    for a call it does not take, which the general path then runs: tensors of other shapes, dtypes
+    or devices than the plan's (vocab, dtype, draft vocab (None: one-hot drafts), draft dtype), or of
+    other strides than its first call's; seeds or offsets that are not (B,) int64 tensors on the
+    device; a generator that is no torch.Generator; another CUDA stream than the first call's.
+
+    A call compares its tensors with what the plan and its first call fixed, draws its key,
+    allocates its outputs like prototypes kept here (``torch.empty_like``: no shape to parse) and
+    makes the launches of :meth:`Runner.spliced`, bound to the plan's per-row tensors once per way
+    of keying (seeds or not, offsets or not). A sample allocates only its (B,) tokens, the same
+    memory as the (B, 1) tokens of the K = 0 verification the race writes; its num_accepted goes to
+    a scratch row kept here (a stream's calls run in order, and nothing reads it). None for a plan
+    with ``check``: its calls read their tokens back after the kernels (a host sync) and take the
+    general path.
+    ``plan``: a :class:`specdec_ext.prepared.ChainPlan` of token-wise verification or sample.
+    """
+    if plan.check:
+        return None
+    batch, positions, device = plan.batch, plan.num_positions, plan.device
+    sample = plan.stream == SAMPLE_STREAM and positions == 0
+    on_cuda = device.type == "cuda"
+    rows = torch.Size((batch,))
+    logprobs, accept_probs = plan.logprobs != LOGPROBS_NONE, plan.accept_probs
+    target_shape = torch.Size((batch, vocab) if sample else (batch, positions + 1, vocab))
+    tokens_shape = torch.Size((batch, positions))
+    draft_shape = None if draft_vocab is None else torch.Size((batch, positions, draft_vocab))
+    # What the first call brings beyond the plan: its strides (the launches' arguments are bound to
+    # them; None: contiguous, which a later call shows with one query: the strides contiguity leaves
+    # free, those of size-1 dimensions, only ever multiply index 0), its draft tokens' dtype, and
+    # the CUDA stream it runs on (the workspace's).
+    ready = False
+    target_strides: tuple | None = None
+    tokens_strides: tuple | None = None
+    draft_strides: tuple | None = None
+    tokens_dtype: torch.dtype | None = None
+    stream = 0
+    bound: list[list[Callable | None]] = [[None, None], [None, None]]  # [seeds is None][offsets is None] -> Runner.spliced
+    like: list[torch.Tensor] = []  # prototypes of (tokens, num_accepted, logprobs, accept_probs); a sample's scratch num_accepted
+
+    def call_of(target, draft, draft_tokens, seeds, offsets) -> VerifyArgs:
+        """The call as the general path makes it (a sample: the K = 0 verification of the (B, 1, V) view)."""
+        return VerifyArgs(target.unsqueeze(1) if sample else target, draft, plan.no_drafts if sample else draft_tokens, plan.temperature, plan.top_k,
+                          plan.top_p, plan.num_draft, None, False, plan.filtered, seeds, offsets, plan.stream, plan.logprobs, plan.accept_probs)
+
+    def first(target, draft, draft_tokens) -> bool:
+        """Whether this is the first call and it brings what the plan takes, as the kernels read it
+        (see prepare): its strides are then every call's, and the prototypes are made."""
+        nonlocal ready, target_strides, tokens_strides, draft_strides, tokens_dtype, stream
+        if ready:
+            return False
+        if (target.shape, target.dtype, target.device) != (target_shape, dtype, device) or (draft is None) != (draft_shape is None):
+            return False
+        if not sample and ((draft_tokens.shape, draft_tokens.device) != (tokens_shape, device) or draft_tokens.dtype not in TOKEN_DTYPES):
+            return False
+        if draft is not None and (draft.shape, draft.dtype, draft.device) != (draft_shape, draft_dtype, device):
+            return False
+        call = call_of(target, draft, draft_tokens, None, None)
+        if prepare(call) is not call:
+            return False
+        target_strides, stream = _strides_to_match(target), _stream_id(device)
+        if not sample:
+            tokens_strides, tokens_dtype = _strides_to_match(draft_tokens), draft_tokens.dtype
+        if draft is not None:
+            draft_strides = _strides_to_match(draft)
+        ready = True
+        with torch.inference_mode(False):  # prototypes of any call's outputs, in or out of inference mode
+            like[:] = [torch.empty((batch,) if sample else (batch, positions + 1), dtype=torch.int64, device=device),
+                       torch.empty(batch, dtype=torch.int64, device=device),
+                       torch.empty(batch, positions + 1, dtype=torch.float32, device=device), torch.empty(batch, positions, dtype=torch.float32, device=device)]
+        return True
+
+    def bind(target, draft, draft_tokens, seeds, offsets) -> Callable:
+        call = call_of(target, draft, draft_tokens, seeds, offsets)
+        marked = call._replace(target_logits=_MARKS["target"], draft_logits=None if draft is None else _MARKS["draft"],
+                               draft_tokens=call.draft_tokens if sample else _MARKS["draft_tokens"], seeds=None if seeds is None else _MARKS["seeds"],
+                               offsets=None if offsets is None else _MARKS["offsets"])
+        outputs = Outputs(_MARKS["tokens"], like[1] if sample else _MARKS["num_accepted"], _MARKS["logprobs"] if logprobs else None,
+                          _MARKS["accept_probs"] if accept_probs else None)
+        launches = bound[seeds is None][offsets is None] = _setup(call, device, {}).spliced(marked, outputs)
+        return launches
+
+    empty_like = torch.empty_like
+    generator_type = torch.Generator
+
+    def run(target, draft, draft_tokens, seeds, offsets, generator):
+        # One chain of comparisons, first failure out (no tuple of the layout built).
+        try:
+            if (not ready
+                    or (target.shape != target_shape or not (target.is_contiguous() if target_strides is None else target.stride() == target_strides)
+                        or target.dtype is not dtype or target.device != device)
+                    or (not sample and (draft_tokens.shape != tokens_shape
+                                        or not (draft_tokens.is_contiguous() if tokens_strides is None else draft_tokens.stride() == tokens_strides)
+                                        or draft_tokens.dtype is not tokens_dtype or draft_tokens.device != device))
+                    or (draft_shape is not None if draft is None
+                        else (draft.shape != draft_shape or not (draft.is_contiguous() if draft_strides is None else draft.stride() == draft_strides)
+                              or draft.dtype is not draft_dtype or draft.device != device))) and not first(target, draft, draft_tokens):
+                return None
+        except (AttributeError, TypeError):  # not a tensor
+            return None
+        if (seeds is not None and not is_row_vector(seeds, rows, device)) or (offsets is not None and not is_row_vector(offsets, rows, device)):
+            return None
+        if (generator is not None and type(generator) is not generator_type) or (on_cuda and _stream_id(device) != stream):
+            return None
+        if seeds is not None:
+            key = 0
+        elif generator is None and not on_cuda:
+            key = draw_base_key(None)
+        else:  # (on CUDA the keys of a call in a graph capture are drawn on the device, as seeds)
+            seeds, key = draw_keys_eager(None, generator, batch, device)
+        launches = bound[seeds is None][offsets is None] or bind(target, draft, draft_tokens, seeds, offsets)
+        if sample:
+            tokens = empty_like(like[0])
+            launches(target, None, None, seeds, offsets, tokens, None, None, None, key)
+            return tokens
+        tokens, num_accepted = empty_like(like[0]), empty_like(like[1])
+        logprobs_out = empty_like(like[2]) if logprobs else None
+        accept_probs_out = empty_like(like[3]) if accept_probs else None
+        launches(target, draft, draft_tokens, seeds, offsets, tokens, num_accepted, logprobs_out, accept_probs_out, key)
+        return tokens, num_accepted, logprobs_out, accept_probs_out
+
+    return run
 
 
 def verify(args: VerifyArgs, base_key: int, **overrides) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -704,5 +908,5 @@ def compile_launch(launch: Launch, arch: int = 90):
     return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
 
 
-__all__ = ["Geometry", "Launch", "Runner", "allocate_outputs", "compile_launch", "geometry", "is_available", "kernels", "launches_for", "line_templates", "runner",
+__all__ = ["Geometry", "Launch", "Runner", "allocate_outputs", "compile_launch", "geometry", "is_available", "kernels", "launches_for", "line_templates", "plan_runner", "runner",
            "verify"]

@@ -203,7 +203,7 @@ def verify(
             key = None  # an unhashable argument: the validation names it
         if plan is not None:
             fast = plan.fast
-            if fast is not None and num_draft_tokens is None:  # one trip to C++ (None: a call it does not take)
+            if fast is not None and num_draft_tokens is None:  # one trip through the backend's runner (None: a call it does not take)
                 out = fast(target_logits, draft_logits, draft_tokens, seeds, offsets, generator)
                 if out is not None:
                     if len(out) == 4:

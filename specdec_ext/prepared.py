@@ -24,6 +24,7 @@ from ._params import (
     check_generator,
     check_method,
     constant_rows,
+    is_row_vector,
     logprobs_mode,
     no_drafts,
     parameter_problems,
@@ -40,7 +41,6 @@ from ._results import VerifyResult
 
 _new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (a third of the cost)
 _Tensor = torch.Tensor
-_INT64 = torch.int64
 _is_compiling = torch.compiler.is_compiling  # (the same function: torch.compile knows it)
 
 
@@ -94,7 +94,7 @@ class ChainPlan:
             self.no_drafts = no_drafts(self.batch, self.device) if self.num_positions == 0 else None
             if self.stream == SAMPLE_STREAM:
                 self._sample = sampler(self.backend, self.temperature, self.top_k, self.top_p)
-            if self.method == "token" and self._spec is not None and self.device.type == "cpu":
+            if self.method == "token" and self._spec is not None:
                 self.fast = runner(self.backend, self, self._spec)
         return self.backend
 
@@ -111,9 +111,9 @@ class ChainPlan:
     def check_keys(self, generator, seeds, offsets) -> None:
         """The per-call arguments a plan does not fix: their types, shapes and devices (a (B,) int64
         tensor on the plan's device is taken at a glance; anything else gets the validator's message)."""
-        if seeds is not None and not (type(seeds) is _Tensor and seeds.dtype is _INT64 and seeds.shape == self._rows and seeds.device == self.device):
+        if seeds is not None and not is_row_vector(seeds, self._rows, self.device):
             row_vector(seeds, "seeds", self.batch, self.device)
-        if offsets is not None and not (type(offsets) is _Tensor and offsets.dtype is _INT64 and offsets.shape == self._rows and offsets.device == self.device):
+        if offsets is not None and not is_row_vector(offsets, self._rows, self.device):
             row_vector(offsets, "offsets", self.batch, self.device)
         if generator is not None:
             check_generator(generator)
@@ -306,7 +306,7 @@ class Verifier:
         fast = plan.fast
         compiling = _is_compiling()
         if fast is not None and num_draft_tokens is None and not compiling:
-            # One trip to C++: the checks below, the key and the kernel (None: a call it does not take).
+            # One trip through the backend's runner: the checks below, the key and the kernels (None: a call it does not take).
             out = fast(target_logits, draft_logits, draft_tokens, seeds, offsets, generator)
             if out is not None:
                 if len(out) == 4:

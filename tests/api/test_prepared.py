@@ -250,9 +250,10 @@ def _paused_in_launches(recorder: _Ops):
 @pytest.mark.skipif("triton" not in specdec_ext.available_backends("cpu"), reason="triton is not installed")
 @pytest.mark.parametrize("params", [{}, FILTERED], ids=["plain", "filtered"])
 def test_a_triton_call_allocates_its_outputs_and_nothing_else(params):
-    """With check=False a prepared Triton call runs no aten op but the outputs' torch.empty (seeded),
-    plus the key draw from a CPU generator (a CPU tensor op, no device read): nothing that a CUDA graph
-    could not capture, no host sync. (On CUDA, tests/triton/test_triton_cuda.py-style capture: below.)"""
+    """With check=False a prepared Triton call runs no aten op but its outputs' allocation (seeded;
+    empty_like of prototypes the runner keeps), plus the key draw from a CPU generator (a CPU tensor
+    op, no device read): nothing that a CUDA graph could not capture, no host sync. A sampler
+    allocates only its (B,) tokens. (On CUDA, tests/triton/test_triton_cuda.py-style capture: below.)"""
     target, draft, drafts, seeds, offsets = _inputs(seed=6)
     verifier = specdec_ext.Verifier(B, K, V, backend="triton", check=False, return_logprobs="processed", **params)
     sampler = specdec_ext.Sampler(B, V, backend="triton", check=False, **params)
@@ -262,18 +263,18 @@ def test_a_triton_call_allocates_its_outputs_and_nothing_else(params):
     recorder = _Ops()
     with _paused_in_launches(recorder), recorder:
         verifier(target, draft, drafts, seeds=seeds, offsets=offsets)
-    assert [op for op, _ in recorder.ops] == ["empty"] * 3, recorder.ops  # tokens, num_accepted, logprobs
+    assert [op for op, _ in recorder.ops] == ["empty_like"] * 3, recorder.ops  # tokens, num_accepted, logprobs
     recorder = _Ops()
     with _paused_in_launches(recorder), recorder:
         verifier(target, draft, drafts)
     # The key: drawn by the C++ extension (no aten op), else into a CPU buffer and read.
     key_ops = [] if _philox.FAST_DRAW is not None else ["_local_scalar_dense", "random_"]
-    assert sorted(op for op, _ in recorder.ops if op != "empty") == key_ops, recorder.ops
-    assert all(device == "cpu" for op, device in recorder.ops if op != "empty")  # the key buffer
+    assert sorted(op for op, _ in recorder.ops if op != "empty_like") == key_ops, recorder.ops
+    assert all(device == "cpu" for op, device in recorder.ops if op != "empty_like")  # the key buffer
     recorder = _Ops()
     with _paused_in_launches(recorder), recorder:
         sampler(target[:, 0], seeds=seeds)
-    assert [op for op, _ in recorder.ops] == ["empty"] * 2, recorder.ops
+    assert [op for op, _ in recorder.ops] == ["empty_like"], recorder.ops
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or "triton" not in specdec_ext.available_backends("cuda"), reason="needs CUDA and triton")
@@ -318,6 +319,75 @@ def test_a_triton_verifier_takes_logits_of_other_strides():
     assert wide[:, :, :V].stride() != target.stride()
     assert torch.equal(first.tokens, sliced.tokens)
     assert torch.equal(first.tokens, specdec_ext.verify(target, draft, drafts, seeds=seeds, backend="eager").tokens)
+
+
+@pytest.mark.skipif("triton" not in specdec_ext.available_backends("cpu"), reason="triton is not installed")
+@pytest.mark.parametrize("params", [{}, FILTERED], ids=["plain", "filtered"])
+def test_triton_calls_without_check_run_the_launches_bound_to_the_first(params):
+    """check=False: a Triton Verifier / Sampler runs a call through the launches bound to its first
+    call's layout (_triton_backend.plan_runner), with what the general launcher gives (the same
+    verifier with num_draft_tokens, which the bound launches leave to it) and the eager reference's
+    tokens, for every way of keying, call after call; one-hot drafts, a smaller draft vocabulary, a
+    sampler on sliced logits. What it does not take it leaves to the general path: other strides,
+    arguments with something wrong (the validator's messages). (Filtered, where the interpreter is
+    slow: the three launches of one way of keying with seeds and one without, and the sampler.)"""
+    target, draft, drafts, seeds, offsets = _inputs(seed=10)
+    outputs = {"return_logprobs": "processed", "return_accept_probs": True}
+    verifier = specdec_ext.Verifier(B, K, V, backend="triton", check=False, **params, **outputs)
+    sampler = specdec_ext.Sampler(B, V, backend="triton", check=False, **params)
+    logits = target[:, 1]  # rows (K + 1) * V apart
+    everything = torch.full((B,), K)
+    ways = ({"seeds": seeds, "offsets": offsets}, {}) if params else ({"seeds": seeds, "offsets": offsets}, {"seeds": seeds}, {"offsets": offsets}, {})
+    for keys in ways:
+        for _ in range(2):
+            torch.manual_seed(8)
+            got = verifier(target, draft, drafts, **keys)
+            torch.manual_seed(8)
+            _same(got, verifier(target, draft, drafts, num_draft_tokens=everything, **keys))
+            torch.manual_seed(8)
+            assert torch.equal(got.tokens, specdec_ext.verify(target, draft, drafts, backend="eager", **params, **keys).tokens)
+        torch.manual_seed(3)
+        got = sampler(logits, **keys)
+        torch.manual_seed(3)
+        assert torch.equal(got, specdec_ext.sample(logits, backend="eager", **params, **keys)) and got.shape == (B,)
+    if params:
+        return
+    g1, g2 = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    _same(verifier(target, draft, drafts, generator=g1), verifier(target, draft, drafts, generator=g2, num_draft_tokens=everything))
+    assert torch.equal(g1.get_state(), g2.get_state())
+    # The runner's own answer: a call it takes, and None for one it leaves (having drawn no key).
+    bound = verifier._plan.fast
+    assert bound(target, draft, drafts, seeds, None, None) is not None
+    wide = torch.zeros(B, K + 1, V + 8)
+    wide[:, :, :V] = target
+    state = torch.get_rng_state()
+    assert bound(wide[:, :, :V], draft, drafts, None, None, None) is None and bound(target, draft, drafts.T.contiguous().T, None, None, None) is None
+    assert torch.equal(torch.get_rng_state(), state)
+    _same(verifier(wide[:, :, :V], draft, drafts, seeds=seeds), verifier(target, draft, drafts, seeds=seeds))
+    with pytest.raises(ValueError, match=r"target_logits: this Verifier takes shape \(3, 4, 40\) torch.float32 on cpu, got .* torch.bfloat16"):
+        verifier(target.bfloat16(), draft, drafts)
+    with pytest.raises(ValueError, match="draft_tokens must be int32 or int64"):
+        verifier(target, draft, drafts.float())
+    with pytest.raises(ValueError, match=r"seeds must have shape \(3,\)"):
+        verifier(target, draft, drafts, seeds=seeds[:2])
+    with pytest.raises(ValueError, match="generator must be a torch.Generator"):
+        verifier(target, draft, drafts, generator=3)
+
+    one_hot = specdec_ext.Verifier(B, K, V, one_hot_drafts=True, backend="triton", check=False, **params)
+    small = specdec_ext.Verifier(B, K, V, draft_vocab_size=30, backend="triton", check=False, **params)
+    _, small_draft, small_drafts, _, _ = _inputs(seed=10, draft_vocab=30)
+    for _ in range(2):
+        assert torch.equal(one_hot(target, None, drafts, seeds=seeds).tokens,
+                           specdec_ext.verify(target, None, drafts, seeds=seeds, backend="eager", **params).tokens)
+        assert torch.equal(small(target, small_draft, small_drafts, offsets=offsets, seeds=seeds).tokens,
+                           specdec_ext.verify(target, small_draft, small_drafts, seeds=seeds, offsets=offsets, backend="eager", **params).tokens)
+    with pytest.raises(ValueError, match="one_hot_drafts=True"):
+        one_hot(target, draft, drafts)
+
+    with pytest.raises(ValueError, match=r"logits: this Sampler takes shape \(3, 40\)"):
+        sampler(target[:2, 0])
+    empty = specdec_ext.Verifier(0, K, V, backend="triton", check=False)(torch.randn(0, K + 1, V), torch.randn(0, K, V), torch.zeros(0, K, dtype=torch.int64))
+    assert empty.tokens.shape == (0, K + 1) and empty.num_accepted.shape == (0,)
 
 
 @pytest.mark.parametrize("backend", [b for b in ("cpp", "eager") if b in specdec_ext.available_backends("cpu")])
