@@ -183,8 +183,9 @@ def is_row_vector(value, rows: torch.Size, device: torch.device) -> bool:
 
 
 def row_vector(value, name: str, batch: int, device: torch.device) -> torch.Tensor | None:
-    """``seeds`` / ``offsets``: None or a (B,) int64 tensor on the logits' device. Their values are
-    checked after the kernel (a negative entry blanks its row, then raises with check=True)."""
+    """``seeds`` / ``offsets``: None or a (B,) int64 tensor on the logits' device, returned
+    contiguous (the kernels read row b's entry at offset b). Their values are checked after the
+    kernel (a negative entry blanks its row, then raises with check=True)."""
     if value is None:
         return None
     if not isinstance(value, torch.Tensor):
@@ -195,7 +196,7 @@ def row_vector(value, name: str, batch: int, device: torch.device) -> torch.Tens
         raise ValueError(f"{name} must have shape ({batch},) to match the batch, got {tuple(value.shape)}")
     if value.device != device:
         raise ValueError(f"{name} is on {value.device} but the logits are on {device}")
-    return value
+    return value.contiguous()
 
 
 def logprobs_mode(return_logprobs) -> int:
@@ -279,7 +280,9 @@ def _per_row(value, name: str, batch: int, device: torch.device, dtype: torch.dt
             raise ValueError(f"{name} must be a scalar or a ({batch},) tensor, got shape {tuple(value.shape)}")
         if value.is_complex() or value.dtype == torch.bool or (value.is_floating_point() and not dtype.is_floating_point):
             raise ValueError(f"{name} must hold {'real numbers' if dtype.is_floating_point else 'integers'}, got {value.dtype}")
-        return value.to(device=device, dtype=dtype, non_blocking=True), True
+        # Contiguous: the kernels read row b's value at offset b (a broadcast 0-d tensor or a
+        # strided view would hand them other rows' memory).
+        return value.to(device=device, dtype=dtype, non_blocking=True).contiguous(), True
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number or a tensor, got {type(value).__name__}")
     if not dtype.is_floating_point and not isinstance(value, int):

@@ -551,15 +551,24 @@ def templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict) -> l
     return found
 
 
+def _rows_contiguous(args: VerifyArgs) -> bool:
+    """Whether the per-row keys are as the kernels read them (row b's entry at offset b). The
+    validator hands them over contiguous; a prepared call's own may not be."""
+    return (args.seeds is None or args.seeds.is_contiguous()) and (args.offsets is None or args.offsets.is_contiguous())
+
+
 def prepare(args: VerifyArgs) -> VerifyArgs:
-    """Inputs as the kernels read them: last dimensions contiguous."""
+    """Inputs as the kernels read them: last dimensions contiguous, per-row keys contiguous."""
     draft = args.draft_logits
-    if args.target_logits.stride(-1) == 1 and (draft is None or draft.stride(-1) == 1) and (args.draft_tokens.stride(-1) == 1 or args.num_positions <= 1):
+    if (args.target_logits.stride(-1) == 1 and (draft is None or draft.stride(-1) == 1) and (args.draft_tokens.stride(-1) == 1 or args.num_positions <= 1)
+            and _rows_contiguous(args)):
         return args
     return args._replace(
         target_logits=_last_dim_contiguous(args.target_logits),
         draft_logits=_last_dim_contiguous(draft) if draft is not None else None,
         draft_tokens=_last_dim_contiguous(args.draft_tokens),
+        seeds=None if args.seeds is None else args.seeds.contiguous(),
+        offsets=None if args.offsets is None else args.offsets.contiguous(),
     )
 
 
@@ -653,7 +662,7 @@ class Runner:
         return out
 
     def __call__(self, args: VerifyArgs, base_key: int) -> Outputs:
-        if _strides(args) != self.strides or (self.on_cuda and _stream_id(self.device) != self.stream):
+        if _strides(args) != self.strides or not _rows_contiguous(args) or (self.on_cuda and _stream_id(self.device) != self.stream):
             return verify(args, base_key, **self.overrides)
         return self.launch(args, base_key)
 
@@ -834,7 +843,8 @@ def plan_runner(plan, vocab: int, dtype: torch.dtype, draft_vocab: int | None, d
                 return None
         except (AttributeError, TypeError):  # not a tensor
             return None
-        if (seeds is not None and not is_row_vector(seeds, rows, device)) or (offsets is not None and not is_row_vector(offsets, rows, device)):
+        if ((seeds is not None and not (is_row_vector(seeds, rows, device) and seeds.is_contiguous()))
+                or (offsets is not None and not (is_row_vector(offsets, rows, device) and offsets.is_contiguous()))):
             return None
         if (generator is not None and type(generator) is not generator_type) or (on_cuda and _stream_id(device) != stream):
             return None

@@ -201,7 +201,7 @@ def _prepare(args: TreeArgs | VerifyArgs) -> TreeArgs | VerifyArgs:
     if isinstance(args, VerifyArgs):
         return fixed
     return args._replace(target_logits=fixed.target_logits, draft_logits=fixed.draft_logits, draft_tokens=fixed.draft_tokens,
-                         parents=chain._last_dim_contiguous(args.parents))
+                         seeds=fixed.seeds, offsets=fixed.offsets, parents=chain._last_dim_contiguous(args.parents))
 
 
 def _outputs(batch: int, width: int, tree: bool, logprobs: bool, device: torch.device) -> chain.Outputs:

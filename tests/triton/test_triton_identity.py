@@ -369,3 +369,38 @@ def test_the_gpu_model_follows_the_candidates_rules(params):
                                   params.get("top_k", 0), params.get("top_p", 1.0))["resolved"] for line in target.reshape(-1, 3000)]
     assert resolved.tolist() == [int(o) for o in outcomes]
     assert 0 < sum(outcomes) < len(outcomes) or params.get("top_k")  # both ways are compared where the case allows
+
+
+def _strided(values: list) -> torch.Tensor:
+    """A (B,) view with stride 2 (every other entry of a longer tensor)."""
+    return torch.tensor([[v, -7] for v in values]).reshape(-1)[::2]
+
+
+def test_per_row_tensors_of_any_layout():
+    """The kernels read row b's seed, offset and parameters at offset b: strided views and a
+    broadcast 0-d tensor give the same tokens as their contiguous copies, on every path (the
+    default call, a prepared Verifier and Sampler, a tree) and every backend."""
+    target, draft, tokens = _case(3, 2, 300, torch.float32, seed=4)
+    seeds, offsets = _strided([11, 12, 13]), _strided([0, 5, 9])
+    top_k = _strided([5, 40, 0])
+    assert not seeds.is_contiguous() and not top_k.is_contiguous()
+    params = {"temperature": torch.tensor(0.8), "top_k": top_k}
+    plain = {"temperature": torch.full((3,), 0.8), "top_k": top_k.contiguous()}
+    for backend in ("triton", "cpp", "eager"):
+        got = specdec_ext.verify(target, draft, tokens, seeds=seeds, offsets=offsets, backend=backend, **params)
+        want = specdec_ext.verify(target, draft, tokens, seeds=seeds.contiguous(), offsets=offsets.contiguous(), backend="eager", **plain)
+        assert torch.equal(got.tokens, want.tokens), backend
+        verifier = specdec_ext.Verifier(3, 2, 300, backend=backend, check=False, **params)
+        for _ in range(2):  # the first call binds the plan, the second takes the bound path
+            assert torch.equal(verifier(target, draft, tokens, seeds=seeds, offsets=offsets)[0], want.tokens), backend
+        sampler = specdec_ext.Sampler(3, 300, backend=backend, check=False, **params)
+        drawn = specdec_ext.sample(target[:, 0], seeds=seeds.contiguous(), backend="eager", **plain)
+        for _ in range(2):
+            assert torch.equal(sampler(target[:, 0].contiguous(), seeds=seeds), drawn), backend
+    parents = torch.tensor([[-1, -1, 0, 2]] * 3)
+    nodes = torch.randint(0, 300, (3, 4), generator=torch.Generator().manual_seed(1))
+    tree_target = _case(3, 4, 300, torch.float32, seed=5)[0]
+    tree_draft = tree_target + torch.randn(tree_target.shape, generator=torch.Generator().manual_seed(2))
+    trees = [specdec_ext.verify_tree(tree_target, tree_draft, nodes, parents, seeds=s, offsets=o, backend=backend, **p)
+             for backend, s, o, p in (("triton", seeds, offsets, params), ("eager", seeds.contiguous(), offsets.contiguous(), plain))]
+    assert torch.equal(trees[0].tokens, trees[1].tokens) and torch.equal(trees[0].accepted_nodes, trees[1].accepted_nodes)
