@@ -64,12 +64,10 @@ ASSUMPTIONS = {
     "graph_replay_fixed_us": 2.0,  # cudaGraphLaunch of a small graph until its first kernel runs
     "graph_kernel_gap_us": 0.8,  # between dependent kernel nodes of a graph (drain + launch)
     # specdec_ext.verify's Python up to the launches (validation, key, launch templates, outputs) on a
-    # fast host: 12.1 us measured at B=1 K=4 V=128256 on this 2-core machine (python -m
-    # bench.host_overhead, its first run of 2026-12-03: 5.3x an empty torch.empty there, 2.3 us),
-    # against about 1 us for torch.empty on a fast host; scaled by that ratio. (With a repeated
-    # call's launches bound to its tensors, bench/results/host-overhead-2026-12-03.json measures
-    # 4.08x: not taken here yet, see docs/performance.md.)
-    "python_call_overhead_us": 5.3,
+    # fast host: 5.5 us measured at B=1 K=4 V=128256 on this 2-core machine (python -m
+    # bench.host_overhead, bench/results/host-overhead-2026-12-03.json: 4.14x an empty torch.empty
+    # there, 1.33 us), against about 1 us for torch.empty on a fast host; scaled by that ratio.
+    "python_call_overhead_us": 4.1,
     "python_launch_us": 4.0,  # Triton 3.x JIT launcher per kernel from Python (argument specialisation, cache lookup, cuLaunchKernel)
     # Global reductions (RED.ADD) to distinct addresses served by the L2, per second: a conservative
     # figure (no measurement here); values piling into one bin would serialise on its address.
