@@ -248,7 +248,8 @@ def _paused_in_launches(recorder: _Ops):
 
 
 @pytest.mark.skipif("triton" not in specdec_ext.available_backends("cpu"), reason="triton is not installed")
-@pytest.mark.parametrize("params", [{}, FILTERED], ids=["plain", "filtered"])
+# (filtered: three launches under the slow interpreter, in CI's slow step)
+@pytest.mark.parametrize("params", [{}, pytest.param(FILTERED, marks=pytest.mark.slow)], ids=["plain", "filtered"])
 def test_a_triton_call_allocates_its_outputs_and_nothing_else(params):
     """With check=False a prepared Triton call runs no aten op but its outputs' allocation (seeded;
     empty_like of prototypes the runner keeps), plus the key draw from a CPU generator (a CPU tensor
@@ -322,7 +323,7 @@ def test_a_triton_verifier_takes_logits_of_other_strides():
 
 
 @pytest.mark.skipif("triton" not in specdec_ext.available_backends("cpu"), reason="triton is not installed")
-@pytest.mark.parametrize("params", [{}, FILTERED], ids=["plain", "filtered"])
+@pytest.mark.parametrize("params", [{}, pytest.param(FILTERED, marks=pytest.mark.slow)], ids=["plain", "filtered"])  # (filtered: CI's slow step)
 def test_triton_calls_without_check_run_the_launches_bound_to_the_first(params):
     """check=False: a Triton Verifier / Sampler runs a call through the launches bound to its first
     call's layout (_triton_backend.plan_runner), with what the general launcher gives (the same
