@@ -503,7 +503,6 @@ LOOP_KINDS = {
     "walk ticket loop": "a filtered tree or block call's walk items, in the cut-offs launch: one row per program",
     "histogram tile": "CHUNK / TILE steps per search item",
     "histogram sum": "the last item of a line's pass sums the chunks' histograms, four chunks per step",
-    "node pass": "a tree walk's passes over the nodes (the tree's check, each node's depth): N per row",
     "context step": "a tree walk's contexts: tree_depth + 1 per row",
     "line check step": "check=True: every context a tree row could use, N + 1 per row",
     "sibling test": "a tree walk's test of each node at each context (is it a child?): N per context",
@@ -601,7 +600,7 @@ def _walk_kinds(kernel: str, loops: list[Loop], top: int | None, kinds: list, at
             if kernel == "block_walk":
                 kind = "stop search step" if loop.start in has_children else "block position step"
             else:
-                kind = "context step" if loop.start in has_children else "line check step" if loop.has("LDG") else "node pass"
+                kind = "context step" if loop.start in has_children else "line check step" if loop.has("LDG") else None
         elif parent in ("context step",):
             kind = "sibling test"
         elif parent in ("sibling test", "stop search step"):
@@ -643,7 +642,7 @@ def _tree_work(launch, call: Call, phase: str) -> dict:
     has_draft = call.draft == "logits"
     itemsize = call.itemsize
     if phase.endswith("_race"):
-        chunks = launch.args[-2] if phase == "tree_race" else launch.args[-1]
+        chunks = launch.args[-1]
         block = c["BLOCK"]
         tiles = math.ceil(call.vocab / block) / chunks
         removes = phase == "tree_race" and (call.siblings == "without_replacement" or not has_draft)
@@ -662,7 +661,7 @@ def _tree_work(launch, call: Call, phase: str) -> dict:
         depth = call.tree_depth if call.tree_depth is not None else call.k
         removes = call.siblings == "without_replacement" or not has_draft
         return {
-            "loops": {"node pass": (call.k, 1), "context step": (depth + 1, 1), "line check step": (call.k + 1 if call.check else 0, 1),
+            "loops": {"context step": (depth + 1, 1), "line check step": (call.k + 1 if call.check else 0, 1),
                       "sibling test": ((depth + 1) * call.k, 1), "residual-mass tile": (depth * tiles, block),
                       "removed-id test": (depth * tiles if removes else 0.0, block)},
             "programs_used": call.batch,

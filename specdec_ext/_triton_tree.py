@@ -56,7 +56,6 @@ class _Call(NamedTuple):
 
     chain: VerifyArgs
     parents: torch.Tensor | None
-    depth: int  # the outputs' width - 1: a tree's N, a block's K
 
 
 class _Rows(NamedTuple):
@@ -110,20 +109,21 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
         placeholder = a.temperature  # for the absent optional tensors: never read
         return a.seeds if a.seeds is not None else placeholder, a.offsets if a.offsets is not None else placeholder
 
-    common = {"HAS_DRAFT": sh.has_draft, "HAS_SEEDS": view.seeds is not None, "HAS_OFFSETS": view.offsets is not None, "FILTERED": view.filtered}
+    keyed = {"HAS_SEEDS": view.seeds is not None, "HAS_OFFSETS": view.offsets is not None}
+    common = {"HAS_DRAFT": sh.has_draft, **keyed, "FILTERED": view.filtered}
+    walk = {"PARTS": parts, "PP": _pow2(parts), "HAS_DRAFT": sh.has_draft, **keyed, "BLOCK": WALK_BLOCK}  # an unfiltered call's walk
     tail = (view.vocab, view.draft_vocab, *sh.t_strides, *sh.d_strides, sh.tok_stride)
     logits = chain._logits
     if tree:
         slots = _node_slots(args)
-        walk_constexprs = {"NP": slots, "HAS_SEEDS": view.seeds is not None, "HAS_OFFSETS": view.offsets is not None,
-                           "WITHOUT_REPLACEMENT": sh.has_draft and args.siblings == "without_replacement", "CHECK": view.check}
+        walk_constexprs = {"NP": slots, "WITHOUT_REPLACEMENT": sh.has_draft and args.siblings == "without_replacement", "CHECK": view.check}
         if cutoff is None:
             found.append(chain.Template(
                 "tree_walk", k.tree_walk_kernel, (batch,),
                 lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.parents, c.chain.temperature, c.chain.top_k, c.chain.top_p,
                                    c.chain.num_draft_tokens, *keys(c.chain), b.tau, b.part_m, b.part_z, b.part_i, rows.state_f, rows.state_i,
                                    rows.removed, rows.path, key, batch, positions, *tail, c.parents.stride(0), sh.t_parts, sh.d_parts),
-                {"PARTS": parts, "PP": _pow2(parts), **common, **walk_constexprs, "BLOCK": WALK_BLOCK},
+                {**walk, **walk_constexprs},
                 WALK_WARPS,
             ))
         else:
@@ -131,27 +131,27 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
                 "tree_cut_walk", k.cut_walk_kernel, cutoff.grid,
                 lambda c, key, o: (*cutoff.arguments(c.chain, key, o), c.chain.draft_tokens, c.parents, *keys(c.chain), b.part_i, b.tau, rows.state_f,
                                    rows.state_i, rows.removed, rows.path, key, sh.tok_stride, c.parents.stride(0)),
-                {**cutoff.constexprs, "TREE": True, "KP": 1, **walk_constexprs, "BLOCK": CUT_WALK_BLOCK},
+                {**cutoff.constexprs, "TREE": True, "KP": 1, **walk_constexprs, **keyed, "BLOCK": CUT_WALK_BLOCK},
                 cutoff.num_warps,
             ))
         found.append(chain.Template(
             "tree_race", k.tree_race_kernel, (batch, layout["chunks"]),
             lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.chain.temperature, *keys(c.chain), rows.state_f, rows.state_i,
                                rows.removed, rows.path, b.race_val, b.race_idx, b.counters, o.tokens, o.num_accepted, o.logprobs, key, positions,
-                               *tail, layout["tiles_per_chunk"], layout["chunks"], c.depth),
+                               *tail, layout["tiles_per_chunk"], layout["chunks"]),
             {"NP": slots, "D1P": _pow2(positions + 1), **common, "INTERPRET": geo.interpret, "BLOCK": geo.race_block, "FINAL_BLOCK": chain.FINAL_BLOCK},
             chain.RACE_WARPS if not geo.interpret else 4,
         ))
         return found
     kp = _pow2(positions + 1)
-    walk_constexprs = {"KP": kp, "HAS_SEEDS": view.seeds is not None, "HAS_OFFSETS": view.offsets is not None, "CHECK": view.check}
+    walk_constexprs = {"KP": kp, "CHECK": view.check}
     if cutoff is None:
         found.append(chain.Template(
             "block_walk", k.block_walk_kernel, (batch,),
             lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.chain.temperature, c.chain.top_k, c.chain.top_p,
                                c.chain.num_draft_tokens, *keys(c.chain), b.tau, b.part_m, b.part_z, b.part_i, b.gathered, rows.state_f, rows.state_i,
                                key, batch, positions, *tail[:-1], sh.tok_stride, sh.t_parts, sh.d_parts),
-            {"PARTS": parts, "PP": _pow2(parts), **common, **walk_constexprs, "BLOCK": WALK_BLOCK},
+            {**walk, **walk_constexprs},
             WALK_WARPS,
         ))
     else:
@@ -159,7 +159,7 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
             "block_cut_walk", k.cut_walk_kernel, cutoff.grid,
             lambda c, key, o: (*cutoff.arguments(c.chain, key, o), c.chain.draft_tokens, c.chain.num_draft_tokens, *keys(c.chain), b.part_i,
                                b.gathered, rows.state_f, rows.state_i, rows.state_i, rows.state_i, key, sh.tok_stride, 0),
-            {**cutoff.constexprs, "TREE": False, "NP": 1, "WITHOUT_REPLACEMENT": False, **walk_constexprs, "BLOCK": CUT_WALK_BLOCK},
+            {**cutoff.constexprs, "TREE": False, "NP": 1, "WITHOUT_REPLACEMENT": False, **walk_constexprs, **keyed, "BLOCK": CUT_WALK_BLOCK},
             cutoff.num_warps,
         ))
     found.append(chain.Template(
@@ -227,18 +227,14 @@ class Runner:
         self.logprobs = not self.tree and args.logprobs != LOGPROBS_NONE
         launches = [(t.kernel[t.grid], t.arguments, {**t.constexprs, "num_warps": t.num_warps, "num_stages": 1, "enable_fp_fusion": False})
                     for t in found]
-        self.before, self.race = launches[:-1], launches[-1]
+        self.launches = launches
 
     def __call__(self, args: TreeArgs | VerifyArgs, base_key: int) -> tuple:
-        device, batch, width = self.device, args.batch, self.width
-        call = _Call(_chain_view(args), args.parents if self.tree else None, width)
-        if batch:
-            for launch, arguments, options in self.before:
-                launch(*arguments(call, base_key, None), **options)
-        out = _outputs(batch, width, self.tree, self.logprobs, device)
-        if batch:
-            launch, arguments, options = self.race
-            launch(*arguments(call, base_key, out), **options)
+        call = _Call(_chain_view(args), args.parents if self.tree else None)
+        out = _outputs(args.batch, self.width, self.tree, self.logprobs, self.device)
+        if args.batch:
+            for launch, arguments, options in self.launches:
+                launch(*arguments(call, base_key, out), **options)
         return out.tokens, out.num_accepted, out.logprobs
 
 
@@ -296,7 +292,7 @@ def launches_for(args: TreeArgs | VerifyArgs, base_key: int = 0, **geometry_over
         found = _plan(args, geo)
     tree = isinstance(args, TreeArgs)
     width = args.num_tree_nodes if tree else args.num_positions
-    call = _Call(_chain_view(args), args.parents if tree else None, width)
+    call = _Call(_chain_view(args), args.parents if tree else None)
     out = _outputs(args.batch, width, tree, not tree and args.logprobs != LOGPROBS_NONE, device)
     return [chain.Launch(t.name, t.kernel, t.grid, t.arguments(call, base_key, out), t.constexprs, t.num_warps) for t in found]
 

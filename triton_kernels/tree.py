@@ -283,14 +283,14 @@ def tree_walk_kernel(
     HAS_SEEDS: tl.constexpr,
     HAS_OFFSETS: tl.constexpr,
     CHECK: tl.constexpr,  # blank for a bad value in any used line, not only the lines the walk reads
-    FILTERED: tl.constexpr,
     BLOCK: tl.constexpr,  # ids per step of a residual-mass pass
 ):
+    """An unfiltered call's walk, one program per row (a filtered one walks in cut_walk_kernel)."""
     _tree_walk_row(
         tl.program_id(0), target_ptr, draft_ptr, tokens_ptr, parents_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_nodes_ptr, seeds_ptr, offsets_ptr,
         tau_ptr, part_m_ptr, part_z_ptr, part_i_ptr, state_f_ptr, state_i_ptr, removed_ptr, path_ptr, base_key, batch, N, V, Vd, t_stride_b, t_stride_n,
         d_stride_b, d_stride_n, tok_stride_b, parent_stride_b, t_parts, d_parts, PARTS, PP, NP, HAS_DRAFT, WITHOUT_REPLACEMENT, HAS_SEEDS, HAS_OFFSETS,
-        CHECK, FILTERED, BLOCK,
+        CHECK, False, BLOCK,
     )
 
 
@@ -428,13 +428,13 @@ def block_walk_kernel(
     HAS_SEEDS: tl.constexpr,  # per-row keys
     HAS_OFFSETS: tl.constexpr,  # per-row positions
     CHECK: tl.constexpr,  # blank for a bad value in any used line (greedy rows' draft lines too)
-    FILTERED: tl.constexpr,  # top-k / top-p: the lines' cut-offs in tau
     BLOCK: tl.constexpr,  # ids per step of a residual-mass pass
 ):
+    """An unfiltered call's walk, one program per row (a filtered one walks in cut_walk_kernel)."""
     _block_walk_row(
         tl.program_id(0), target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr, tau_ptr,
         part_m_ptr, part_z_ptr, part_i_ptr, gathered_ptr, state_f_ptr, state_i_ptr, base_key, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b,
-        d_stride_k, tok_stride_b, t_parts, d_parts, PARTS, PP, KP, HAS_DRAFT, HAS_SEEDS, HAS_OFFSETS, CHECK, FILTERED, BLOCK,
+        d_stride_k, tok_stride_b, t_parts, d_parts, PARTS, PP, KP, HAS_DRAFT, HAS_SEEDS, HAS_OFFSETS, CHECK, False, BLOCK,
     )
 
 
@@ -627,7 +627,7 @@ def _race_and_arrive(
     return last, winner, position, depth, bad | (winner < 0) | (winner >= V)
 
 
-@triton.jit(do_not_specialize=["base_key", "tiles_per_chunk", "num_chunks", "D"])
+@triton.jit(do_not_specialize=["base_key", "tiles_per_chunk", "num_chunks"])
 def tree_race_kernel(
     target_ptr,  # (B, N+1, V) raw target logits
     draft_ptr,  # (B, N+1, Vd) raw draft logits (unused without HAS_DRAFT)
@@ -642,14 +642,13 @@ def tree_race_kernel(
     race_val_ptr,  # (B, >= num_chunks) float32 workspace: each chunk's best key
     race_idx_ptr,  # (B, >= num_chunks) int32 workspace: its id
     counter_ptr,  # (B,) int32 workspace, 0 between calls: programs of the row that arrived
-    out_tokens_ptr,  # (B, D+1) int64 out (D = N: the widths the shapes fix)
+    out_tokens_ptr,  # (B, N+1) int64 out
     out_accepted_ptr,  # (B,) int64 out
-    out_nodes_ptr,  # (B, D) int64 out: accepted_nodes
+    out_nodes_ptr,  # (B, N) int64 out: accepted_nodes
     base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
     N, V, Vd,  # sizes
     t_stride_b, t_stride_n, d_stride_b, d_stride_n, tok_stride_b,  # strides, in elements
     tiles_per_chunk, num_chunks,  # race tiles (BLOCK ids) per chunk, programs per row
-    D,  # the outputs' width - 1: N
     NP: tl.constexpr,  # next power of two of max(N, 1)
     D1P: tl.constexpr,  # next power of two of N + 1
     HAS_DRAFT: tl.constexpr,
@@ -671,9 +670,9 @@ def tree_race_kernel(
         on_path = tl.where(bad, cols < 0, cols < depth)  # (a vector & scalar mask trips the interpreter)
         node_tokens = tl.load(tokens_ptr + row64 * tok_stride_b + tl.maximum(path, 0), mask=on_path, other=-1).to(tl.int64)
         emitted = tl.where(on_path, node_tokens, tl.where(tl.where(bad, cols < 0, cols == depth), winner, -1))
-        tl.store(out_tokens_ptr + row64 * (D + 1) + cols, emitted, mask=cols <= D)
+        tl.store(out_tokens_ptr + row64 * (N + 1) + cols, emitted, mask=cols <= N)
         tl.store(out_accepted_ptr + tl.program_id(0), tl.where(bad, 0, depth).to(tl.int64))
-        tl.store(out_nodes_ptr + row64 * D + cols, tl.where(on_path, path, -1).to(tl.int64), mask=cols < D)
+        tl.store(out_nodes_ptr + row64 * N + cols, tl.where(on_path, path, -1).to(tl.int64), mask=cols < N)
 
 
 @triton.jit(do_not_specialize=["base_key", "batch", "t_parts", "tiles_per_chunk", "num_chunks"])

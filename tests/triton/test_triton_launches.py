@@ -251,12 +251,12 @@ def test_tree_and_block_counters_reset_themselves():
 
 
 def test_tree_and_block_batch_size_does_not_enter_the_compiled_signature():
-    """As for chains: the walks' and races' batch-dependent integers (and a tree race's output width D)
-    are not specialised, and the constexprs of a call's launches do not depend on B."""
+    """As for chains: the walks' and races' batch-dependent integers are not specialised, and the
+    constexprs of a call's launches do not depend on B."""
     k = _triton_backend.kernels()
     walks = (k.tree_walk_kernel, k.block_walk_kernel, k.cut_walk_kernel)
     for kernel, names in (*((walk, ("base_key", "batch", "t_parts", "d_parts")) for walk in walks),
-                          (k.tree_race_kernel, ("base_key", "tiles_per_chunk", "num_chunks", "D")),
+                          (k.tree_race_kernel, ("base_key", "tiles_per_chunk", "num_chunks")),
                           (k.block_race_kernel, ("base_key", "batch", "t_parts", "tiles_per_chunk", "num_chunks"))):
         declared = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize", ())
         assert set(names) <= set(declared), (kernel, declared)
