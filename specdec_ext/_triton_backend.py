@@ -764,11 +764,12 @@ def _tensor_test(name: str, strides: tuple | None, device: torch.device) -> str:
     return f"{name}.dtype is not {name}_dtype or {name}.shape != {name}_shape or not {_on_device(device).format(name)} or {layout}"
 
 
-def _key_test(name: str, device: torch.device) -> str:
+def _key_test(name: str, device: torch.device, batch: int) -> str:
     """The code of a plan runner's test that ``seeds`` / ``offsets`` is not a contiguous (B,) int64
-    tensor on the device (:func:`specdec_ext._params.is_row_vector`, inlined)."""
-    return (f"{name} is not None and not (type({name}) is Tensor and {name}.dtype is int64 and {name}.shape == rows and {_on_device(device).format(name)} "
-            f"and {name}.is_contiguous())")
+    tensor on the device (:func:`specdec_ext._params.is_row_vector`, inlined; a tensor of shape
+    (1,) or (0,) is contiguous whatever its stride)."""
+    layout = f" and {name}.is_contiguous()" if batch > 1 else ""
+    return f"{name} is not None and not (type({name}) is Tensor and {name}.dtype is int64 and {name}.shape == rows and {_on_device(device).format(name)}{layout})"
 
 
 def plan_runner(plan, vocab: int, dtype: torch.dtype, draft_vocab: int | None, draft_dtype: torch.dtype | None) -> Callable | None:
@@ -853,7 +854,7 @@ def plan_runner(plan, vocab: int, dtype: torch.dtype, draft_vocab: int | None, d
             "            return None",
             "    except (AttributeError, TypeError):  # not a tensor",
             "        return None",
-            f"    if {_key_test('seeds', device)} or {_key_test('offsets', device)}:",
+            f"    if {_key_test('seeds', device, batch)} or {_key_test('offsets', device, batch)}:",
             "        return None",
             "    if generator is not None and type(generator) is not Generator:",
             "        return None",
