@@ -221,7 +221,8 @@ def geometry(
 
 class Launch(NamedTuple):
     """One kernel launch as :func:`verify` makes it: ``kernel[grid](*args, **constexprs, num_warps=...,
-    num_stages=1, enable_fp_fusion=False)`` (compiled, not run, by the compile check and the model)."""
+    num_stages=1, enable_fp_fusion=False)``, which the runners call as ``kernel.run(*args, grid=grid,
+    warmup=False, ...)`` (compiled, not run, by the compile check and the model)."""
 
     name: str
     kernel: Any
@@ -607,6 +608,15 @@ def _by_position(kernel, constexprs: dict, runtime: int) -> tuple[tuple, dict]:
     return tuple(constexprs[name] for name in positional), {name: value for name, value in constexprs.items() if name not in positional}
 
 
+def _run_options(grid: tuple, keywords: dict, num_warps: int) -> dict:
+    """The keywords of a launch as a call hands them to the kernel's ``run`` (Triton's launcher,
+    ``run(*args, grid, warmup, **kwargs)`` in 3.6 to 3.9 and in the interpreter), which is what
+    ``kernel[grid](...)`` calls, one lambda frame and one repack of the arguments later. ``run`` is
+    looked up on the kernel at every launch (no bound method kept), so what replaces a kernel's
+    ``run`` (tests, a profiler) sees every launch."""
+    return {"grid": grid, "warmup": False, **keywords, "num_warps": num_warps, "num_stages": 1, "enable_fp_fusion": False}
+
+
 class _Input:
     """Marks where a per-call value goes in a launch's arguments (see :meth:`Runner.spliced`)."""
 
@@ -643,13 +653,12 @@ class Runner:
         self.overrides = overrides
         self.batch, self.length = args.batch, args.num_positions + 1
         self.logprobs, self.accept_probs = args.logprobs != LOGPROBS_NONE, args.accept_probs
-        # (launcher, arguments, constexprs by position, keywords). No FMA contraction: p(x) is the
-        # same float expression on every backend (an explicit tl.fma where a kernel wants one).
+        # (kernel, arguments, constexprs by position, keywords of its run). No FMA contraction: p(x)
+        # is the same float expression on every backend (an explicit tl.fma where a kernel wants one).
         self.launches = []
         for t in found:
             positional, keywords = _by_position(t.kernel, t.constexprs, len(t.arguments(args, 0, _NO_OUTPUTS)))
-            self.launches.append((t.kernel[t.grid], t.arguments, positional,
-                                  {**keywords, "num_warps": t.num_warps, "num_stages": 1, "enable_fp_fusion": False}))
+            self.launches.append((t.kernel, t.arguments, positional, _run_options(t.grid, keywords, t.num_warps)))
 
     def launch(self, args: VerifyArgs, base_key: int) -> Outputs:
         device, batch = self.device, self.batch
@@ -660,8 +669,8 @@ class Runner:
             torch.empty(batch, self.length - 1, dtype=torch.float32, device=device) if self.accept_probs else None,
         ))
         if batch:
-            for launch, arguments, constexprs, options in self.launches:
-                launch(*arguments(args, base_key, out), *constexprs, **options)
+            for kernel, arguments, constexprs, options in self.launches:
+                kernel.run(*arguments(args, base_key, out), *constexprs, **options)
         return out
 
     def __call__(self, args: VerifyArgs, base_key: int) -> Outputs:
@@ -684,7 +693,7 @@ class Runner:
         """
         scope = {} if scope is None else scope
         lines = []
-        for i, (launch, arguments, constexprs, options) in enumerate(self.launches if self.batch else ()):
+        for i, (kernel, arguments, constexprs, options) in enumerate(self.launches if self.batch else ()):
             parts: list[str] = []
             fixed: list = []
             name = f"{prefix}launch{i}"
@@ -700,8 +709,8 @@ class Runner:
             if fixed:
                 scope[f"{name}_fixed{len(parts)}"] = tuple(fixed)
                 parts.append(f"*{name}_fixed{len(parts)}")
-            scope[name], scope[f"{name}_options"] = launch, options
-            lines.append(f"{name}({', '.join(parts)}, **{name}_options)")  # (our names only: no value becomes code)
+            scope[name], scope[f"{name}_options"] = kernel, options
+            lines.append(f"{name}.run({', '.join(parts)}, **{name}_options)")  # (our names only: no value becomes code)
         return lines
 
 
