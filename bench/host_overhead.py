@@ -33,16 +33,23 @@ MODEL = (1, 4, 128256)
 FILTERED = {"temperature": 0.7, "top_k": 50, "top_p": 0.9}
 
 
-class _NoLaunch:
-    """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](*args)`` does nothing. It keeps the
-    kernel's parameter names (``arg_names``), from which the launcher passes constexprs by position,
-    so the launches it times are the ones a GPU gets."""
+def _no_launch(kernel):
+    """Stands in for a ``@triton.jit`` kernel: Triton's own launch interface (``KernelInterface``:
+    ``kernel[grid](*args)`` is its lambda calling ``kernel.run(*args, grid=grid, warmup=False)``)
+    around a ``run`` of the same signature that does nothing, so a launch costs what it costs up to
+    Triton's launcher, whichever way the launcher is called, and nothing of the launcher's work. It
+    keeps the kernel's parameter names (``arg_names``), from which the launcher passes constexprs
+    by position, so the launches it times are the ones a GPU gets."""
+    from triton.runtime.jit import KernelInterface
 
-    def __init__(self, kernel):
-        self.arg_names = kernel.arg_names
+    class NoLaunch(KernelInterface):
+        def __init__(self, arg_names):
+            self.arg_names = arg_names
 
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
+        def run(self, *args, grid, warmup, **kwargs):
+            return None
+
+    return NoLaunch(kernel.arg_names)
 
 
 def side_by_side(cases: dict, rounds: int, calls: int) -> dict[str, tuple[float, float]]:
@@ -72,7 +79,7 @@ def cases() -> tuple[dict, dict]:
     torch.set_num_threads(1)
     kernels = _triton_backend.kernels()
     for name in kernels.__all__:
-        setattr(kernels, name, _NoLaunch(getattr(kernels, name)))
+        setattr(kernels, name, _no_launch(getattr(kernels, name)))
     _triton_backend._SETUPS.clear()
     _dispatch.forget()  # no plan or runner holds the real kernels
 

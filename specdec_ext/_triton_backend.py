@@ -26,8 +26,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._params import LOGPROBS_NONE, TOKEN_DTYPES, VerifyArgs, is_row_vector
+from . import _philox
+from ._params import LOGPROBS_NONE, TOKEN_DTYPES, VerifyArgs
 from ._philox import SAMPLE_STREAM, draw_base_key, draw_keys_eager
+from ._results import VerifyResult
 
 # Line statistics: values per tile (one block reduction each) and warps per program. A thread
 # holds TILE / (32 * warps) values; 16-byte loads give each row of the tile 4 (fp32) or 8 (16-bit)
@@ -219,7 +221,8 @@ def geometry(
 
 class Launch(NamedTuple):
     """One kernel launch as :func:`verify` makes it: ``kernel[grid](*args, **constexprs, num_warps=...,
-    num_stages=1, enable_fp_fusion=False)`` (compiled, not run, by the compile check and the model)."""
+    num_stages=1, enable_fp_fusion=False)``, which the runners call as ``kernel.run(*args, grid=grid,
+    warmup=False, ...)`` (compiled, not run, by the compile check and the model)."""
 
     name: str
     kernel: Any
@@ -572,6 +575,7 @@ def prepare(args: VerifyArgs) -> VerifyArgs:
     )
 
 
+_CPU = torch.device("cpu")
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (CUDA builds of torch)
 
 
@@ -602,6 +606,15 @@ def _by_position(kernel, constexprs: dict, runtime: int) -> tuple[tuple, dict]:
             break
         positional.append(name)
     return tuple(constexprs[name] for name in positional), {name: value for name, value in constexprs.items() if name not in positional}
+
+
+def _run_options(grid: tuple, keywords: dict, num_warps: int) -> dict:
+    """The keywords of a launch as a call hands them to the kernel's ``run`` (Triton's launcher,
+    ``run(*args, grid, warmup, **kwargs)`` in 3.6 to 3.9 and in the interpreter), which is what
+    ``kernel[grid](...)`` calls, one lambda frame and one repack of the arguments later. ``run`` is
+    looked up on the kernel at every launch (no bound method kept), so what replaces a kernel's
+    ``run`` (tests, a profiler) sees every launch."""
+    return {"grid": grid, "warmup": False, **keywords, "num_warps": num_warps, "num_stages": 1, "enable_fp_fusion": False}
 
 
 class _Input:
@@ -640,13 +653,12 @@ class Runner:
         self.overrides = overrides
         self.batch, self.length = args.batch, args.num_positions + 1
         self.logprobs, self.accept_probs = args.logprobs != LOGPROBS_NONE, args.accept_probs
-        # (launcher, arguments, constexprs by position, keywords). No FMA contraction: p(x) is the
-        # same float expression on every backend (an explicit tl.fma where a kernel wants one).
+        # (kernel, arguments, constexprs by position, keywords of its run). No FMA contraction: p(x)
+        # is the same float expression on every backend (an explicit tl.fma where a kernel wants one).
         self.launches = []
         for t in found:
             positional, keywords = _by_position(t.kernel, t.constexprs, len(t.arguments(args, 0, _NO_OUTPUTS)))
-            self.launches.append((t.kernel[t.grid], t.arguments, positional,
-                                  {**keywords, "num_warps": t.num_warps, "num_stages": 1, "enable_fp_fusion": False}))
+            self.launches.append((t.kernel, t.arguments, positional, _run_options(t.grid, keywords, t.num_warps)))
 
     def launch(self, args: VerifyArgs, base_key: int) -> Outputs:
         device, batch = self.device, self.batch
@@ -657,8 +669,8 @@ class Runner:
             torch.empty(batch, self.length - 1, dtype=torch.float32, device=device) if self.accept_probs else None,
         ))
         if batch:
-            for launch, arguments, constexprs, options in self.launches:
-                launch(*arguments(args, base_key, out), *constexprs, **options)
+            for kernel, arguments, constexprs, options in self.launches:
+                kernel.run(*arguments(args, base_key, out), *constexprs, **options)
         return out
 
     def __call__(self, args: VerifyArgs, base_key: int) -> Outputs:
@@ -666,38 +678,40 @@ class Runner:
             return verify(args, base_key, **self.overrides)
         return self.launch(args, base_key)
 
-    def spliced(self, marked: VerifyArgs, outputs: Outputs) -> Callable:
-        """Every launch of this runner as one function of a call's values, ``run(*CALL_INPUTS)``.
+    def spliced(self, marked: VerifyArgs, outputs: Outputs, scope: dict[str, Any] | None = None, prefix: str = "") -> list[str]:
+        """Every launch of this runner as lines of code (one statement each) in a function whose
+        local names are :data:`CALL_INPUTS`, the call's values.
 
         ``marked`` and ``outputs`` are a call of this signature in which each value that changes
         from call to call is its mark (``_MARKS[name]``) and every other value is the one all calls
         share (a plan's per-row tensors, a placeholder, a scratch output): each template fills in
-        its arguments from them once, and the function passes the call's values at the marks,
-        the rest as they are. It is written out as code, the way ``collections.namedtuple`` and
-        Triton's own argument binder make theirs: a launch then costs one call with its fixed
-        arguments unpacked around the call's values, no argument tuple built beforehand.
+        its arguments from them once, and a line passes the call's values at the marks, the rest
+        as they are, from names (``prefix``: what sets them apart) it puts in ``scope``, the
+        function's globals. Written out as code, the way ``collections.namedtuple`` and Triton's
+        own argument binder make theirs: a launch then costs one call with its fixed arguments
+        unpacked around the call's values, no argument tuple built beforehand (see plan_runner).
         """
-        scope: dict[str, Any] = {}
+        scope = {} if scope is None else scope
         lines = []
-        for i, (launch, arguments, constexprs, options) in enumerate(self.launches if self.batch else ()):
+        for i, (kernel, arguments, constexprs, options) in enumerate(self.launches if self.batch else ()):
             parts: list[str] = []
             fixed: list = []
+            name = f"{prefix}launch{i}"
             for value in (*arguments(marked, _MARKS["key"], outputs), *constexprs):
                 if type(value) is _Input:
                     if fixed:
-                        scope[f"fixed{i}_{len(parts)}"] = tuple(fixed)
-                        parts.append(f"*fixed{i}_{len(parts)}")
+                        scope[f"{name}_fixed{len(parts)}"] = tuple(fixed)
+                        parts.append(f"*{name}_fixed{len(parts)}")
                         fixed = []
                     parts.append(value.name)
                 else:
                     fixed.append(value)
             if fixed:
-                scope[f"fixed{i}_{len(parts)}"] = tuple(fixed)
-                parts.append(f"*fixed{i}_{len(parts)}")
-            scope[f"launch{i}"], scope[f"options{i}"] = launch, options
-            lines.append(f"    launch{i}({', '.join(parts)}, **options{i})")
-        exec(f"def run({', '.join(CALL_INPUTS)}):\n" + "\n".join(lines or ["    pass"]), scope)  # (our names only: no value becomes code)
-        return scope["run"]
+                scope[f"{name}_fixed{len(parts)}"] = tuple(fixed)
+                parts.append(f"*{name}_fixed{len(parts)}")
+            scope[name], scope[f"{name}_options"] = kernel, options
+            lines.append(f"{name}.run({', '.join(parts)}, **{name}_options)")  # (our names only: no value becomes code)
+        return lines
 
 
 _SETUPS: dict[tuple, tuple] = {}
@@ -740,24 +754,55 @@ def _strides_to_match(x: torch.Tensor) -> tuple | None:
     return None if x.is_contiguous() else x.stride()
 
 
+def _on_device(device: torch.device) -> str:
+    """The code of a test that a tensor ``{}`` is on ``device`` (the name ``device`` of the scope):
+    a boolean attribute where it says as much (cheaper than building the tensor's device to
+    compare): ``is_cpu`` for the CPU, ``is_cuda`` for the only CUDA device."""
+    if device == _CPU:
+        return "{}.is_cpu"
+    if device.type == "cuda" and torch.cuda.device_count() == 1:
+        return "{}.is_cuda"
+    return "{}.device == device"
+
+
+def _tensor_test(name: str, strides: tuple | None, device: torch.device) -> str:
+    """The code of a plan runner's test that its tensor ``name`` is not the one it takes: dtype,
+    shape, device, then strides (None: contiguity, see _strides_to_match), against the names
+    ``{name}_dtype``, ``{name}_shape``, ``device`` and ``{name}_strides`` of its scope."""
+    layout = f"not {name}.is_contiguous()" if strides is None else f"{name}.stride() != {name}_strides"
+    return f"{name}.dtype is not {name}_dtype or {name}.shape != {name}_shape or not {_on_device(device).format(name)} or {layout}"
+
+
+def _key_test(name: str, device: torch.device, batch: int) -> str:
+    """The code of a plan runner's test that ``seeds`` / ``offsets`` is not a contiguous (B,) int64
+    tensor on the device (:func:`specdec_ext._params.is_row_vector`, inlined; a tensor of shape
+    (1,) or (0,) is contiguous whatever its stride)."""
+    layout = f" and {name}.is_contiguous()" if batch > 1 else ""
+    return f"{name} is not None and not (type({name}) is Tensor and {name}.dtype is int64 and {name}.shape == rows and {_on_device(device).format(name)}{layout})"
+
+
 def plan_runner(plan, vocab: int, dtype: torch.dtype, draft_vocab: int | None, draft_dtype: torch.dtype | None) -> Callable | None:
     """A plan's calls with the least host work each (the backend table's runner hook, as
     :func:`specdec_ext._cpp_backend.runner` is the C++ kernel's): ``run(target_logits, draft_logits,
     draft_tokens, seeds, offsets, generator)`` (sample: ``run(logits, None, None, seeds, offsets,
-    generator)``) returns verify's 4-tuple (sample: the (B,) tokens), or None, having drawn nothing,
-    for a call it does not take, which the general path then runs: tensors of other shapes, dtypes
-    or devices than the plan's (vocab, dtype, draft vocab (None: one-hot drafts), draft dtype), or of
-    other strides than its first call's; seeds or offsets that are not (B,) int64 tensors on the
-    device; a generator that is no torch.Generator; another CUDA stream than the first call's.
+    generator)``) returns verify's :class:`~specdec_ext._results.VerifyResult` (sample: the (B,)
+    tokens), or None, having drawn nothing, for a call it does not take, which the general path then
+    runs: tensors of other shapes, dtypes or devices than the plan's (vocab, dtype, draft vocab
+    (None: one-hot drafts), draft dtype), or of other strides than its first call's; seeds or
+    offsets that are not (B,) int64 tensors on the device; a generator that is no torch.Generator;
+    another CUDA stream than the first call's.
 
-    A call compares its tensors with what the plan and its first call fixed, draws its key,
-    allocates its outputs like prototypes kept here (``torch.empty_like``: no shape to parse) and
-    makes the launches of :meth:`Runner.spliced`, bound to the plan's per-row tensors once per way
-    of keying (seeds or not, offsets or not). A sample allocates only its (B,) tokens, the same
-    memory as the (B, 1) tokens of the K = 0 verification the race writes; its num_accepted goes to
-    a scratch row kept here (a stream's calls run in order, and nothing reads it). None for a plan
-    with ``check``: its calls read their tokens back after the kernels (a host sync) and take the
-    general path.
+    The first call it takes fixes what the plan leaves open (strides, the draft tokens' dtype, the
+    CUDA stream) and makes the plan's run: one function, written out as code for this plan and
+    that call (see :meth:`Runner.spliced`), which compares a call's tensors with them, draws its
+    key, allocates its outputs like prototypes kept here (``torch.empty_like``: no shape to parse)
+    and makes the launches of its way of keying (seeds or not, offsets or not; each bound once, to
+    the plan's per-row tensors), in one Python frame. It then stands in ``plan.fast`` for the
+    function returned here (which hands it every later call). A sample allocates only its (B,)
+    tokens, the same memory as the (B, 1) tokens of the K = 0 verification the race writes; its
+    num_accepted goes to a scratch row kept here (a stream's calls run in order, and nothing reads
+    it). None for a plan with ``check``: its calls read their tokens back after the kernels (a host
+    sync) and take the general path.
     ``plan``: a :class:`specdec_ext.prepared.ChainPlan` of token-wise verification or sample.
     """
     if plan.check:
@@ -765,35 +810,18 @@ def plan_runner(plan, vocab: int, dtype: torch.dtype, draft_vocab: int | None, d
     batch, positions, device = plan.batch, plan.num_positions, plan.device
     sample = plan.stream == SAMPLE_STREAM and positions == 0
     on_cuda = device.type == "cuda"
-    rows = torch.Size((batch,))
     logprobs, accept_probs = plan.logprobs != LOGPROBS_NONE, plan.accept_probs
     target_shape = torch.Size((batch, vocab) if sample else (batch, positions + 1, vocab))
     tokens_shape = torch.Size((batch, positions))
     draft_shape = None if draft_vocab is None else torch.Size((batch, positions, draft_vocab))
-    # What the first call brings beyond the plan: its strides (the launches' arguments are bound to
-    # them; None: contiguous, which a later call shows with one query: the strides contiguity leaves
-    # free, those of size-1 dimensions, only ever multiply index 0), its draft tokens' dtype, and
-    # the CUDA stream it runs on (the workspace's).
-    ready = False
-    target_strides: tuple | None = None
-    tokens_strides: tuple | None = None
-    draft_strides: tuple | None = None
-    tokens_dtype: torch.dtype | None = None
-    stream = 0
-    bound: list[list[Callable | None]] = [[None, None], [None, None]]  # [seeds is None][offsets is None] -> Runner.spliced
-    like: list[torch.Tensor] = []  # prototypes of (tokens, num_accepted, logprobs, accept_probs); a sample's scratch num_accepted
 
     def call_of(target, draft, draft_tokens, seeds, offsets) -> VerifyArgs:
         """The call as the general path makes it (a sample: the K = 0 verification of the (B, 1, V) view)."""
         return VerifyArgs(target.unsqueeze(1) if sample else target, draft, plan.no_drafts if sample else draft_tokens, plan.temperature, plan.top_k,
                           plan.top_p, plan.num_draft, None, False, plan.filtered, seeds, offsets, plan.stream, plan.logprobs, plan.accept_probs)
 
-    def first(target, draft, draft_tokens) -> bool:
-        """Whether this is the first call and it brings what the plan takes, as the kernels read it
-        (see prepare): its strides are then every call's, and the prototypes are made."""
-        nonlocal ready, target_strides, tokens_strides, draft_strides, tokens_dtype, stream
-        if ready:
-            return False
+    def takes(target, draft, draft_tokens) -> bool:
+        """Whether a first call brings what the plan takes, as the kernels read it (see prepare)."""
         if (target.shape, target.dtype, target.device) != (target_shape, dtype, device) or (draft is None) != (draft_shape is None):
             return False
         if not sample and ((draft_tokens.shape, draft_tokens.device) != (tokens_shape, device) or draft_tokens.dtype not in TOKEN_DTYPES):
@@ -801,69 +829,86 @@ def plan_runner(plan, vocab: int, dtype: torch.dtype, draft_vocab: int | None, d
         if draft is not None and (draft.shape, draft.dtype, draft.device) != (draft_shape, draft_dtype, device):
             return False
         call = call_of(target, draft, draft_tokens, None, None)
-        if prepare(call) is not call:
-            return False
-        target_strides, stream = _strides_to_match(target), _stream_id(device)
-        if not sample:
-            tokens_strides, tokens_dtype = _strides_to_match(draft_tokens), draft_tokens.dtype
-        if draft is not None:
-            draft_strides = _strides_to_match(draft)
-        ready = True
-        with torch.inference_mode(False):  # prototypes of any call's outputs, in or out of inference mode
-            like[:] = [torch.empty((batch,) if sample else (batch, positions + 1), dtype=torch.int64, device=device),
-                       torch.empty(batch, dtype=torch.int64, device=device),
-                       torch.empty(batch, positions + 1, dtype=torch.float32, device=device), torch.empty(batch, positions, dtype=torch.float32, device=device)]
-        return True
+        return prepare(call) is call
 
-    def bind(target, draft, draft_tokens, seeds, offsets) -> Callable:
-        call = call_of(target, draft, draft_tokens, seeds, offsets)
-        marked = call._replace(target_logits=_MARKS["target"], draft_logits=None if draft is None else _MARKS["draft"],
-                               draft_tokens=call.draft_tokens if sample else _MARKS["draft_tokens"], seeds=None if seeds is None else _MARKS["seeds"],
-                               offsets=None if offsets is None else _MARKS["offsets"])
+    def generate(target, draft, draft_tokens) -> Callable:
+        """The plan's run, bound to the strides of this first call (every call's, then; None:
+        contiguous, which a later call shows with one query: the strides contiguity leaves free,
+        those of size-1 dimensions, only ever multiply index 0), its draft tokens' dtype and the
+        CUDA stream it runs on (the workspace's)."""
+        with torch.inference_mode(False):  # prototypes of any call's outputs, in or out of inference mode
+            like = [torch.empty((batch,) if sample else (batch, positions + 1), dtype=torch.int64, device=device),
+                    torch.empty(batch, dtype=torch.int64, device=device),
+                    torch.empty(batch, positions + 1, dtype=torch.float32, device=device), torch.empty(batch, positions, dtype=torch.float32, device=device)]
+        scope: dict[str, Any] = {
+            "Tensor": torch.Tensor, "Generator": torch.Generator, "int64": torch.int64, "rows": torch.Size((batch,)), "device": device,
+            "batch": batch, "stream": _stream_id(device), "stream_id": _stream_id, "empty_like": torch.empty_like, "draw_keys_eager": draw_keys_eager,
+            "draw_base_key": draw_base_key, "fast_draw": _philox.FAST_DRAW, "new": tuple.__new__, "VerifyResult": VerifyResult,
+            "target_shape": target_shape, "target_dtype": dtype, "target_strides": _strides_to_match(target),
+            "like_tokens": like[0], "like_num_accepted": like[1], "like_logprobs": like[2], "like_accept_probs": like[3],
+        }
+        tests = [_tensor_test("target", scope["target_strides"], device)]
+        if not sample:
+            scope.update(draft_tokens_shape=tokens_shape, draft_tokens_dtype=draft_tokens.dtype, draft_tokens_strides=_strides_to_match(draft_tokens))
+            tests.append(_tensor_test("draft_tokens", scope["draft_tokens_strides"], device))
+        if draft_shape is None:
+            tests.append("draft is not None")
+        else:
+            scope.update(draft_shape=draft_shape, draft_dtype=draft_dtype, draft_strides=_strides_to_match(draft))
+            tests.append(_tensor_test("draft", scope["draft_strides"], device))
+        code = [
+            f"def run({', '.join(CALL_INPUTS[:5])}, generator):",
+            "    try:",
+            f"        if {' or '.join(tests)}:",
+            "            return None",
+            "    except (AttributeError, TypeError):  # not a tensor",
+            "        return None",
+            f"    if {_key_test('seeds', device, batch)} or {_key_test('offsets', device, batch)}:",
+            "        return None",
+            "    if generator is not None and type(generator) is not Generator:",
+            "        return None",
+        ]
+        if on_cuda:
+            code += ["    if stream_id(device) != stream:", "        return None"]
+        code += ["    if seeds is not None:", "        key = 0"]
+        if not on_cuda:  # (on CUDA the keys of a call in a graph capture are drawn on the device, as seeds)
+            code += ["    elif generator is None:"]
+            code += ["        key = fast_draw(None)", "        if key is None:", "            key = draw_base_key(None)"] if scope["fast_draw"] is not None \
+                else ["        key = draw_base_key(None)"]
+        code += ["    else:", "        seeds, key = draw_keys_eager(None, generator, batch, device)", "    tokens = empty_like(like_tokens)"]
+        if not sample:
+            code.append("    num_accepted = empty_like(like_num_accepted)")
+            code.append("    logprobs = empty_like(like_logprobs)" if logprobs else "    logprobs = None")
+            code.append("    accept_probs = empty_like(like_accept_probs)" if accept_probs else "    accept_probs = None")
+        # The launches of each way of keying, bound once (any (B,) int64 tensor stands for given seeds or offsets).
         outputs = Outputs(_MARKS["tokens"], like[1] if sample else _MARKS["num_accepted"], _MARKS["logprobs"] if logprobs else None,
                           _MARKS["accept_probs"] if accept_probs else None)
-        launches = bound[seeds is None][offsets is None] = _setup(call, device, {}).spliced(marked, outputs)
-        return launches
+        for test, seeded, offset in (("if seeds is None and offsets is None", False, False), ("elif seeds is None", False, True),
+                                     ("elif offsets is None", True, False), ("else", True, True)):
+            call = call_of(target, draft, draft_tokens, like[1] if seeded else None, like[1] if offset else None)
+            marked = call._replace(target_logits=_MARKS["target"], draft_logits=None if draft is None else _MARKS["draft"],
+                                   draft_tokens=call.draft_tokens if sample else _MARKS["draft_tokens"], seeds=_MARKS["seeds"] if seeded else None,
+                                   offsets=_MARKS["offsets"] if offset else None)
+            launches = _setup(call, device, {}).spliced(marked, outputs, scope, f"s{int(seeded)}o{int(offset)}_")
+            code += [f"    {test}:", *(f"        {line}" for line in launches or ["pass"])]
+        code.append("    return tokens" if sample else "    return new(VerifyResult, (tokens, num_accepted, logprobs, accept_probs))")
+        exec("\n".join(code), scope)  # (our names only: no value becomes code)
+        return scope["run"]
 
-    empty_like = torch.empty_like
-    generator_type = torch.Generator
+    generated: Callable | None = None
 
     def run(target, draft, draft_tokens, seeds, offsets, generator):
-        # One chain of comparisons, first failure out (no tuple of the layout built).
-        try:
-            if (not ready
-                    or (target.shape != target_shape or not (target.is_contiguous() if target_strides is None else target.stride() == target_strides)
-                        or target.dtype is not dtype or target.device != device)
-                    or (not sample and (draft_tokens.shape != tokens_shape
-                                        or not (draft_tokens.is_contiguous() if tokens_strides is None else draft_tokens.stride() == tokens_strides)
-                                        or draft_tokens.dtype is not tokens_dtype or draft_tokens.device != device))
-                    or (draft_shape is not None if draft is None
-                        else (draft.shape != draft_shape or not (draft.is_contiguous() if draft_strides is None else draft.stride() == draft_strides)
-                              or draft.dtype is not draft_dtype or draft.device != device))) and not first(target, draft, draft_tokens):
+        """Before the first call the plan takes: that call makes the plan's run (generate), which
+        then takes every call (it replaces this function in ``plan.fast``)."""
+        nonlocal generated
+        if generated is None:
+            try:
+                if not takes(target, draft, draft_tokens):
+                    return None
+            except (AttributeError, TypeError):  # not a tensor
                 return None
-        except (AttributeError, TypeError):  # not a tensor
-            return None
-        if ((seeds is not None and not (is_row_vector(seeds, rows, device) and seeds.is_contiguous()))
-                or (offsets is not None and not (is_row_vector(offsets, rows, device) and offsets.is_contiguous()))):
-            return None
-        if (generator is not None and type(generator) is not generator_type) or (on_cuda and _stream_id(device) != stream):
-            return None
-        if seeds is not None:
-            key = 0
-        elif generator is None and not on_cuda:
-            key = draw_base_key(None)
-        else:  # (on CUDA the keys of a call in a graph capture are drawn on the device, as seeds)
-            seeds, key = draw_keys_eager(None, generator, batch, device)
-        launches = bound[seeds is None][offsets is None] or bind(target, draft, draft_tokens, seeds, offsets)
-        if sample:
-            tokens = empty_like(like[0])
-            launches(target, None, None, seeds, offsets, tokens, None, None, None, key)
-            return tokens
-        tokens, num_accepted = empty_like(like[0]), empty_like(like[1])
-        logprobs_out = empty_like(like[2]) if logprobs else None
-        accept_probs_out = empty_like(like[3]) if accept_probs else None
-        launches(target, draft, draft_tokens, seeds, offsets, tokens, num_accepted, logprobs_out, accept_probs_out, key)
-        return tokens, num_accepted, logprobs_out, accept_probs_out
+            generated = plan.fast = generate(target, draft, draft_tokens)
+        return generated(target, draft, draft_tokens, seeds, offsets, generator)
 
     return run
 

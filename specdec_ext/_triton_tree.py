@@ -225,16 +225,14 @@ class Runner:
         self.device = args.target_logits.device
         self.width = args.num_tree_nodes if self.tree else args.num_positions
         self.logprobs = not self.tree and args.logprobs != LOGPROBS_NONE
-        launches = [(t.kernel[t.grid], t.arguments, {**t.constexprs, "num_warps": t.num_warps, "num_stages": 1, "enable_fp_fusion": False})
-                    for t in found]
-        self.launches = launches
+        self.launches = [(t.kernel, t.arguments, chain._run_options(t.grid, t.constexprs, t.num_warps)) for t in found]
 
     def __call__(self, args: TreeArgs | VerifyArgs, base_key: int) -> tuple:
         call = _Call(_chain_view(args), args.parents if self.tree else None)
         out = _outputs(args.batch, self.width, self.tree, self.logprobs, self.device)
         if args.batch:
-            for launch, arguments, options in self.launches:
-                launch(*arguments(call, base_key, out), **options)
+            for kernel, arguments, options in self.launches:
+                kernel.run(*arguments(call, base_key, out), **options)
         return out.tokens, out.num_accepted, out.logprobs
 
 

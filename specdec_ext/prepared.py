@@ -304,14 +304,16 @@ class Verifier:
                  offsets: torch.Tensor | None = None) -> VerifyResult:
         plan = self._plan
         fast = plan.fast
-        compiling = _is_compiling()
-        if fast is not None and num_draft_tokens is None and not compiling:
+        if fast is not None and num_draft_tokens is None and not _is_compiling():
             # One trip through the backend's runner: the checks below, the key and the kernels (None: a call it does not take).
             out = fast(target_logits, draft_logits, draft_tokens, seeds, offsets, generator)
             if out is not None:
+                if type(out) is VerifyResult:  # (the Triton runner's)
+                    return out
                 if len(out) == 4:
                     return _new(VerifyResult, out)
                 plan.raise_blanked(out[0], target_logits, draft_logits, draft_tokens, generator, seeds, offsets)
+        compiling = _is_compiling()
         try:
             matches = ((target_logits.shape, target_logits.dtype, target_logits.device) == self._target
                        and (draft_tokens.shape, draft_tokens.device) == self._tokens and draft_tokens.dtype in TOKEN_DTYPES
