@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -63,11 +63,12 @@ ASSUMPTIONS = {
     "shared_bytes_per_sm": 228 * 1024,
     "graph_replay_fixed_us": 2.0,  # cudaGraphLaunch of a small graph until its first kernel runs
     "graph_kernel_gap_us": 0.8,  # between dependent kernel nodes of a graph (drain + launch)
-    # specdec_ext.verify's Python up to the launches (validation, key, launch templates, outputs) on a
-    # fast host: 5.5 us measured at B=1 K=4 V=128256 on this 2-core machine (python -m
-    # bench.host_overhead, bench/results/host-overhead-2026-12-03.json: 4.14x an empty torch.empty
-    # there, 1.33 us), against about 1 us for torch.empty on a fast host; scaled by that ratio.
-    "python_call_overhead_us": 4.1,
+    # specdec_ext.verify's Python up to the launches (validation, key, launch templates, outputs, the
+    # calls into Triton's run) on a fast host: 5.6 us measured at B=1 K=4 V=128256 on this 2-core
+    # machine (python -m bench.host_overhead, bench/results/host-overhead-2026-12-03.json: 4.34x an
+    # empty torch.empty there, best of rounds), against about 1 us for torch.empty on a fast host;
+    # scaled by that ratio.
+    "python_call_overhead_us": 4.3,
     "python_launch_us": 4.0,  # Triton 3.x JIT launcher per kernel from Python (argument specialisation, cache lookup, cuLaunchKernel)
     # Global reductions (RED.ADD) to distinct addresses served by the L2, per second: a conservative
     # figure (no measurement here); values piling into one bin would serialise on its address.
@@ -163,6 +164,9 @@ class Loop:
     parent: int | None = None  # start of the innermost loop around it
     after_wait: bool = False  # after the kernel's first acquire (CCTL.IVALL): the cut-offs kernel's search phase
     after_atomic: bool = False  # after the kernel's first global atomic (the race kernel's finalisation)
+    # Of its own body, the instructions after its last nested tile loop (one that loads and
+    # exponentiates): what only the last work item of a line runs (the search's finalisers).
+    tail: int = 0
 
     def has(self, opcode: str) -> int:
         return sum(n for name, n in self.by_opcode.items() if name == opcode or name.startswith(opcode + "."))
@@ -297,6 +301,19 @@ def analyse(sass: str, resources: str) -> KernelCode:
         by_pipe, by_opcode = _mix(own)
         parent = min(outer, key=lambda r: r[1] - r[0])[0] if outer else None
         loops.append(Loop(start, end, len(own), by_pipe, by_opcode, parent, wait is not None and start > wait, atomic is not None and start > atomic))
+    for loop in loops:
+        # A work-item loop (the search's): each trip takes one branch of its body to its tile loops
+        # (one stage's), and a line's last item one branch of the tail: the longest of each, as
+        # for the code outside loops (longest_path), with its pipe mix scaled to match.
+        tiles_end = max((c.end for c in loops if c.parent == loop.start and c.has("LDG") and (c.has("MUFU") or c.has("ATOMS"))), default=None)
+        if tiles_end is not None and loop.instructions:
+            inner = {i.address for i in body for a, b in ranges if (a, b) != (loop.start, loop.end) and loop.start <= a and b <= loop.end and a <= i.address <= b}
+            skip = cold | inner
+            head = longest_path([i for i in body if loop.start <= i.address <= tiles_end], skip)
+            loop.tail = longest_path([i for i in body if tiles_end < i.address <= loop.end], skip)
+            scale = (head + loop.tail) / loop.instructions
+            loop.by_pipe = {pipe: n * scale for pipe, n in loop.by_pipe.items()}
+            loop.instructions = head + loop.tail
     in_loops = {i.address for i in hot if any(a <= i.address <= b for a, b in ranges)}
     straight = [i for i in hot if i.address not in in_loops]
     straight_pipes, _ = _mix(straight)
@@ -356,10 +373,16 @@ class Call:
     draft_dtype: str | None = None  # default: the target's
     draft_vocab: int | None = None  # default: the target's
     # Lines whose cut the candidates do not settle (the whole-line search in the cut-offs launch),
-    # and the search passes each takes: a data-dependent count, from
-    # the measured distribution (MEASURED) or 1.0 for the whole-line fallback rows.
+    # and what their searches take, data-dependent counts: the measured distribution (MEASURED),
+    # or 1.0 for the whole-line fallback rows, whose searches select_search follows on synthetic
+    # lines (``synthetic_search``). Per searched line: passes; of those, the share that binned
+    # masses by atomics (stage 3); per pass, the fraction of a line's values added by atomics.
     search_fraction: float = 0.0
-    search_passes: float | None = None  # None: PASSES // 2 (one search, top-k or top-p)
+    search_passes: float | None = None  # None: synthetic_search's
+    search_exact_share: float = 0.0
+    search_value_share: float = 0.0
+    search_gather_share: float = 0.0
+    search_atomics: float = 0.0
     # "token" (verify), "block" (verify(method="block")) or "tree" (verify_tree: k is then the
     # number of nodes N, the target and draft logits have N+1 contexts).
     method: str = "token"
@@ -500,6 +523,9 @@ LOOP_KINDS = {
     "threshold ticket loop": "one work item per line over the candidates (the sort unrolled: no inner loop)",
     "spin wait": "waits for other programs' items: no instructions of its own beyond the wait (latency of what it waits for)",
     "search ticket loop": "whole-line search items: searched lines x chunks per pass over the programs (search_fraction, search_passes: MEASURED)",
+    "mass histogram tile": "CHUNK / TILE steps per search item of a pass that bins masses (stage 3: search_exact_share of the passes, MEASURED)",
+    "value histogram tile": "CHUNK / TILE steps per search item of a pass over value bins (stages 2 and 6: search_value_share, MEASURED)",
+    "gather tile": "CHUNK / TILE steps per search item of a gather (stages 4 and 5: search_gather_share, MEASURED)",
     "walk ticket loop": "a filtered tree or block call's walk items, in the cut-offs launch: one row per program",
     "histogram tile": "CHUNK / TILE steps per search item",
     "histogram sum": "the last item of a line's pass sums the chunks' histograms, four chunks per step",
@@ -621,8 +647,14 @@ def _cutoff_kinds(loops: list[Loop], kinds: list, at: list[int] | None = None) -
             kinds[n] = "search ticket loop" if loop.after_wait else None
         elif loop.has("CCTL") and loop.instructions < 64 and not loop.has("MUFU"):
             kinds[n] = "spin wait"
-        elif loop.after_wait and _atomics(loop) and loop.has("MUFU"):
-            kinds[n] = "histogram tile"
+        elif loop.after_wait and loop.has("LDG") and (loop.has("MUFU") or loop.has("STG") or loop.has("ATOMS")):
+            # A search item's tiles (each variant: with the masses above hi, or none above)
+            if loop.has("STG"):
+                kinds[n] = "gather tile"
+            elif _atomics(loop):
+                kinds[n] = "mass histogram tile"
+            else:
+                kinds[n] = "value histogram tile" if loop.has("VIMNMX") else "histogram tile"
         elif loop.after_wait and loop.has("LDG") and not loop.has("MUFU") and not _atomics(loop):
             kinds[n] = "histogram sum"
         elif not loop.after_wait and loop.parent is None:
@@ -679,10 +711,26 @@ def _tree_work(launch, call: Call, phase: str) -> dict:
     }
 
 
-def _search_passes(call: Call, launch) -> float:
-    """Passes of the whole-line search per searched line: one search (top-k or top-p) takes
-    PASSES // 2 over a full key range; MEASURED's mean when the call names it."""
-    return call.search_passes if call.search_passes is not None else launch.constexprs["PASSES"] // 2
+def synthetic_search(call: Call, lines: int = 4) -> dict:
+    """What select.py's search takes (select_search, pass by pass) on ``lines`` synthetic flat
+    lines: standard normal logits at the call's vocabulary, scaled by 1 / temperature, under its
+    top-k / top-p. The Call fields of the whole-line fallback rows."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    passes = [select_search(rng.standard_normal(call.vocab).astype(np.float32) / np.float32(call.temperature), call.top_k, call.top_p)["passes"]
+              for _ in range(lines)]
+    return _search_trips(passes)
+
+
+def _search_trips(passes: list[list[dict]]) -> dict:
+    """Call fields from select_search's passes of each searched line."""
+    every = [q for line in passes for q in line]
+    if not every:
+        return {"search_passes": 0.0}
+    share = lambda stages: round(sum(q["stage"] in stages for q in every) / len(every), 4)  # noqa: E731
+    return {"search_passes": round(len(every) / len(passes), 3), "search_exact_share": share((3,)), "search_value_share": share((2, 6)),
+            "search_gather_share": share((4, 5)), "search_atomics": round(sum(q["binned"] for q in every if q["stage"] in (3, 4, 5)) / len(every), 4)}
 
 
 def _work(launch, call: Call, phase: str) -> dict:
@@ -753,16 +801,23 @@ def _work(launch, call: Call, phase: str) -> dict:
         slots = searched * c["NUM_CHUNKS"] * (c["BINS"] + 1)
         items = searched * c["NUM_CHUNKS"]  # (line, chunk) work items, taken in turn by the programs
         per_program = math.ceil(items / programs)
+        tiles = c["CHUNK"] // c["TILE"] * per_program
+        exact, value, gather = call.search_exact_share, call.search_value_share, call.search_gather_share  # shares of the passes by stage
         return {
-            "loops": {"search ticket loop": (per_program, c["CHUNK"]), "histogram tile": (c["CHUNK"] // c["TILE"] * per_program, c["TILE"]),
+            "loops": {"search ticket loop": (per_program, c["CHUNK"]), "histogram tile": (tiles * (1 - exact - value - gather), c["TILE"]),
+                      "mass histogram tile": (tiles * exact, c["TILE"]), "value histogram tile": (tiles * value, c["TILE"]),
+                      "gather tile": (tiles * gather, c["TILE"]),
                       "histogram sum": (searched * math.ceil(c["NUM_CHUNKS"] / 4) / programs, 4 * (c["BINS"] + 1)), "spin wait": (0.0, 0)},
             "programs_used": programs,
-            "bytes": searched * call.vocab * call.itemsize + slots * 12 * 2,  # the lines; the histograms zeroed, then read
-            # the ticket and the acquire of the previous pass; the state; the zeroing stores before
-            # the barrier; the chunk's logits (loads issued together); the arrival atomic; the last
-            # item's read of the chunks' histograms and its release of the pass.
+            # the lines; the counts stored, then read; stage 3's masses zeroed, then read
+            "bytes": searched * call.vocab * call.itemsize + slots * 4 * 2 + exact * slots * 8 * 2,
+            # the ticket and the acquire of the previous pass; the state; (stage 3: the zeroing
+            # stores before the barrier); the chunk's logits (loads issued together); the
+            # histogram's stores and the arrival atomic; the last item's read of the chunks'
+            # histograms and its release of the pass.
             "rounds": ["l2", "l2", "l2", "l2", "dram", "l2", "l2", "l2"],
-            "atomics": 2 * searched * call.vocab,  # a count and a mass per value
+            "atomics": searched * call.vocab * call.search_atomics,  # stage 3: a mass per binned value; a gather: a slot per gathered value
+            "finalisers": searched / programs,  # a line's last item of the pass: its next pass (a gather's: a sort of GATHER keys)
         }
     raise ValueError(phase)
 
@@ -779,6 +834,9 @@ def loop_trips(launch, call: Call, phase: str, code: KernelCode) -> list[tuple[L
         if kind is None:
             raise ValueError(f"{launch.name}: a loop the model does not know at {loop.start:#x}-{loop.end:#x} ({loop.instructions} instructions)")
         trips, values = work["loops"].get(kind, (0.0, 0))
+        if kind == "search ticket loop" and loop.tail and loop.instructions:
+            # Every item runs the body's head; only a line's last item of a pass its tail.
+            trips = (trips * (loop.instructions - loop.tail) + work.get("finalisers", 0.0) * loop.tail) / loop.instructions
         found.append((loop, kind, trips / copies[kind], values or work["loops"].get(base(kind), (0, 0))[1]))
     return found
 
@@ -816,7 +874,7 @@ def estimate_launch(launch, call: Call, phase: str | None = None) -> LaunchEstim
     issue_us = total_warps * per_warp / (a["schedulers_per_sm"] * sms) / clock
     pipe_us = max(_pipe_cycles({p: n}, total_warps / sms) for p, n in pipes.items()) / clock if pipes else 0.0
     memory_us = work["bytes"] / a["hbm_bytes_per_s"] * 1e6
-    if work.get("atomics"):  # the L2 serves the histograms' atomics (spread over many addresses)
+    if work.get("atomics"):  # the L2 serves the search's global atomics (a gather's slots, stage 3's masses)
         memory_us = max(memory_us, work["atomics"] / a["l2_atomics_per_s"] * 1e6)
     # One program's critical path: its dependent memory round trips, its barriers and its
     # instructions at the issue interval of a warp with few neighbours on its scheduler.
@@ -860,6 +918,8 @@ def estimate_call(call: Call, goals: dict | None = None, baseline: CallEstimate 
     """The call's estimate; ``baseline`` (the unfiltered call of the same shape) for the goals on
     ``x_unfiltered``."""
     a = ASSUMPTIONS
+    if call.whole_line and call.search_passes is None:
+        call = replace(call, **synthetic_search(call))
     planned = launches(call, a["multiprocessors"])
     estimates = []
     for launch in planned:
@@ -869,7 +929,7 @@ def estimate_call(call: Call, goals: dict | None = None, baseline: CallEstimate 
             prefix = "" if launch.name == "cutoff" else launch.name + ":"
             estimates.append(estimate_launch(launch, call, prefix + "cutoff"))
             if call.whole_line:
-                passes = _search_passes(call, launch)
+                passes = call.search_passes
                 search = estimate_launch(launch, call, prefix + "cutoff:search")
                 estimates += [search] * math.floor(passes)
                 if passes % 1:
@@ -986,15 +1046,193 @@ def candidate_outcome(scaled, parts: int, lanes: int, rows: int, tiles_per_part:
     return {"resolved": bool(resolved), "above_floor": int(above.size) if fits else -1, "levels": levels}
 
 
-def search_passes(keys_from: int, keys_to: int, cut: int) -> int:
-    """Passes of select.py's radix search (BINS = 256) narrowing [keys_from, keys_to] to ``cut``."""
-    lo, hi, passes = keys_from, keys_to, 0
-    while lo < hi:
+def _fixed_weights(values, row_max):
+    """select.py's _fixed_mass: exp(s - max) in units of 2**-40 (float32 steps, as the interpreter)."""
+    import numpy as np
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        w = np.exp2((values.astype(np.float32) - np.float32(row_max)) * np.float32(1.4426950408889634)) * np.float32(2.0**40)
+        return np.where(values > -np.inf, w, 0).astype(np.int64)
+
+
+def _order_keys(values):
+    import numpy as np
+
+    bits = (values.astype(np.float32) + np.float32(0.0)).view(np.int32).astype(np.int64)
+    return np.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+def _key_floats(keys):
+    import numpy as np
+
+    bits = np.where(keys >= 0, keys, keys ^ 0x7FFFFFFF).astype(np.int64) & 0xFFFFFFFF
+    return bits.astype(np.uint32).view(np.int32).view(np.float32)
+
+
+def _top_p_floor(row_max: float, mass: float, budget: float, n: int) -> int:
+    """select.py's top_p_floor."""
+    import numpy as np
+
+    f = np.float32
+    spare = f(mass) - f(budget) - f(1e-4) * f(mass)
+    if not spare > 0:
+        return -(2**31)
+    t = f(row_max) + np.log(max(spare, f(1e-30)) / f(n)).astype(f) - f(0.01) - abs(f(row_max)) * f(9.5367431640625e-07)
+    return int(_order_keys(np.array([t]))[0]) if t > -np.inf else -(2**31)
+
+
+def _top_p_stage(lo: int, hi: int) -> int:
+    """select.py's top_p_stage."""
+    return 0 if lo >= hi else (2 if lo > -2139095041 and hi - lo >= 65536 else 3)
+
+
+def _value_window(first_bin: int, last_bin: int, lo: int, hi: int, t0: float, scale) -> tuple[int, int]:
+    """select.py's _window: the keys of value bins [first_bin, last_bin] within [lo, hi]."""
+    import numpy as np
+
+    key_at = lambda j: int(_order_keys(np.array([np.float32(t0) + np.float32(j) / scale]))[0])  # noqa: E731
+    w_lo = min(max(key_at(first_bin) if first_bin > 0 else lo, lo), hi)
+    return w_lo, max(min(key_at(last_bin + 1) if last_bin < 255 else hi, hi), w_lo)
+
+
+def fixed_point_cut(scaled, top_k: int, top_p: float) -> int:
+    """The cut (an order key) of top-k then top-p on one float32 line with select.py's arithmetic:
+    weights in fixed point, a mass reaching the budget as float64(mass) * 2**-40 >= budget. (The
+    eager reference sums float32 weights: on a flat line a budget within 1e-7 of a step of the
+    cumulative mass can fall on the other side there.)"""
+    import numpy as np
+
+    values = np.asarray(scaled, dtype=np.float32)
+    values = values[values > -np.inf]
+    keys = _order_keys(values)
+    order = np.argsort(-keys, kind="stable")
+    keys = keys[order]
+    weights = _fixed_weights(values[order], float(values.max()))
+    cut = -(2**31)
+    if 0 < top_k < len(scaled):
+        cut = int(keys[min(top_k, keys.size) - 1])
+        weights = np.where(keys >= cut, weights, 0)
+    if top_p < 1:
+        # As the kernels: top-p alone against the line's mass as the statistics sum it (here in
+        # float64), inside a top-k set against the set's fixed-point mass.
+        mass = float(weights.sum()) * 2.0**-40 if cut > -(2**31) else float(np.exp(values.astype(np.float64) - values.max()).sum())
+        budget = np.float32(top_p) * np.float32(mass)
+        before = np.cumsum(weights) - weights
+        keep = int(np.sum(before.astype(np.float64) * 2.0**-40 < float(budget)))
+        cut = max(cut, int(keys[max(keep, 1) - 1]))
+    return cut
+
+
+def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = None, gather: int = 2048) -> dict:
+    """select.py's whole-line search on one float32 line (a numpy vector), pass by pass: the cut
+    (an order key), the kept mass (fixed point) and, per pass, its stage and the fraction of the
+    line's values it bins or gathers (stage 3 adds each binned one's mass by a global atomic).
+    ``line_mass``: the statistics' mass of the line (default: its float64 sum)."""
+    import numpy as np
+
+    f32, bins_n = np.float32, 256
+    values = np.asarray(scaled, dtype=f32)
+    finite = values > -np.inf
+    s_all = values[finite]
+    keys = _order_keys(s_all)
+    row_max = float(s_all.max())
+    weights = _fixed_weights(s_all, row_max)
+    if line_mass is None:
+        line_mass = float(np.exp(s_all.astype(np.float64) - row_max).sum())
+    reaches = lambda mass, budget: float(mass) * 2.0**-40 >= float(budget)  # noqa: E731
+    use_p = top_p < 1
+    top = int(_order_keys(np.array([row_max]))[0])
+    lo, hi, budget, k_key, bracket = -(2**31), top, 0.0, -(2**31), (0, 0)
+    if 0 < top_k < values.size:
+        stage = 1
+    else:
+        budget = float(f32(top_p) * f32(line_mass))
+        lo = _top_p_floor(row_max, line_mass, budget, values.size)
+        stage = _top_p_stage(lo, hi) or 3
+    slots = np.arange(2 * bins_n)
+    passes, kept = [], 0
+    while stage:
         shift = max((hi - lo).bit_length(), 8) - 8
-        lo = lo + ((cut - lo) >> shift << shift)
-        hi = min(hi, lo + (1 << shift) - 1)
-        passes += 1
-    return passes
+        inside = (keys >= lo) & (keys <= hi)
+        above_mass = int(weights[keys > hi].sum())
+        passes.append({"stage": stage, "binned": float(inside.sum()) / values.size})
+        next_stage = 0
+        if stage in (4, 5):
+            gathered = np.sort(keys[inside])[::-1]
+            n = gathered.size
+            w = _fixed_weights(_key_floats(gathered), row_max)
+            if stage == 4:
+                k_key = int(gathered[top_k - 1])
+                w = np.where(gathered >= k_key, w, 0)
+                budget = float(f32(top_p) * f32(float(w.sum()) * 2.0**-40))
+            before = above_mass + np.cumsum(w) - w
+            keep = int(sum(not reaches(b, budget) for b in before))
+            cut = int(gathered[max(keep, 1) - 1]) if n else -(2**31)
+            found = keep > 0 and reaches(above_mass + int(w.sum()), budget)
+            if stage == 4:
+                cut, found = (max(cut, k_key) if use_p else k_key), True
+            kept = above_mass + int(w[gathered >= cut].sum())
+            window = (lo, hi)
+            lo = cut
+            if n > gather or not found:
+                above = reaches(above_mass, budget) and n <= gather
+                lo = window[1] + 1 if above else bracket[0]
+                hi = bracket[1] if above or n > gather else window[0] - 1
+                next_stage = 3
+        elif stage in (2, 6):
+            t0, t1 = (float(_key_floats(np.array([k]))[0]) for k in (lo, hi))
+            scale = f32(bins_n) / (f32(t1) - f32(t0))
+            b = np.clip(((s_all[inside] - f32(t0)) * scale).astype(np.int64), 0, bins_n - 1)
+            counts = np.bincount(b, minlength=bins_n)
+            middle = f32(t0) + (np.arange(bins_n).astype(f32) + f32(0.5)) / scale
+            estimate = counts * _fixed_weights(middle, row_max).astype(np.float64)
+            from_here = estimate[::-1].cumsum()[::-1] + above_mass
+            ok = from_here * 2.0**-40 >= budget
+            cut_bin = int(np.arange(bins_n)[ok].max()) if ok.any() else 0
+            within = [int(counts[max(cut_bin - r, 0) : cut_bin + r + 1].sum()) for r in range(bins_n)]
+            radius = max((r for r in range(bins_n) if within[r] <= gather // 2), default=-1)
+            if stage == 2:
+                bracket = (lo, hi)
+            around = _value_window(max(cut_bin - 4, 0), min(cut_bin + 4, bins_n - 1), lo, hi, t0, scale)
+            if radius < 1 and stage == 2 and around[1] - around[0] >= 65536:
+                (lo, hi), next_stage = around, 6
+            elif radius >= 0:
+                (lo, hi), next_stage = _value_window(max(cut_bin - radius, 0), min(cut_bin + radius, bins_n - 1), lo, hi, t0, scale), 5
+            else:
+                (lo, hi), next_stage = bracket, 3
+        else:
+            counts = np.zeros(2 * bins_n, np.int64)
+            masses = np.zeros(2 * bins_n, np.int64)
+            b = (keys[inside] - lo) >> shift
+            np.add.at(counts, b, 1)
+            counts[bins_n] = (keys > hi).sum()
+            if stage == 3:
+                np.add.at(masses, b, weights[inside])
+            masses[bins_n] = above_mass
+            first = lo + (slots << shift)
+            w_first = _fixed_weights(_key_floats(first), row_max)
+            bin_mass = np.where((stage == 3) | (slots == bins_n), masses, counts * w_first)
+            count_from = counts[::-1].cumsum()[::-1]
+            mass_from = bin_mass[::-1].cumsum()[::-1]
+            in_window = slots < ((hi - lo) >> shift) + 1
+            ok = ((count_from >= top_k) if stage == 1 else (mass_from.astype(np.float64) * 2.0**-40 >= budget)) & in_window
+            best = int(slots[ok].max()) if ok.any() else 0
+            lo, hi = lo + (best << shift), min(hi, lo + (best << shift) + (1 << shift) - 1)
+            kept = int(mass_from[best])
+            done = lo >= hi
+            next_stage = 0 if done else stage
+            if stage == 1:
+                if done:
+                    k_key = lo
+                    if use_p:
+                        top_k_mass = float(f32(kept * 2.0**-40))
+                        budget = float(f32(top_p) * f32(top_k_mass))
+                        lo, hi = max(lo, _top_p_floor(row_max, top_k_mass, budget, int(count_from[best]))), top
+                        next_stage = _top_p_stage(lo, hi)
+                elif count_from[best] <= gather:
+                    hi, next_stage = top, 4
+        stage = next_stage
+    return {"cut": lo, "kept_mass": kept, "passes": passes, "stages": [q["stage"] for q in passes]}
 
 
 def _order_key(value: float) -> int:
@@ -1064,30 +1302,31 @@ def measure_trips() -> dict:
                                               top_k, top_p) for line in scaled]
                 resolved = np.array([o["resolved"] for o in outcomes])
                 tau = filter_thresholds(scaled, torch.full((len(scaled),), top_k), torch.full((len(scaled),), top_p))
-                passes = []
+                passes, differs = [], 0
                 for line, cut, outcome in zip(scaled, tau.tolist(), outcomes, strict=True):
                     if outcome["resolved"]:
                         continue
-                    top = _order_key(float(line.max()))
-                    if 0 < top_k < vocab:
-                        k_cut = _order_key(float(line.sort(descending=True).values[top_k - 1]))
-                        n = search_passes(-(2**31), top, k_cut) + (search_passes(k_cut, top, _order_key(cut)) if top_p < 1 else 0)
-                    else:
-                        n = search_passes(-(2**31), top, _order_key(cut))
-                    passes.append(n)
+                    search = select_search(line.numpy(), top_k, top_p)
+                    if search["cut"] != fixed_point_cut(line.numpy(), top_k, top_p):
+                        raise AssertionError(f"select_search's cut {search['cut']} is not the fixed-point masses' {fixed_point_cut(line.numpy(), top_k, top_p)}")
+                    differs += search["cut"] != _order_key(cut)
+                    passes.append(search["passes"])
+                trips = _search_trips(passes)
                 above = np.array([o["above_floor"] for o in outcomes])
                 found.append({
                     "source": source, "geometry": f"{label} ({parts} statistics parts of {tiles_per_part} tiles x {c['T_ROWS']} rows x {c['T_LANES']} lanes)",
                     "temperature": temperature, "top_k": top_k, "top_p": top_p, "lines": len(outcomes),
                     "resolved_fraction": round(float(resolved.mean()), 4), "search_fraction": round(1 - float(resolved.mean()), 4),
-                    "search_passes_mean": round(float(np.mean(passes)), 2) if passes else 0.0,
+                    "search_passes_mean": trips["search_passes"], "searched_cuts_unlike_the_float_reference": differs,
+                    **{name: trips.get(name, 0.0) for name in ("search_exact_share", "search_value_share", "search_gather_share", "search_atomics")},
                     "values_above_floor": {"median": float(np.median(above)), "p1": float(np.percentile(above, 1)), "overflow_fraction": float(np.mean(above < 0))},
                     "part_levels": dict(Counter(level for o in outcomes for level in o["levels"])),
                 })
                 print(f"  {source} | {label}: T={temperature} top-k {top_k} top-p {top_p}: resolved {found[-1]['resolved_fraction']}, "
                       f"search passes {found[-1]['search_passes_mean']}, above floor {found[-1]['values_above_floor']}")
     return {"method": "bench.gpu_model.candidate_outcome on every line (the kernels' rules; tests/triton/test_triton_identity.py checks them against the "
-                      "kernels), reference cut-offs for the search passes", "results": found}
+                      "kernels), select_search (select.py's search, pass by pass; its cuts checked against the reference's) for the search passes",
+            "results": found}
 
 
 def _measured(options) -> dict:
@@ -1096,11 +1335,13 @@ def _measured(options) -> dict:
     if options.measure:
         print("measuring the data-dependent trips on LM logits (candidate_outcome, every line)")
         return measure_trips() | {"measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
-    for path in sorted(RESULTS_DIR.glob("gpu-model-*.json"), reverse=True):
+    # The newest measurement (by its date; a file that measured itself before one that copied it).
+    found = []
+    for path in RESULTS_DIR.glob("gpu-model-*.json"):
         stored = json.loads(path.read_text()).get("measured_trips")
         if stored:
-            return stored | {"from": path.name}
-    return {}
+            found.append(((stored.get("measured", ""), "from" not in stored, path.name), stored | {"from": stored.get("from", path.name)}))
+    return max(found, key=lambda item: item[0])[1] if found else {}
 
 
 def _measured_calls(measured: dict) -> list:
@@ -1113,7 +1354,8 @@ def _measured_calls(measured: dict) -> list:
             continue
         call = Call(f"B=64 K=8 bf16 T={row['temperature']} top-k {row['top_k']} top-p {row['top_p']}, as measured on tiny_llama logits "
                     f"(searched {row['search_fraction']})", **_B64, temperature=row["temperature"], top_k=row["top_k"], top_p=row["top_p"],
-                    search_fraction=row["search_fraction"], search_passes=row["search_passes_mean"] or None)
+                    search_fraction=row["search_fraction"], search_passes=row["search_passes_mean"],
+                    **{name: row.get(name, 0.0) for name in ("search_exact_share", "search_value_share", "search_gather_share", "search_atomics")})
         found.append((call, {"x_unfiltered": 2.0}, "B=64 K=8 V=128256 bf16"))
     return found
 

@@ -59,13 +59,26 @@ CUTOFF_WARPS = 8
 CUTOFF_PROGRAMS_PER_SM = 4
 # Its counters: tickets drawn, threshold items finished, programs exited, searches ended.
 CUTOFF_CONTROL = 4
-# The whole-line search: histogram bins per pass, passes (four resolve all 32 bits of an order
-# key: one search; top-k then top-p takes two), values per work item, values per loop step.
+# The whole-line search (select.py): histogram bins per pass, passes (top-k ends within four, 8
+# bits each or a gather; top-p within seven: value bins, once more value bins, a gather, then at
+# most four of 8 bits; top-k then top-p within eleven), values per work item, values per loop step.
 SELECT_BINS = 256
-SELECT_PASSES = 8
+SELECT_TOP_K_PASSES = 4
+SELECT_TOP_P_PASSES = 7
+SELECT_PASSES = SELECT_TOP_K_PASSES + SELECT_TOP_P_PASSES
+# A line's search state (select.py), and the most key slots a gather takes (in the line's
+# histogram counts, which a gather pass does not use; a power of two, sorted whole).
+SEARCH_STATE = 8
+SELECT_GATHER = 2048
+
+
+def gather_slots(select_chunks: int, most: int = SELECT_GATHER) -> int:
+    """GATHER: the largest power of two within ``most`` and a line's histogram counts."""
+    room = min(most, select_chunks * (SELECT_BINS + 1))
+    return 1 << (room.bit_length() - 1) if room else 1
 SELECT_CHUNK = 8192
 SELECT_TILE = 1024
-assert SELECT_BINS ** (SELECT_PASSES // 2) >= 2**32  # top-k, then top-p, each end within their passes
+assert SELECT_BINS ** SELECT_TOP_K_PASSES >= 2**32
 assert SELECT_BINS == 256  # select.py's _shift resolves 8 bits per pass
 # The interpreter runs programs one after another, paying per program and per loop step, not per
 # lane: one race chunk per row and large tiles there.
@@ -187,17 +200,19 @@ class Geometry(NamedTuple):
     select_chunk: int
     select_tile: int
     select_programs: int
+    select_gather: int  # at most SELECT_GATHER key slots per gather (gather_slots)
 
 
 def geometry(
     device: torch.device, *, race_chunks: int | None = None, race_block: int | None = None, stats_tile: int | None = None, stats_parts: int | None = None,
     line_slots: int | None = None, sort: int | None = None, select_chunk: int | None = None, select_programs: int | None = None,
-    sm_count: int | None = None,
+    select_gather: int | None = None, sm_count: int | None = None,
 ) -> Geometry:
     """The geometry a call on ``device`` uses (arguments override it: tests cover several chunks per
     row, ragged tiles and each way of the candidates on small vocabularies; the model sets sm_count)."""
     interpret = device.type != "cuda" and sm_count is None
-    for name, value in (("race_block", race_block), ("stats_tile", stats_tile), ("line_slots", line_slots), ("sort", sort), ("select_chunk", select_chunk)):
+    for name, value in (("race_block", race_block), ("stats_tile", stats_tile), ("line_slots", line_slots), ("sort", sort), ("select_chunk", select_chunk),
+                        ("select_gather", select_gather)):
         if value is not None and (value < 16 or value & (value - 1)):
             raise ValueError(f"{name} must be a power of two >= 16, got {value}")
     if sm_count is None:
@@ -216,6 +231,7 @@ def geometry(
         select_tile=select_chunk if interpret else min(SELECT_TILE, select_chunk),  # the interpreter pays per loop step: one per chunk
         # The interpreter runs programs one after another: the first takes every work item.
         select_programs=select_programs or (3 if interpret else CUTOFF_PROGRAMS_PER_SM * sm_count),
+        select_gather=select_gather or SELECT_GATHER,
     )
 
 
@@ -275,7 +291,7 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
     stats += _next_power_of_2(tiles)  # the race reads whole power-of-two rows of partials
     histograms = searched * select_chunks * (SELECT_BINS + 1)
     floats = padded(stats, stats, stats, stats, lines, lines, batch * chunks, searched * geo.line_slots, searched * 2)
-    ints = padded(stats, batch * chunks, searched * tiles, 2 * searched * tiles, searched * geo.sort, searched * 4, histograms, 2 * histograms,
+    ints = padded(stats, batch * chunks, searched * tiles, 2 * searched * tiles, searched * geo.sort, searched * SEARCH_STATE, histograms, 2 * histograms,
                   searched, 1 if searched else 0, searched)
     return {
         "has_draft": has_draft, "lines": lines, "stats_tile": stats_tile, "tiles": tiles, "tiles_per_part": tiles_per_part, "chunks": chunks,
@@ -337,7 +353,7 @@ class Buffers(NamedTuple):
     cand_count: torch.Tensor  # (lines, tiles) int32
     cand_floor: torch.Tensor  # (lines, tiles, 2) int32
     sort: torch.Tensor  # (lines, sort) int32: a threshold item's packed candidates
-    search: torch.Tensor  # (lines, 4) int32: the whole-line search's state
+    search: torch.Tensor  # (lines, SEARCH_STATE) int32: the whole-line search's state
     search_f: torch.Tensor  # (lines, 2) float32
     search_progress: torch.Tensor  # (lines,) int32: search passes published per line
     search_count: torch.Tensor  # (lines, select chunks, SELECT_BINS + 1) int32 histograms
@@ -376,7 +392,7 @@ def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tens
         gathered=take("f", lines), tau=take("f", lines), race_val=take("f", batch * chunks), race_idx=take("i", batch * chunks), counters=counters,
         cand=take("f", searched * line_slots), cand_count=take("i", searched * tiles), cand_floor=take("i", 2 * searched * tiles),
         sort=take("i", searched * sort),
-        search_f=take("f", searched * 2), search=take("i", searched * 4), search_count=take("i", searched * sc * (SELECT_BINS + 1)),
+        search_f=take("f", searched * 2), search=take("i", searched * SEARCH_STATE), search_count=take("i", searched * sc * (SELECT_BINS + 1)),
         search_mass=take("i", 2 * searched * sc * (SELECT_BINS + 1)).view(torch.int64), search_list=take("i", searched),
         searching=take("i", 1 if searched else 0), search_progress=take("i", searched),
         # The race's counters come first (one per row), the search's after them, then the cut-offs launch's.
@@ -512,7 +528,8 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
     cutoff = Template(
         "cutoff", k.cutoff_kernel, (programs,), cutoff_arguments,
         {"HAS_DRAFT": sh.has_draft, "PARTS": tiles, "PP": _next_power_of_2(tiles), "LINE_SLOTS": geo.line_slots, "SORT": geo.sort,
-         "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES, "maxnreg": 128},
+         "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES,
+         "GATHER": gather_slots(sc, geo.select_gather), "maxnreg": 128},
         CUTOFF_WARPS,
     )
     return [line_stats(1), cutoff]

@@ -36,7 +36,7 @@ def cutoff_items(
     control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
     sort_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
     HAS_DRAFT: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, NUM_CHUNKS: tl.constexpr,
-    CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr, PASSES: tl.constexpr,
+    CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr, PASSES: tl.constexpr, GATHER: tl.constexpr,
 ):
     """The threshold and search items of a program (arguments as cutoff_kernel's); returns
     (the program's first ticket past them, where the items after them start)."""
@@ -65,7 +65,7 @@ def cutoff_items(
         search_item(
             target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr,
             part_mass_ptr, counter_ptr, progress_ptr, control_ptr + 3, line, slot % NUM_CHUNKS, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k,
-            d_stride_b, d_stride_k, t_parts, d_parts, NUM_CHUNKS, HAS_DRAFT, CHUNK, TILE, BINS, PASSES, PARTS, PP,
+            d_stride_b, d_stride_k, t_parts, d_parts, NUM_CHUNKS, HAS_DRAFT, CHUNK, TILE, BINS, PASSES, PARTS, PP, GATHER,
         )
         ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
     return ticket, lines + PASSES * per_pass
@@ -99,7 +99,7 @@ def cutoff_kernel(
     tau_ptr,  # (lines,) float32 out: keep s >= tau (-inf = keep all)
     part_m_ptr,  # (lines, PARTS) float32: the statistics of the whole line (PHASE 1); out for every cut line:
     part_z_ptr,  # the line max and the kept mass in slot 0, -inf and 0 in the line's other parts
-    state_ptr,  # (lines, 4) int32 workspace: the search's stage (0 none or ended, 1 top-k, 2 top-p), lo, hi, top-k key
+    state_ptr,  # (lines, 8) int32 workspace: the search's stage (0 none or ended; select.py), lo, hi, top-k key, bracket, gathered
     state_f_ptr,  # (lines, 2) float32 workspace: line max, then the mass of key >= lo (top-k) or the top-p budget
     progress_ptr,  # (lines,) int32 workspace: search passes of the line published (PASSES once its search ended)
     part_count_ptr,  # (lines, NUM_CHUNKS, BINS + 1) int32 workspace: per-chunk histograms of counts
@@ -136,11 +136,12 @@ def cutoff_kernel(
     TILE: tl.constexpr,  # values per loop step of a search item
     BINS: tl.constexpr,  # histogram bins per pass: the interval narrows BINS-fold
     PASSES: tl.constexpr,  # search passes that end any line (top-k, then top-p)
+    GATHER: tl.constexpr,  # key slots of a line's gather (a power of two: sorted whole)
 ):
     cutoff_items(
         target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
         control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
         sort_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
-        HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES,
+        HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES, GATHER,
     )
     cutoff_exit(control_ptr)

@@ -1,26 +1,41 @@
-"""The whole-line top-k / top-p search, split across programs: a radix select over order keys.
+"""The whole-line top-k / top-p search, split across programs: histograms of the line, then a
+gather of the few values around the cut.
 
 ``threshold_line`` (thresholds.py) settles a line's cut from its candidates when it can. When it
-cannot (a large top-k, a flat distribution under top-p) it leaves the line a search state instead:
-a stage (1: top-k, 2: top-p), an interval [lo, hi] of order keys holding the cut, the line max, and
-the mass of the keys >= lo (top-k) or the top-p budget. Each search pass narrows the interval
-BINS-fold; the work items of a pass are the line's chunks (``search_item``), taken by any program
-of ``cutoff_kernel`` (cutoffs.py) once the line's previous pass has finished:
+cannot (a large top-k, a flat distribution under top-p) it leaves the line a search state instead
+(``state``: a stage, an interval [lo, hi] of order keys, the top-k key, a bracket, a gather's count,
+the stages passed; ``state_f``: the line max and the top-p budget). Each search pass reads the line
+once: its work items are the line's chunks (``search_item``), taken by any program of
+``cutoff_kernel`` (cutoffs.py) once the line's previous pass has finished; the last item of a pass
+to arrive (an atomic counter, reset afterwards) plans the next pass and publishes it
+(``progress``). The stages:
 
-1. every item bins its chunk's values with key >= lo into BINS bins of 2**shift keys (and one bin
-   for the keys above hi): counts and fixed-point masses exp(s - line max), added by integer
-   atomics into its own workspace slice [line, chunk, bin];
-2. the last item of the line's pass to arrive (an atomic counter, reset afterwards) sums the
-   chunks' histograms (integers: deterministic, whatever the order; no float atomics), finds the
-   bin holding the cut and makes it the new interval, then publishes the pass (``progress``). A
-   finished top-k search hands the line to top-p (budget = top_p times the mass of the top-k set)
-   or writes the cut, with the line's statistics over the kept values: its max and the kept mass,
-   which the last histograms hold exactly (the mass of the keys >= the cut, in fixed point), so
-   no launch reads the line again for them.
+1. top-k: the values with key in [lo, hi] counted in BINS bins of 2**shift keys (``tl.histogram``,
+   in the program), the count and fixed-point mass of those above hi summed in registers. The cut
+   lies in the highest bin whose count from there up reaches k: the interval narrows 256-fold.
+   Once the values at or above lo number at most GATHER, the next pass gathers them (stage 4).
+2. top-p, first pass: the values in [lo, hi] counted in BINS bins uniform in value (lo is a floor
+   no cut lies under, ``top_p_floor``; hi the line max). Each bin's mass, estimated at its middle,
+   places the cut to within a bin or two; the widest run of bins around it whose values fit half
+   the gather's slots is gathered next (stage 5). When not even the three bins around it fit, the
+   nine around it are binned again once (stage 6, the same way), or (no room) stage 3 takes [lo, hi].
+3. top-p over key bins with exact masses (each binned value's mass added by an integer atomic
+   into the item's slice): the interval narrows 256-fold per pass, the last over single keys.
+4. / 5. gather: the values with key in [lo, hi] are written to the line's GATHER slots (a slot
+   each, from an atomic counter) while those above hi are summed (count and mass); the last item
+   sorts them and finds the cut exactly: top-k's (and top-p's inside the top-k set, which the
+   gathered values hold whole), or top-p's, when the window does hold it (the mass above lo
+   reaches the budget, the mass above hi does not). A window that does not, or that held more
+   values than slots, narrows the bracket it was drawn from (stage 2's interval), and stage 3
+   finishes the search.
 
-With 256 bins four passes resolve all 32 bits of a key (one search), so eight passes end any
-line, top-k then top-p included; items of a line whose search has ended exit at once.
-The cut is the key the search over the candidates defines, so the tokens are the eager reference's.
+Top-k ends within four passes (the fourth over single keys, or a gather), top-p within seven
+(value bins twice, a gather, then at most four of stage 3), both within eleven (PASSES). Masses are
+exact integers wherever a decision reads them, so the cut is the one key the fixed-point masses
+define, however the search went: the tokens are the eager reference's. A finished search writes
+the cut with the kept set's statistics (the line max, the kept mass), so no launch reads the line
+again for them; items of a line whose search has ended exit at once. bench.gpu_model.select_search
+follows these passes in numpy (the GPU model counts them; the tests check the kernel takes them).
 """
 
 import triton
@@ -31,10 +46,13 @@ from .stats import line_of
 
 # Masses are summed in fixed point: exp(s - line max) <= 1 times 2**40, as int64 (exact for every
 # weight above 2**-17; a line of 2**23 values cannot overflow). Integer sums do not depend on the
-# order of the additions: the histograms' atomics and the sums over chunks are deterministic. As
-# the kept set's normaliser (>= 1: the max's own weight), the truncation of each weight to 2**-40
-# costs at most V * 2**-40 relative (1.2e-7 at V = 131072): a float32 sum's own rounding.
-# 2**40 and its inverse are written as literals (see thresholds.py on module constants).
+# order of the additions: the atomics, the register sums and the sums over chunks are
+# deterministic. As the kept set's normaliser (>= 1: the max's own weight), the truncation of each
+# weight to 2**-40 costs at most V * 2**-40 relative (1.2e-7 at V = 131072): a float32 sum's own
+# rounding. 2**40 and its inverse are written as literals (see thresholds.py on module constants).
+# A mass F compares with a budget as float64(F) * 2**-40 >= budget, wherever it is decided.
+
+# The state of a line: 8 int32 (stage, lo, hi, top-k key, bracket lo, bracket hi, gathered, the stages passed).
 
 
 @triton.jit
@@ -44,19 +62,89 @@ def _fixed_mass(s, row_max):
 
 
 @triton.jit
-def _histogram(base, chunk, width, inv_t, row_max, lo, hi, shift, count_ptr, mass_ptr, CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr):
-    """Bin the chunk's finite values with key >= lo: bin (key - lo) >> shift for keys up to hi,
-    bin BINS for the keys above hi; counts and fixed-point masses, added by atomics into the
-    program's own (zeroed) slice."""
+def _reaches(mass, budget):
+    """Whether a fixed-point mass reaches a budget (float32, in units of the max's weight)."""
+    return mass.to(tl.float64) * 9.094947017729282e-13 >= budget.to(tl.float64)
+
+
+@triton.jit
+def top_p_floor(row_max, mass, budget, n):
+    """An order key at or below the top-p cut of a set of at most n values of mass ``mass`` (in
+    units of its max's weight, >= 1) under ``budget``, or -2**31 when no floor is known. The cut
+    leaves more than mass - budget at or below it, at most exp(cut - max) per value, so
+    cut > max + ln((mass - budget) / n). The margins: 1e-4 of the mass (the statistics' float sums
+    against the search's fixed-point ones, both within 1e-6), 0.01 plus 2**-20 of |max| on the
+    value (approximate log and exp, three roundings)."""
+    spare = mass - budget - 1e-4 * mass
+    t = row_max + tl.log(tl.maximum(spare, 1e-30) / n.to(tl.float32)) - 0.01 - tl.abs(row_max) * 9.5367431640625e-07
+    return tl.where((spare > 0.0) & (t > float("-inf")), order_key(t).to(tl.int64), -2147483648)
+
+
+@triton.jit
+def top_p_stage(lo, hi):
+    """The stage a top-p search over [lo, hi] starts in: 2 (value bins, then a gather) over a
+    finite floor and a wide interval, 3 (exact key bins) otherwise, 0 when [lo, hi] is one key."""
+    return tl.where(lo >= hi, 0, tl.where((lo > -2139095041) & (hi - lo >= 65536), 2, 3))
+
+
+@triton.jit
+def _tile(base, idx, width, inv_t, lo32, hi32):
+    """A tile's scaled values, their order keys, which finite ones have a key in [lo, hi] and
+    which above hi (keys in 32 bits: key - lo wraps to the right unsigned offset, hi - lo < 2**32)."""
+    s = tl.load(base + idx, mask=idx < width, other=float("-inf")).to(tl.float32) * inv_t
+    key = order_key(s)
+    finite = s > float("-inf")
+    return s, key, finite & (key >= lo32) & (key <= hi32), finite & (key > hi32)
+
+
+@triton.jit
+def _histogram(base, chunk, width, inv_t, row_max, lo, hi, shift, t0, scale, mass_ptr, CHUNK: tl.constexpr, TILE: tl.constexpr,
+               BINS: tl.constexpr, MASSES: tl.constexpr, VALUE_BINS: tl.constexpr, ABOVE: tl.constexpr):
+    """The chunk's finite values with key in [lo, hi] counted in BINS bins: of 2**shift keys from
+    lo, or with VALUE_BINS of 1 / scale in value from t0; with MASSES their fixed-point masses also
+    added by atomics into the item's zeroed slice. Returns (the counts, the count and the
+    fixed-point mass of the keys above hi: with ABOVE; without, hi is the line max: none)."""
     offsets = tl.arange(0, TILE)
+    shift32 = shift.to(tl.uint32)
+    counts = tl.zeros((BINS,), tl.int32)
+    # The keys above hi, summed per lane: one reduction after the loop, not one per tile.
+    above_count = tl.zeros((TILE,), tl.int32)
+    above_mass = tl.zeros((TILE,), tl.int64)
     for start in range(0, CHUNK, TILE):
-        idx = chunk * CHUNK + start + offsets
-        s = tl.load(base + idx, mask=idx < width, other=float("-inf")).to(tl.float32) * inv_t
-        key = order_key(s).to(tl.int64)
-        inside = (s > float("-inf")) & (key >= lo)
-        bins = tl.where(key > hi, BINS, (key - lo) >> shift)
-        tl.atomic_add(count_ptr + bins, 1, mask=inside, sem="relaxed")
-        tl.atomic_add(mass_ptr + bins, _fixed_mass(s, row_max), mask=inside, sem="relaxed")
+        s, key, inside, above = _tile(base, chunk * CHUNK + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32))
+        if VALUE_BINS:
+            bins = tl.minimum(tl.maximum(((s - t0) * scale).to(tl.int32), 0), BINS - 1)
+        else:
+            bins = ((key - lo.to(tl.int32)).to(tl.uint32, bitcast=True) >> shift32).to(tl.int32)
+        bins = tl.where(inside, bins, 0)
+        counts += tl.histogram(bins, BINS, mask=inside)
+        if ABOVE | MASSES:
+            mass = _fixed_mass(s, row_max)
+            above_count += above.to(tl.int32)
+            above_mass += tl.where(above, mass, 0)
+            if MASSES:
+                tl.atomic_add(mass_ptr + bins, mass, mask=inside, sem="relaxed")
+    return counts, tl.sum(above_count, axis=0), tl.sum(above_mass, axis=0)
+
+
+@triton.jit
+def _gather(base, chunk, width, inv_t, row_max, lo, hi, gathered_ptr, keys_ptr, CHUNK: tl.constexpr, TILE: tl.constexpr, GATHER: tl.constexpr,
+            ABOVE: tl.constexpr):
+    """The chunk's finite values with key in [lo, hi] written to the line's GATHER key slots (a slot
+    each from the line's counter; those past GATHER only counted); returns the count and the
+    fixed-point mass of the keys above hi (with ABOVE; without, hi is the line max: none)."""
+    offsets = tl.arange(0, TILE)
+    counter = gathered_ptr + tl.zeros((TILE,), tl.int32)
+    above_count = tl.zeros((TILE,), tl.int32)
+    above_mass = tl.zeros((TILE,), tl.int64)
+    for start in range(0, CHUNK, TILE):
+        s, key, inside, above = _tile(base, chunk * CHUNK + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32))
+        slot = tl.atomic_add(counter, 1, mask=inside, sem="relaxed")
+        tl.store(keys_ptr + slot, key, mask=inside & (slot < GATHER))
+        if ABOVE:
+            above_count += above.to(tl.int32)
+            above_mass += tl.where(above, _fixed_mass(s, row_max), 0)
+    return tl.sum(above_count, axis=0), tl.sum(above_mass, axis=0)
 
 
 @triton.jit
@@ -67,89 +155,252 @@ def _shift(lo, hi):
 
 
 @triton.jit
+def _pick(values, index, n: tl.constexpr, other):
+    return tl.max(tl.where(tl.arange(0, n) == index, values, other), axis=0)
+
+
+@triton.jit
+def _narrow(counts, masses, lo, hi, shift, row_max, stage, budget, top_k, BINS: tl.constexpr):
+    """The bin of [lo, hi] holding the cut, and F(x) at each bin's first key (counts; fixed-point
+    masses where exact: stage 3's, the keys above hi, a bin of one key). Both searches look for
+    the largest key x with F(x) >= target, lo qualifying: top-k with F = count(key >= x) and
+    target k; top-p with F = mass(key >= x) and target the budget. Slot BINS holds the keys above hi."""
+    slots = tl.arange(0, 2 * BINS)
+    is_above = slots == BINS
+    first = lo + (slots.to(tl.int64) << shift)
+    w_first = _fixed_mass(key_to_float(first.to(tl.int32)), row_max)
+    bin_mass = tl.where((stage == 3) | is_above, masses, counts.to(tl.int64) * w_first)
+    count_from = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0) + counts
+    mass_from = tl.sum(bin_mass, axis=0) - tl.cumsum(bin_mass, axis=0) + bin_mass
+    in_window = slots < ((hi - lo) >> shift) + 1
+    ok = tl.where(stage == 1, count_from >= top_k, _reaches(mass_from, budget)) & in_window
+    best = tl.max(tl.where(ok, slots, 0), axis=0)  # bin 0 (lo) qualifies by assumption
+    return best, count_from, mass_from
+
+
+@triton.jit
+def _window(first_bin, last_bin, lo, hi, t0, scale, BINS: tl.constexpr):
+    """The keys of value bins [first_bin, last_bin] within [lo, hi] (the outer bins reach lo and hi)."""
+    window_lo = tl.where(first_bin > 0, order_key(t0 + first_bin.to(tl.float32) / scale).to(tl.int64), lo)
+    window_hi = tl.where(last_bin < BINS - 1, order_key(t0 + (last_bin + 1).to(tl.float32) / scale).to(tl.int64), hi)
+    window_lo = tl.minimum(tl.maximum(window_lo, lo), hi)
+    return window_lo, tl.maximum(tl.minimum(window_hi, hi), window_lo)
+
+
+@triton.jit
+def _plan(counts, above_mass, t0, scale, row_max, budget, BINS: tl.constexpr, GATHER: tl.constexpr):
+    """After a value-bin pass: (the bin estimated to hold the cut, the widest radius of bins
+    around it whose values fit GATHER // 2 slots, -1 when not even that bin's do). A bin's mass is
+    estimated as its count times the weight at its middle (the mass above hi is exact); the cut's
+    bin is the highest whose estimated mass from there up reaches the budget, give or take a few.
+    Half the slots leave room for the window's edges, which keys set, not bins. (The counts come
+    in 2 * BINS slots, the value bins first.)"""
+    slots = tl.arange(0, 2 * BINS)
+    middle = t0 + (slots.to(tl.float32) + 0.5) / scale
+    estimate = tl.where(slots < BINS, counts.to(tl.float64) * _fixed_mass(middle, row_max).to(tl.float64), 0.0)
+    from_here = tl.sum(estimate, axis=0) - tl.cumsum(estimate, axis=0) + estimate + above_mass.to(tl.float64)
+    cut_bin = tl.max(tl.where((from_here * 9.094947017729282e-13 >= budget.to(tl.float64)) & (slots < BINS), slots, 0), axis=0)
+    # The values within each distance of the cut's bin: both sides' bins at that distance, summed up.
+    down = cut_bin - slots
+    up = cut_bin + slots
+    at_distance = tl.where(down >= 0, tl.gather(counts, tl.maximum(down, 0), axis=0), 0)
+    at_distance += tl.where((slots > 0) & (up < BINS), tl.gather(counts, tl.minimum(up, BINS - 1), axis=0), 0)
+    within = tl.cumsum(at_distance, axis=0)
+    radius = tl.max(tl.where((within <= GATHER // 2) & (slots < BINS), slots, -1), axis=0)
+    return cut_bin, radius
+
+
+@triton.jit
+def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budget, GATHER: tl.constexpr):
+    """The cut from the gathered keys (n of them, at most GATHER): (cut, kept mass, found). Stage 4
+    gathered every key >= lo (nothing above): top-k's cut is its k-th largest, then top-p's inside
+    the top-k set. Stage 5 gathered a window with ``above_mass`` above it: found when the window
+    holds the cut (the mass above it below the budget, with the window's reaching it)."""
+    slot = tl.arange(0, GATHER)
+    keys = tl.sort(tl.load(keys_ptr + slot, mask=slot < n, other=-2147483648, cache_modifier=".cg"), descending=True)
+    weights = _fixed_mass(key_to_float(keys), row_max)  # 0 for the empty slots (NaN keys)
+    k_key = tl.full((), -2147483648, tl.int32)
+    if stage == 4:
+        k_key = _pick(keys, top_k - 1, GATHER, -2147483648)
+        kept = tl.where(keys >= k_key, weights, 0)
+        top_k_mass = tl.sum(kept, axis=0)
+        budget = top_p * (top_k_mass.to(tl.float64) * 9.094947017729282e-13).to(tl.float32)
+        weights = kept
+    # The mass strictly before each sorted key; the cut is the last key whose mass before it is
+    # below the budget (the first of a run of ties has the mass above the tied value).
+    before = above_mass + tl.cumsum(weights, axis=0) - weights
+    below = (~_reaches(before, budget)) & (slot < n)
+    keep = tl.sum(below.to(tl.int32), axis=0)
+    cut = _pick(keys, tl.maximum(keep, 1) - 1, GATHER, -2147483648)
+    found = (keep > 0) & _reaches(above_mass + tl.sum(weights, axis=0), budget)
+    if stage == 4:
+        cut = tl.where(use_p, tl.maximum(cut, k_key), k_key)
+        found = keep >= 0  # True: the top-k set is whole
+    kept_mass = above_mass + tl.sum(tl.where(keys >= cut, weights, 0), axis=0)
+    return cut.to(tl.int64), kept_mass, found
+
+
+@triton.jit
+def _end(line64, lo, kept_mass, row_max, tau_ptr, part_m_ptr, part_z_ptr, parts, PARTS: tl.constexpr, PP: tl.constexpr):
+    """A finished search: the cut (keys at or below -inf's keep every value: -inf) and the
+    statistics over the kept values in the first partial slot (as the candidates leave a line
+    they settle)."""
+    tl.store(tau_ptr + line64, tl.where(lo <= -2139095041, float("-inf"), key_to_float(lo.to(tl.int32))))
+    part = tl.arange(0, PP)
+    kept = (kept_mass.to(tl.float64) * 9.094947017729282e-13).to(tl.float32)
+    tl.store(part_m_ptr + line64 * PARTS + part, tl.where(part == 0, row_max, float("-inf")), mask=part < parts)
+    tl.store(part_z_ptr + line64 * PARTS + part, tl.where(part == 0, kept, 0.0), mask=part < parts)
+
+
+@triton.jit
 def _select_pass(
     base, line, chunk, width, parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, part_count_ptr,
     part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr,
-    BINS: tl.constexpr, PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr,
+    BINS: tl.constexpr, PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr,
 ):
-    """Both searches look for the largest key x in [lo, hi] with F(x) >= target, lo qualifying:
-    top-k with F = count(key >= x) and target k; top-p with F = mass(key >= x) and target the
-    budget (the smallest cut whose strictly-greater mass is below the budget is that x)."""
+    """One item of a search pass, and the next pass's plan by the last of them (see the module docstring)."""
     line64 = line.to(tl.int64)
+    state = state_ptr + line64 * 8
     # The state was written in this launch by another program: read from L2 (".cg"), past L1.
-    lo = tl.load(state_ptr + line64 * 4 + 1, cache_modifier=".cg").to(tl.int64)
-    hi = tl.load(state_ptr + line64 * 4 + 2, cache_modifier=".cg").to(tl.int64)
+    lo = tl.load(state + 1, cache_modifier=".cg").to(tl.int64)
+    hi = tl.load(state + 2, cache_modifier=".cg").to(tl.int64)
     row_max = tl.load(state_f_ptr + line64 * 2, cache_modifier=".cg")
     shift = _shift(lo, hi)
+    t0 = key_to_float(lo.to(tl.int32))
+    scale = BINS / (key_to_float(hi.to(tl.int32)) - t0)  # value bins over [lo, hi] (stages 2 and 6)
     slots = tl.arange(0, 2 * BINS)
-    used = slots <= BINS  # BINS bins and one for the keys above hi
     own = (line64 * NUM_CHUNKS + chunk) * (BINS + 1)
-    tl.store(part_count_ptr + own + slots, tl.zeros((2 * BINS,), tl.int32), mask=used)
-    tl.store(part_mass_ptr + own + slots, tl.zeros((2 * BINS,), tl.int64), mask=used)
-    tl.debug_barrier()  # the zeros precede every thread's atomics
-    _histogram(base, chunk, width, inv_t, row_max, lo, hi, shift, part_count_ptr + own, part_mass_ptr + own, CHUNK, TILE, BINS)
-    tl.debug_barrier()  # every thread's atomics precede the release below
+    # A gather's slots: the line's histogram counts, which a gather pass does not use.
+    keys_ptr = part_count_ptr + line64 * NUM_CHUNKS * (BINS + 1)
+    if stage == 4:  # a top-k gather: hi is the line max
+        above_count, above_mass = _gather(base, chunk, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, CHUNK, TILE, GATHER, False)
+    elif stage == 5:
+        above_count, above_mass = _gather(base, chunk, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, CHUNK, TILE, GATHER, True)
+    else:
+        if stage == 3:
+            tl.store(part_mass_ptr + own + slots, tl.zeros((2 * BINS,), tl.int64), mask=slots < BINS)
+            tl.debug_barrier()  # the zeros precede every thread's atomics
+            counts, above_count, above_mass = _histogram(base, chunk, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own, CHUNK,
+                                                         TILE, BINS, True, False, True)
+        elif stage == 2:  # over [floor, line max]
+            counts, above_count, above_mass = _histogram(base, chunk, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own, CHUNK,
+                                                         TILE, BINS, False, True, False)
+        elif stage == 6:
+            counts, above_count, above_mass = _histogram(base, chunk, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own, CHUNK,
+                                                         TILE, BINS, False, True, True)
+        else:
+            counts, above_count, above_mass = _histogram(base, chunk, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own, CHUNK,
+                                                         TILE, BINS, False, False, True)
+        tl.store(part_count_ptr + own + tl.arange(0, BINS), counts)
+        tl.store(part_count_ptr + own + BINS, above_count)
+    tl.store(part_mass_ptr + own + BINS, above_mass)
+    tl.debug_barrier()  # every thread's stores and atomics precede the release below
     ticket = tl.atomic_add(counter_ptr + line, 1, sem="acq_rel", scope="gpu")
     arrivals = tl.cdiv(width, CHUNK)
     if ticket == arrivals - 1:
         # The last program of the line: the chunks' histograms (integer sums: any order is exact).
         # Four chunks per step keep the registers low (the counts and masses of 2 * BINS slots).
-        counts = tl.zeros((2 * BINS,), tl.int32)
-        masses = tl.zeros((2 * BINS,), tl.int64)
+        # (The stage as a vector: the interpreter's masks must not mix a scalar bool in.)
+        stages = tl.full((2 * BINS,), 0, tl.int32) + stage
+        with_counts = (slots <= BINS) & (stages != 4) & (stages != 5)
+        with_masses = (slots == BINS) | ((slots < BINS) & (stages == 3))
+        line_counts = tl.zeros((2 * BINS,), tl.int32)
+        line_masses = tl.zeros((2 * BINS,), tl.int64)
         for first in range(0, arrivals, 4):
             chunks = first + tl.arange(0, 4)
             every = (line64 * NUM_CHUNKS + chunks[:, None]) * (BINS + 1) + slots[None, :]
-            present = (chunks[:, None] < arrivals) & used[None, :]
-            counts += tl.sum(tl.load(part_count_ptr + every, mask=present, other=0, cache_modifier=".cg"), axis=0)
-            masses += tl.sum(tl.load(part_mass_ptr + every, mask=present, other=0, cache_modifier=".cg"), axis=0)
-        # F at each bin's first key: everything in that bin and above (the slot past BINS holds
-        # the keys above hi).
-        count_from = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0) + counts
-        mass_from = tl.sum(masses, axis=0) - tl.cumsum(masses, axis=0) + masses
-        mass_from_f = mass_from.to(tl.float64) * 9.094947017729282e-13  # 2**-40
-        carried = tl.load(state_f_ptr + line64 * 2 + 1, cache_modifier=".cg")  # top-k: mass of key >= lo; top-p: the budget
-        top_k_stage = stage == 1
-        bins_used = ((hi - lo) >> shift) + 1
-        ok = tl.where(top_k_stage, count_from >= top_k, mass_from_f >= carried.to(tl.float64)) & (slots < bins_used)
-        best = tl.max(tl.where(ok, slots, 0), axis=0)  # bin 0 (lo) qualifies by assumption
-        found_mass = tl.max(tl.where(ok & (slots == best), mass_from_f, -1.0), axis=0)
-        new_lo = lo + (best.to(tl.int64) << shift)
-        hi = tl.minimum(hi, new_lo + (tl.full((), 1, tl.int64) << shift) - 1)
-        lo = new_lo
-        k_key = tl.load(state_ptr + line64 * 4 + 3, cache_modifier=".cg").to(tl.int64)
-        done = lo >= hi
-        # The mass of the keys >= lo (whether or not the bin qualified): the kept set's once the
-        # search has ended.
-        kept_mass = tl.max(tl.where(slots == best, mass_from_f, 0.0), axis=0).to(tl.float32)
-        if top_k_stage:
-            carried = tl.where(found_mass >= 0.0, found_mass.to(tl.float32), carried)  # the mass of key >= lo
-            k_key = tl.where(done, lo, k_key)
-            # Top-p inside the top-k set: its budget is top_p times the set's mass (key >= k_key),
-            # searched over [k_key, line max].
-            to_p = done & use_p
-            carried = tl.where(to_p, top_p * carried, carried)
-            hi = tl.where(to_p, order_key(row_max).to(tl.int64), hi)
-            stage = tl.where(done, tl.where(to_p & (lo < hi), 2, 0), 1)
+            present = chunks[:, None] < arrivals
+            line_counts += tl.sum(tl.load(part_count_ptr + every, mask=present & with_counts[None, :], other=0, cache_modifier=".cg"), axis=0)
+            line_masses += tl.sum(tl.load(part_mass_ptr + every, mask=present & with_masses[None, :], other=0, cache_modifier=".cg"), axis=0)
+        budget = tl.load(state_f_ptr + line64 * 2 + 1, cache_modifier=".cg")
+        k_key = tl.load(state + 3, cache_modifier=".cg").to(tl.int64)
+        bracket_lo = tl.load(state + 4, cache_modifier=".cg").to(tl.int64)
+        bracket_hi = tl.load(state + 5, cache_modifier=".cg").to(tl.int64)
+        above_mass = tl.max(tl.where(slots == BINS, line_masses, 0), axis=0)
+        next_stage = stage * 0  # the search ends unless a stage below says otherwise
+        kept_mass = above_mass
+        if (stage == 4) | (stage == 5):
+            gathered = tl.load(state + 6, cache_modifier=".cg")
+            cut, kept_mass, found = _resolve(keys_ptr, tl.minimum(gathered, GATHER), above_mass, row_max, stage, top_k, top_p, use_p, budget, GATHER)
+            overflow = gathered > GATHER
+            window_lo = lo
+            window_hi = hi
+            lo = cut
+            if overflow | (found == 0):
+                # The window does not hold the cut, or held more values than slots: the bracket it
+                # was drawn from narrows to the side that holds the cut (above the window when the
+                # mass above it reaches the budget), and exact key bins finish the search. (A
+                # top-k gather holds at most GATHER values: this is top-p's.)
+                above = _reaches(above_mass, budget) & (overflow == 0)
+                lo = tl.where(above, window_hi + 1, bracket_lo)
+                hi = tl.where(above | overflow, bracket_hi, window_lo - 1)
+                next_stage = next_stage + 3
+        elif stage == 2 or stage == 6:
+            # Value bins: gather the widest window of bins around the cut's estimated bin that
+            # fits; when not even its neighbours fit, bin the nine bins around it again (once, when
+            # they span enough keys), or gather that bin alone, or (not even it fits) finish with
+            # exact key bins over the proven bracket (the first value-bin pass's interval).
+            cut_bin, radius = _plan(line_counts, above_mass, t0, scale, row_max, budget, BINS, GATHER)
+            if stage == 2:
+                bracket_lo = lo
+                bracket_hi = hi
+            around_lo, around_hi = _window(tl.maximum(cut_bin - 4, 0), tl.minimum(cut_bin + 4, BINS - 1), lo, hi, t0, scale, BINS)
+            if (radius < 1) & (stage == 2) & (around_hi - around_lo >= 65536):
+                lo = around_lo
+                hi = around_hi
+                next_stage = next_stage + 6
+            elif radius >= 0:
+                lo, hi = _window(tl.maximum(cut_bin - radius, 0), tl.minimum(cut_bin + radius, BINS - 1), lo, hi, t0, scale, BINS)
+                next_stage = next_stage + 5
+            else:
+                lo = bracket_lo
+                hi = bracket_hi
+                next_stage = next_stage + 3
         else:
-            stage = tl.where(done, 0, 2)
-        tl.store(state_ptr + line64 * 4, stage)
-        tl.store(state_ptr + line64 * 4 + 1, lo.to(tl.int32))
-        tl.store(state_ptr + line64 * 4 + 2, hi.to(tl.int32))
-        tl.store(state_ptr + line64 * 4 + 3, k_key.to(tl.int32))
-        tl.store(state_f_ptr + line64 * 2 + 1, carried)
-        if stage == 0:
-            # Keys at or below -inf's keep every value: the cut is -inf.
-            tl.store(tau_ptr + line, tl.where(lo <= -2139095041, float("-inf"), key_to_float(lo.to(tl.int32))))
-            # The statistics over the kept values, in the first partial slot (as the candidates
-            # leave a line they settle).
-            part = tl.arange(0, PP)
-            tl.store(part_m_ptr + line64 * PARTS + part, tl.where(part == 0, row_max, float("-inf")), mask=part < parts)
-            tl.store(part_z_ptr + line64 * PARTS + part, tl.where(part == 0, kept_mass, 0.0), mask=part < parts)
+            best, count_from, mass_from = _narrow(line_counts, line_masses, lo, hi, shift, row_max, stage, budget, top_k, BINS)
+            new_lo = lo + (best.to(tl.int64) << shift)
+            hi = tl.minimum(hi, new_lo + (tl.full((), 1, tl.int64) << shift) - 1)
+            lo = new_lo
+            # Once [lo, hi] is one key, every bin from lo up holds one key or is stage 3's: the mass
+            # of the keys >= lo is exact, the kept set's normaliser.
+            kept_mass = tl.max(tl.where(slots == best, mass_from, 0), axis=0)
+            done = lo >= hi
+            next_stage = tl.where(done, 0, stage)
+            if stage == 1:
+                top = order_key(row_max).to(tl.int64)
+                if done:
+                    k_key = lo
+                    if use_p:
+                        # Top-p inside the top-k set: its budget is top_p times the set's mass,
+                        # searched over [k_key, line max] from above the floor no cut lies under.
+                        top_k_mass = (kept_mass.to(tl.float64) * 9.094947017729282e-13).to(tl.float32)
+                        budget = top_p * top_k_mass
+                        kept_count = tl.max(tl.where(slots == best, count_from, 0), axis=0)
+                        lo = tl.maximum(lo, top_p_floor(row_max, top_k_mass, budget, kept_count))
+                        hi = top
+                        next_stage = top_p_stage(lo, hi)
+                elif tl.max(tl.where(slots == best, count_from, 0), axis=0) <= GATHER:
+                    # Few enough values at or above lo: the next pass gathers them all.
+                    hi = top
+                    next_stage = next_stage * 0 + 4
+        if (next_stage == 4) | (next_stage == 5):
+            tl.store(state + 6, 0)  # the gather's slot counter
+        path = tl.load(state + 7, cache_modifier=".cg")  # the stages of the line's first ten passes, 3 bits each (tests read them)
+        tl.store(state + 7, tl.where(path < 1 << 27, path * 8 + stage, path))
+        tl.store(state, next_stage)
+        tl.store(state + 1, lo.to(tl.int32))
+        tl.store(state + 2, hi.to(tl.int32))
+        tl.store(state + 3, k_key.to(tl.int32))
+        tl.store(state + 4, bracket_lo.to(tl.int32))
+        tl.store(state + 5, bracket_hi.to(tl.int32))
+        tl.store(state_f_ptr + line64 * 2 + 1, budget)
+        if next_stage == 0:
+            _end(line64, lo, kept_mass, row_max, tau_ptr, part_m_ptr, part_z_ptr, parts, PARTS, PP)
         tl.store(counter_ptr + line, 0)  # ready for the next pass, launch and graph replay
         tl.debug_barrier()  # every store above precedes the release
         # The line's next pass may start; a finished line lets every later item of it through.
-        tl.atomic_xchg(progress_ptr + line, tl.where(stage == 0, PASSES, search_pass + 1), sem="release", scope="gpu")
-        if stage == 0:
+        tl.atomic_xchg(progress_ptr + line, tl.where(next_stage == 0, PASSES, search_pass + 1), sem="release", scope="gpu")
+        if next_stage == 0:
             tl.atomic_add(ended_ptr, 1, sem="release", scope="gpu")  # what a walk item waits for (cutoffs.py)
 
 
@@ -158,7 +409,7 @@ def search_item(
     target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr,
     part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, line, chunk, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k,
     t_parts, d_parts, NUM_CHUNKS: tl.constexpr, HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr,
-    PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr,
+    PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr,
 ):
     """Pass ``search_pass`` over one chunk of one listed line, once the line's previous pass is
     published (every earlier pass's items hold earlier tickets: the wait always ends)."""
@@ -167,7 +418,7 @@ def search_item(
         while finished < search_pass:
             finished = tl.atomic_add(progress_ptr + line, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()  # every thread reads the state after the acquire
-    stage = tl.load(state_ptr + line.to(tl.int64) * 4, cache_modifier=".cg")  # 0 once the line's search has ended
+    stage = tl.load(state_ptr + line.to(tl.int64) * 8, cache_modifier=".cg")  # 0 once the line's search has ended
     if stage != 0:
         row, pos, is_draft = line_of(line, batch * (K + 1), K)
         temperature = tl.load(temperature_ptr + row)
@@ -181,10 +432,10 @@ def search_item(
                     d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
                     _select_pass(d_base, line, chunk, Vd, d_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr,
                                  state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS, CHUNK, TILE,
-                                 BINS, PASSES, PARTS, PP)
+                                 BINS, PASSES, PARTS, PP, GATHER)
         else:
             if chunk * CHUNK < V:
                 t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
                 _select_pass(t_base, line, chunk, V, t_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr,
                              state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS, CHUNK, TILE, BINS,
-                             PASSES, PARTS, PP)
+                             PASSES, PARTS, PP, GATHER)

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .random import exp, key_to_float, order_key
+from .select import top_p_floor, top_p_stage
 from .stats import filter_of
 
 # -2**31, the smallest order key, is written as a literal: a module-level constant is a plain int to
@@ -73,14 +74,15 @@ def _sorted_candidates(
 
 @triton.jit
 def _line_threshold(
-    line, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
+    line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
     PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr,
 ):
-    """(tau, resolved, m, z, stage, max_key, carried) of one active line (see the module
+    """(tau, resolved, m, z, stage, max_key, carried, lo) of one active line (see the module
     docstring). When the cut lies among the sorted candidates (resolved) every kept value is one,
     so z = sum over the kept set of exp(s - m) comes from them; z is NaN for a line with NaN / +inf
-    values or an empty one (the race blanks such a row). Otherwise stage (1: top-k, 2: top-p) and
-    carried (the whole line's mass, or the top-p budget) start the whole-line search (select.py)."""
+    values or an empty one (the race blanks such a row). Otherwise stage (1: top-k, 2: top-p),
+    carried (the top-p budget) and lo (the key the search starts from) start the whole-line search
+    (select.py)."""
     # The line's max and mass (relative to its max), from the statistics partials.
     part = tl.arange(0, PP)
     present = part < parts
@@ -105,11 +107,12 @@ def _line_threshold(
             k_key = _pick(keys, top_k - 1, SORT, -2147483648).to(tl.int64)
         else:
             stage = stage * 0 + 1
-    carried = line_mass  # stage 1: the mass of keys >= lo (lo = -2**31: the whole line)
+    carried = line_mass * 0.0  # no budget: top-k decides on counts
 
     # top-p: the smallest value whose strictly-greater mass (inside top-k) is below top_p * mass:
     # the last sorted candidate whose mass before it is below the budget.
     tau_key = k_key
+    lo = tl.full((), -2147483648, tl.int64)  # every key is at or above it
     if use_p & (stage == 0):
         inside = tl.where(keys >= k_key, weights, 0.0)
         kept_mass = tl.where(use_k, tl.sum(inside, axis=0), line_mass)
@@ -122,12 +125,13 @@ def _line_threshold(
             keep = tl.maximum(tl.sum(((before < budget) & (index < count)).to(tl.int32), axis=0), 1)
             tau_key = tl.maximum(_pick(keys, keep - 1, SORT, -2147483648).to(tl.int64), k_key)
         else:
-            stage = stage * 0 + 2  # over the whole line, from lo = -2**31 (every value's key is above)
+            stage = stage * 0 + 2  # over the whole line, from the floor no cut lies under
             carried = budget
+            lo = top_p_floor(row_max, line_mass, budget, width)
     stage = tl.where(bad, 0, stage)  # a line with NaN / +inf values or none finite: no search (the race blanks its row)
     tau = tl.where(tau_key == -2147483648, float("-inf"), key_to_float(tau_key.to(tl.int32)))
     normaliser = tl.sum(tl.where(keys >= tau_key, weights, 0.0), axis=0)
-    return tau, resolved & (bad == 0), row_max, tl.where(bad, float("nan"), normaliser), stage, max_key, carried
+    return tau, resolved & (bad == 0), row_max, tl.where(bad, float("nan"), normaliser), stage, max_key, carried, lo
 
 
 @triton.jit
@@ -152,21 +156,26 @@ def threshold_line(
     stage = resolved.to(tl.int32)  # 0: no whole-line search
     max_key = tl.full((), -2147483648, tl.int64)
     carried = 0.0
+    lo = tl.full((), -2147483648, tl.int64)
     if active:
-        tau, resolved, row_max, normaliser, stage, max_key, carried = _line_threshold(
-            line, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
+        tau, resolved, row_max, normaliser, stage, max_key, carried, lo = _line_threshold(
+            line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
             PARTS, PP, LINE_SLOTS, SORT,
         )
     tl.store(tau_ptr + line, tau)
-    state = state_ptr + line.to(tl.int64) * 4
+    state = state_ptr + line.to(tl.int64) * 8
+    # Top-p over the whole line: value bins then a gather, or exact key bins (select.py).
+    top_p_start = top_p_stage(lo, max_key)
+    stage = tl.where(stage == 2, tl.where(top_p_start == 0, 3, top_p_start), stage)
     tl.store(state, stage)
     if stage != 0:
         # The order of the list does not matter: each line's search is the same whichever
         # programs take its chunks.
         tl.store(search_list_ptr + tl.atomic_add(searching_ptr, 1, sem="relaxed"), line)
-        tl.store(state + 1, -2147483648)  # lo: every key is at or above it
+        tl.store(state + 1, lo.to(tl.int32))  # lo: at or below the cut
         tl.store(state + 2, max_key.to(tl.int32))  # hi: the line max
         tl.store(state + 3, -2147483648)  # the top-k key (none yet)
+        tl.store(state + 7, 0)  # no pass yet
         tl.store(state_f_ptr + line.to(tl.int64) * 2, row_max)
         tl.store(state_f_ptr + line.to(tl.int64) * 2 + 1, carried)
         tl.store(progress_ptr + line, 0)  # no search pass finished yet

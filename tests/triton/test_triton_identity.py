@@ -304,6 +304,65 @@ def test_whole_line_search_matches_the_reference(name, logits_fn, params):
     assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"
 
 
+def _search_line(seed: int) -> torch.Tensor:
+    """One line of 600 logits of a family of spreads (every seventh on a grid of 1/8: ties)."""
+    g = torch.Generator().manual_seed(seed)
+    line = [0.2, 0.3, 1.0, 2.0, 3.0][seed % 5] * torch.randn(600, generator=g)
+    return torch.round(line * 8) / 8 if seed % 7 == 0 else line
+
+
+# Too few candidate slots to settle any cut: every line goes to the whole-line search (128-value chunks).
+_SEARCHED = _PARTS | {"line_slots": 16, "sort": 16, "select_chunk": 128}
+
+# (line seed, top-k, top-p, gather slots, the stages of the search's passes: select.py's 1 top-k key
+# bins, 2 top-p value bins, 6 value bins again, 3 exact key bins, 4 / 5 a gather)
+_SEARCH_PATHS = [
+    (0, 450, 1.0, 16, [1, 1, 1, 1]),  # top-k over key bins to a single key (too many values to gather)
+    (1, 40, 0.9, 64, [1, 4]),  # a gather settles top-k, then top-p inside the gathered top-k set
+    (0, 40, 0.9, 64, [1, 1, 4]),
+    (0, 0, 0.99, 64, [2, 5]),  # value bins place the window, the gather finds the cut in it
+    (1, 0, 0.9, 16, [2, 6, 5]),  # the window holds too many values: its bins are binned again first
+    (3, 0, 0.9, 16, [2, 5, 3, 3, 3]),  # the window misses the cut: exact key bins over the bracket
+    (0, 0, 0.99, 16, [2, 6, 3, 3, 3, 3]),  # still too many after binning again: exact key bins
+    (4, 0, 0.99, 16, [2, 6, 5, 3, 3, 3, 3]),  # binned again, and the window still misses the cut
+    (0, 40, 0.9, 16, [1, 1, 1, 1, 2, 6, 3, 3, 3]),  # top-k over key bins, then top-p
+    (1, 300, 0.97, 16, [1, 1, 1, 1, 2, 5]),
+    (18, 300, 0.97, 16, [1, 1, 1, 1, 2, 6, 5, 3, 3, 3, 3]),  # the longest: every kind, eleven passes (PASSES)
+    (0, 0, 0.99999, 16, [3, 3, 3, 3]),  # no floor (the budget is within the margin of the mass): exact key bins
+]
+
+
+@pytest.mark.parametrize("seed,top_k,top_p,gather,stages", _SEARCH_PATHS)
+def test_whole_line_search_takes_the_modelled_passes(seed, top_k, top_p, gather, stages):
+    """Each way through the whole-line search finds the reference's cut, with the passes that
+    bench.gpu_model.select_search (select.py's search in numpy, which the GPU model counts) takes:
+    the kernel records each pass's stage in the line's state. The paths are small (a gather of 16
+    or 64 slots, 600 values) so that every way is taken."""
+    from bench.gpu_model import select_search
+    from specdec_ext._params import inverse_temperature
+
+    target = _search_line(seed).reshape(1, 1, 600)
+    args = _params.validate_verify(target, None, torch.zeros(1, 0, dtype=torch.int64), generator=None, check=False, temperature=0.9,
+                                   top_k=top_k, top_p=top_p, num_draft_tokens=None)
+    got, resolved = _triton_thresholds(args, **_SEARCHED, select_gather=gather)
+    assert torch.equal(got, _reference_thresholds(args)), got.tolist()
+    assert resolved.tolist() == [0]  # the whole-line search cut it
+    path = int(_triton_backend.workspace(target.device).ints[_search_state_offset(args, gather) + 7])
+    kernel_stages = [int(d) for d in oct(path)[2:]] if path else []
+    scaled = (target[0, 0].float() * inverse_temperature(torch.tensor([0.9]))).numpy()
+    assert select_search(scaled, top_k, top_p, gather=gather)["stages"] == stages
+    assert kernel_stages == stages[:10]  # (the state records the first ten passes)
+
+
+def _search_state_offset(args, gather: int) -> int:
+    """Where line 0's search state lies in the integer workspace."""
+    geo = _triton_backend.geometry(args.target_logits.device, **_SEARCHED, select_gather=gather)
+    layout = _triton_backend._layout(_triton_backend.prepare(args), geo)
+    ws = _triton_backend.workspace(args.target_logits.device)
+    bufs = _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch, geo.line_slots, geo.sort)
+    return bufs.search.storage_offset()
+
+
 @pytest.mark.parametrize("programs", [1, 7])
 def test_whole_line_search_does_not_depend_on_the_number_of_programs(programs):
     """The cut-offs launch's work items go to whichever program draws their ticket, so the cuts do not
