@@ -1238,8 +1238,7 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
 def _order_key(value: float) -> int:
     import numpy as np
 
-    bits = int(np.array([value + 0.0], dtype=np.float32).view(np.int32)[0])
-    return bits if bits >= 0 else bits ^ 0x7FFFFFFF
+    return int(_order_keys(np.array([value]))[0])
 
 
 def _demo_lines(dtype) -> tuple[str, object]:

@@ -62,9 +62,15 @@ def _fixed_mass(s, row_max):
 
 
 @triton.jit
+def _unfixed(mass):
+    """A fixed-point mass in units of the max's weight, as float64."""
+    return mass.to(tl.float64) * 9.094947017729282e-13
+
+
+@triton.jit
 def _reaches(mass, budget):
     """Whether a fixed-point mass reaches a budget (float32, in units of the max's weight)."""
-    return mass.to(tl.float64) * 9.094947017729282e-13 >= budget.to(tl.float64)
+    return _unfixed(mass) >= budget.to(tl.float64)
 
 
 @triton.jit
@@ -131,20 +137,18 @@ def _histogram(base, chunk, width, inv_t, row_max, lo, hi, shift, t0, scale, mas
 def _gather(base, chunk, width, inv_t, row_max, lo, hi, gathered_ptr, keys_ptr, CHUNK: tl.constexpr, TILE: tl.constexpr, GATHER: tl.constexpr,
             ABOVE: tl.constexpr):
     """The chunk's finite values with key in [lo, hi] written to the line's GATHER key slots (a slot
-    each from the line's counter; those past GATHER only counted); returns the count and the
-    fixed-point mass of the keys above hi (with ABOVE; without, hi is the line max: none)."""
+    each from the line's counter; those past GATHER only counted); returns the fixed-point mass of
+    the keys above hi (with ABOVE; without, hi is the line max: none)."""
     offsets = tl.arange(0, TILE)
     counter = gathered_ptr + tl.zeros((TILE,), tl.int32)
-    above_count = tl.zeros((TILE,), tl.int32)
     above_mass = tl.zeros((TILE,), tl.int64)
     for start in range(0, CHUNK, TILE):
         s, key, inside, above = _tile(base, chunk * CHUNK + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32))
         slot = tl.atomic_add(counter, 1, mask=inside, sem="relaxed")
         tl.store(keys_ptr + slot, key, mask=inside & (slot < GATHER))
         if ABOVE:
-            above_count += above.to(tl.int32)
             above_mass += tl.where(above, _fixed_mass(s, row_max), 0)
-    return tl.sum(above_count, axis=0), tl.sum(above_mass, axis=0)
+    return tl.sum(above_mass, axis=0)
 
 
 @triton.jit
@@ -155,7 +159,8 @@ def _shift(lo, hi):
 
 
 @triton.jit
-def _pick(values, index, n: tl.constexpr, other):
+def pick(values, index, n: tl.constexpr, other):
+    """values[index] of a vector of n slots (other when index is outside)."""
     return tl.max(tl.where(tl.arange(0, n) == index, values, other), axis=0)
 
 
@@ -221,17 +226,17 @@ def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budge
     weights = _fixed_mass(key_to_float(keys), row_max)  # 0 for the empty slots (NaN keys)
     k_key = tl.full((), -2147483648, tl.int32)
     if stage == 4:
-        k_key = _pick(keys, top_k - 1, GATHER, -2147483648)
+        k_key = pick(keys, top_k - 1, GATHER, -2147483648)
         kept = tl.where(keys >= k_key, weights, 0)
         top_k_mass = tl.sum(kept, axis=0)
-        budget = top_p * (top_k_mass.to(tl.float64) * 9.094947017729282e-13).to(tl.float32)
+        budget = top_p * _unfixed(top_k_mass).to(tl.float32)
         weights = kept
     # The mass strictly before each sorted key; the cut is the last key whose mass before it is
     # below the budget (the first of a run of ties has the mass above the tied value).
     before = above_mass + tl.cumsum(weights, axis=0) - weights
     below = (~_reaches(before, budget)) & (slot < n)
     keep = tl.sum(below.to(tl.int32), axis=0)
-    cut = _pick(keys, tl.maximum(keep, 1) - 1, GATHER, -2147483648)
+    cut = pick(keys, tl.maximum(keep, 1) - 1, GATHER, -2147483648)
     found = (keep > 0) & _reaches(above_mass + tl.sum(weights, axis=0), budget)
     if stage == 4:
         cut = tl.where(use_p, tl.maximum(cut, k_key), k_key)
@@ -247,7 +252,7 @@ def _end(line64, lo, kept_mass, row_max, tau_ptr, part_m_ptr, part_z_ptr, parts,
     they settle)."""
     tl.store(tau_ptr + line64, tl.where(lo <= -2139095041, float("-inf"), key_to_float(lo.to(tl.int32))))
     part = tl.arange(0, PP)
-    kept = (kept_mass.to(tl.float64) * 9.094947017729282e-13).to(tl.float32)
+    kept = _unfixed(kept_mass).to(tl.float32)
     tl.store(part_m_ptr + line64 * PARTS + part, tl.where(part == 0, row_max, float("-inf")), mask=part < parts)
     tl.store(part_z_ptr + line64 * PARTS + part, tl.where(part == 0, kept, 0.0), mask=part < parts)
 
@@ -273,9 +278,9 @@ def _select_pass(
     # A gather's slots: the line's histogram counts, which a gather pass does not use.
     keys_ptr = part_count_ptr + line64 * NUM_CHUNKS * (BINS + 1)
     if stage == 4:  # a top-k gather: hi is the line max
-        above_count, above_mass = _gather(base, chunk, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, CHUNK, TILE, GATHER, False)
+        above_mass = _gather(base, chunk, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, CHUNK, TILE, GATHER, False)
     elif stage == 5:
-        above_count, above_mass = _gather(base, chunk, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, CHUNK, TILE, GATHER, True)
+        above_mass = _gather(base, chunk, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, CHUNK, TILE, GATHER, True)
     else:
         if stage == 3:
             tl.store(part_mass_ptr + own + slots, tl.zeros((2 * BINS,), tl.int64), mask=slots < BINS)
@@ -373,7 +378,7 @@ def _select_pass(
                     if use_p:
                         # Top-p inside the top-k set: its budget is top_p times the set's mass,
                         # searched over [k_key, line max] from above the floor no cut lies under.
-                        top_k_mass = (kept_mass.to(tl.float64) * 9.094947017729282e-13).to(tl.float32)
+                        top_k_mass = _unfixed(kept_mass).to(tl.float32)
                         budget = top_p * top_k_mass
                         kept_count = tl.max(tl.where(slots == best, count_from, 0), axis=0)
                         lo = tl.maximum(lo, top_p_floor(row_max, top_k_mass, budget, kept_count))

@@ -22,17 +22,11 @@ import triton
 import triton.language as tl
 
 from .random import exp, key_to_float, order_key
-from .select import top_p_floor, top_p_stage
+from .select import pick, top_p_floor, top_p_stage
 from .stats import filter_of
 
 # -2**31, the smallest order key, is written as a literal: a module-level constant is a plain int to
 # the interpreter but must be a tl.constexpr object to the compiler, and no one spelling suits both.
-
-
-@triton.jit
-def _pick(values, index, n, other):
-    """values[index] of a vector of n slots (other when index is outside)."""
-    return tl.max(tl.where(tl.arange(0, n) == index, values, other), axis=0)
 
 
 @triton.jit
@@ -104,7 +98,7 @@ def _line_threshold(
     if use_k:
         resolved = count >= top_k
         if resolved:
-            k_key = _pick(keys, top_k - 1, SORT, -2147483648).to(tl.int64)
+            k_key = pick(keys, top_k - 1, SORT, -2147483648).to(tl.int64)
         else:
             stage = stage * 0 + 1
     carried = line_mass * 0.0  # no budget: top-k decides on counts
@@ -123,7 +117,7 @@ def _line_threshold(
         resolved = (count >= 0) & (use_k | (tl.sum(inside, axis=0) >= budget))
         if resolved:
             keep = tl.maximum(tl.sum(((before < budget) & (index < count)).to(tl.int32), axis=0), 1)
-            tau_key = tl.maximum(_pick(keys, keep - 1, SORT, -2147483648).to(tl.int64), k_key)
+            tau_key = tl.maximum(pick(keys, keep - 1, SORT, -2147483648).to(tl.int64), k_key)
         else:
             stage = stage * 0 + 2  # over the whole line, from the floor no cut lies under
             carried = budget
