@@ -382,6 +382,7 @@ class Call:
     search_exact_share: float = 0.0
     search_value_share: float = 0.0
     search_gather_share: float = 0.0
+    search_count_share: float = 0.0
     search_atomics: float = 0.0
     # "token" (verify), "block" (verify(method="block")) or "tree" (verify_tree: k is then the
     # number of nodes N, the target and draft logits have N+1 contexts).
@@ -522,12 +523,13 @@ LOOP_KINDS = {
     "finalising block": "the last program of a row reads the chunk results: ceil(chunks / FINAL_BLOCK), once per row",
     "threshold ticket loop": "one work item per line over the candidates (the sort unrolled: no inner loop)",
     "spin wait": "waits for other programs' items: no instructions of its own beyond the wait (latency of what it waits for)",
-    "search ticket loop": "whole-line search items: searched lines x chunks per pass over the programs (search_fraction, search_passes: MEASURED)",
+    "search ticket loop": "whole-line search items: searched lines x runs of 1, 2 or 4 chunks (cutoffs.py) per pass over the programs (search_fraction, search_passes: MEASURED)",
     "mass histogram tile": "CHUNK / TILE steps per search item of a pass that bins masses (stage 3: search_exact_share of the passes, MEASURED)",
     "value histogram tile": "CHUNK / TILE steps per search item of a pass over value bins (stages 2 and 6: search_value_share, MEASURED)",
     "gather tile": "CHUNK / TILE steps per search item of a gather (stages 4 and 5: search_gather_share, MEASURED)",
     "walk ticket loop": "a filtered tree or block call's walk items, in the cut-offs launch: one row per program",
-    "histogram tile": "CHUNK / TILE steps per search item",
+    "histogram tile": "CHUNK / TILE steps per search item of a top-k pass over key bins that can end the search (it sums the mass above)",
+    "count histogram tile": "CHUNK / TILE steps per search item of a top-k pass over key bins that only counts (search_count_share, MEASURED)",
     "histogram sum": "the last item of a line's pass sums the chunks' histograms, four chunks per step",
     "context step": "a tree walk's contexts: tree_depth + 1 per row",
     "line check step": "check=True: every context a tree row could use, N + 1 per row",
@@ -654,7 +656,7 @@ def _cutoff_kinds(loops: list[Loop], kinds: list, at: list[int] | None = None) -
             elif _atomics(loop):
                 kinds[n] = "mass histogram tile"
             else:
-                kinds[n] = "value histogram tile" if loop.has("VIMNMX") else "histogram tile"
+                kinds[n] = "value histogram tile" if loop.has("VIMNMX") else "histogram tile" if loop.has("MUFU") else "count histogram tile"
         elif loop.after_wait and loop.has("LDG") and not loop.has("MUFU") and not _atomics(loop):
             kinds[n] = "histogram sum"
         elif not loop.after_wait and loop.parent is None:
@@ -730,7 +732,8 @@ def _search_trips(passes: list[list[dict]]) -> dict:
         return {"search_passes": 0.0}
     share = lambda stages: round(sum(q["stage"] in stages for q in every) / len(every), 4)  # noqa: E731
     return {"search_passes": round(len(every) / len(passes), 3), "search_exact_share": share((3,)), "search_value_share": share((2, 6)),
-            "search_gather_share": share((4, 5)), "search_atomics": round(sum(q["binned"] for q in every if q["stage"] in (3, 4, 5)) / len(every), 4)}
+            "search_gather_share": share((4, 5)), "search_count_share": round(sum(q["counts_only"] for q in every) / len(every), 4),
+            "search_atomics": round(sum(q["binned"] for q in every if q["stage"] in (3, 4, 5)) / len(every), 4)}
 
 
 def _work(launch, call: Call, phase: str) -> dict:
@@ -798,16 +801,22 @@ def _work(launch, call: Call, phase: str) -> dict:
         # One pass of the whole-line search over the searched lines, in the same launch.
         searched = lines * call.search_fraction
         programs = launch.grid[0]
-        slots = searched * c["NUM_CHUNKS"] * (c["BINS"] + 1)
-        items = searched * c["NUM_CHUNKS"]  # (line, chunk) work items, taken in turn by the programs
+        # (line, run of merge chunks) work items, taken in turn by the programs (cutoffs.py: a run of
+        # 2 or 4 chunks once the chunks outnumber the programs 8- or 16-fold)
+        merge = 1 + (searched * c["NUM_CHUNKS"] >= 8 * programs) + 2 * (searched * c["NUM_CHUNKS"] >= 16 * programs)
+        runs = math.ceil(c["NUM_CHUNKS"] / merge)
+        slots = searched * runs * (c["BINS"] + 1)
+        items = searched * runs
         per_program = math.ceil(items / programs)
-        tiles = c["CHUNK"] // c["TILE"] * per_program
-        exact, value, gather = call.search_exact_share, call.search_value_share, call.search_gather_share  # shares of the passes by stage
+        tiles = c["CHUNK"] * merge // c["TILE"] * per_program
+        # shares of the passes by stage (and top-k's that only count)
+        exact, value, gather, count = call.search_exact_share, call.search_value_share, call.search_gather_share, call.search_count_share
         return {
-            "loops": {"search ticket loop": (per_program, c["CHUNK"]), "histogram tile": (tiles * (1 - exact - value - gather), c["TILE"]),
+            "loops": {"search ticket loop": (per_program, c["CHUNK"]), "histogram tile": (tiles * (1 - exact - value - gather - count), c["TILE"]),
+                      "count histogram tile": (tiles * count, c["TILE"]),
                       "mass histogram tile": (tiles * exact, c["TILE"]), "value histogram tile": (tiles * value, c["TILE"]),
                       "gather tile": (tiles * gather, c["TILE"]),
-                      "histogram sum": (searched * math.ceil(c["NUM_CHUNKS"] / 4) / programs, 4 * (c["BINS"] + 1)), "spin wait": (0.0, 0)},
+                      "histogram sum": (searched * math.ceil(runs / 4) / programs, 4 * (c["BINS"] + 1)), "spin wait": (0.0, 0)},
             "programs_used": programs,
             # the lines; the counts stored, then read; stage 3's masses zeroed, then read
             "bytes": searched * call.vocab * call.itemsize + slots * 4 * 2 + exact * slots * 8 * 2,
@@ -1155,7 +1164,9 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         shift = max((hi - lo).bit_length(), 8) - 8
         inside = (keys >= lo) & (keys <= hi)
         above_mass = int(weights[keys > hi].sum())
-        passes.append({"stage": stage, "binned": float(inside.sum()) / values.size})
+        # (a top-k pass whose top bin spans several keys cannot end the search: it counts, no mass)
+        counts_only = stage == 1 and (hi - lo) & ((1 << shift) - 1) != 0
+        passes.append({"stage": stage, "binned": float(inside.sum()) / values.size, "counts_only": counts_only})
         next_stage = 0
         if stage in (4, 5):
             gathered = np.sort(keys[inside])[::-1]
@@ -1232,7 +1243,9 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
                 elif count_from[best] <= gather:
                     hi, next_stage = top, 4
         stage = next_stage
-    return {"cut": lo, "kept_mass": kept, "passes": passes, "stages": [q["stage"] for q in passes]}
+    # path: the passes as the kernel records them (a top-k pass that only counts as 7)
+    return {"cut": lo, "kept_mass": kept, "passes": passes, "stages": [q["stage"] for q in passes],
+            "path": [7 if q["counts_only"] else q["stage"] for q in passes]}
 
 
 def _order_key(value: float) -> int:
@@ -1317,7 +1330,7 @@ def measure_trips() -> dict:
                     "temperature": temperature, "top_k": top_k, "top_p": top_p, "lines": len(outcomes),
                     "resolved_fraction": round(float(resolved.mean()), 4), "search_fraction": round(1 - float(resolved.mean()), 4),
                     "search_passes_mean": trips["search_passes"], "searched_cuts_unlike_the_float_reference": differs,
-                    **{name: trips.get(name, 0.0) for name in ("search_exact_share", "search_value_share", "search_gather_share", "search_atomics")},
+                    **{name: trips.get(name, 0.0) for name in ("search_exact_share", "search_value_share", "search_gather_share", "search_count_share", "search_atomics")},
                     "values_above_floor": {"median": float(np.median(above)), "p1": float(np.percentile(above, 1)), "overflow_fraction": float(np.mean(above < 0))},
                     "part_levels": dict(Counter(level for o in outcomes for level in o["levels"])),
                 })
@@ -1354,7 +1367,7 @@ def _measured_calls(measured: dict) -> list:
         call = Call(f"B=64 K=8 bf16 T={row['temperature']} top-k {row['top_k']} top-p {row['top_p']}, as measured on tiny_llama logits "
                     f"(searched {row['search_fraction']})", **_B64, temperature=row["temperature"], top_k=row["top_k"], top_p=row["top_p"],
                     search_fraction=row["search_fraction"], search_passes=row["search_passes_mean"],
-                    **{name: row.get(name, 0.0) for name in ("search_exact_share", "search_value_share", "search_gather_share", "search_atomics")})
+                    **{name: row.get(name, 0.0) for name in ("search_exact_share", "search_value_share", "search_gather_share", "search_count_share", "search_atomics")})
         found.append((call, {"x_unfiltered": 2.0}, "B=64 K=8 V=128256 bf16"))
     return found
 

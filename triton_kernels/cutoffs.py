@@ -7,7 +7,11 @@ takes the next ticket when it is free):
 * tickets [0, lines): ``threshold_line`` of that line (thresholds.py): the cut from the line's
   candidates, or a search state and a place in the search list;
 * then PASSES passes of the whole-line search (select.py) over the listed lines' chunks, pass
-  by pass: ticket ``lines + (pass * searching + slot) * NUM_CHUNKS + chunk``.
+  by pass: ticket ``lines + (pass * searching + slot) * runs + run``, an item per run of
+  ``merge`` chunks (``runs`` = cdiv(NUM_CHUNKS, merge) per line). ``merge`` is 1 (an item per
+  chunk) unless the listed lines' chunks outnumber the programs 8-fold (2) or 16-fold (4): the
+  fewer, longer items of a large search cost less fixed work (the state, the wait, the
+  histogram's store and sum), and every program still takes several.
 
 An item only waits for items with smaller tickets (the search items for every threshold item;
 a pass item for its line's previous pass), and tickets are handed out in order to programs that
@@ -56,15 +60,19 @@ def cutoff_items(
     while finished < lines:
         finished = tl.atomic_add(control_ptr + 1, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()  # every thread reads the list after the acquire
-    per_pass = tl.load(searching_ptr, cache_modifier=".cg") * NUM_CHUNKS
+    searching = tl.load(searching_ptr, cache_modifier=".cg")
+    programs = tl.num_programs(0)
+    merge = 1 + (searching * NUM_CHUNKS >= 8 * programs).to(tl.int32) + 2 * (searching * NUM_CHUNKS >= 16 * programs).to(tl.int32)
+    runs = tl.cdiv(NUM_CHUNKS, merge)
+    per_pass = searching * runs
     while ticket < lines + PASSES * per_pass:
         item = ticket - lines
         search_pass = item // per_pass
         slot = item % per_pass
-        line = tl.load(search_list_ptr + slot // NUM_CHUNKS, cache_modifier=".cg")
+        line = tl.load(search_list_ptr + slot // runs, cache_modifier=".cg")
         search_item(
             target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr,
-            part_mass_ptr, counter_ptr, progress_ptr, control_ptr + 3, line, slot % NUM_CHUNKS, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k,
+            part_mass_ptr, counter_ptr, progress_ptr, control_ptr + 3, line, slot % runs, merge, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k,
             d_stride_b, d_stride_k, t_parts, d_parts, NUM_CHUNKS, HAS_DRAFT, CHUNK, TILE, BINS, PASSES, PARTS, PP, GATHER,
         )
         ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")

@@ -4,15 +4,17 @@ gather of the few values around the cut.
 ``threshold_line`` (thresholds.py) settles a line's cut from its candidates when it can. When it
 cannot (a large top-k, a flat distribution under top-p) it leaves the line a search state instead
 (``state``: a stage, an interval [lo, hi] of order keys, the top-k key, a bracket, a gather's count,
-the stages passed; ``state_f``: the line max and the top-p budget). Each search pass reads the line
+the passes taken; ``state_f``: the line max and the top-p budget). Each search pass reads the line
 once: its work items are the line's chunks (``search_item``), taken by any program of
 ``cutoff_kernel`` (cutoffs.py) once the line's previous pass has finished; the last item of a pass
 to arrive (an atomic counter, reset afterwards) plans the next pass and publishes it
 (``progress``). The stages:
 
 1. top-k: the values with key in [lo, hi] counted in BINS bins of 2**shift keys (``tl.histogram``,
-   in the program), the count and fixed-point mass of those above hi summed in registers. The cut
-   lies in the highest bin whose count from there up reaches k: the interval narrows 256-fold.
+   in the program), the count of those above hi summed in registers. The cut lies in the highest
+   bin whose count from there up reaches k: the interval narrows 256-fold. Only a pass whose top
+   bin is one key can end the search; it alone also sums the fixed-point mass above hi (the kept
+   set's normaliser, and top-p's budget inside the top-k set). The others decide by counts.
    Once the values at or above lo number at most GATHER, the next pass gathers them (stage 4).
 2. top-p, first pass: the values in [lo, hi] counted in BINS bins uniform in value (lo is a floor
    no cut lies under, ``top_p_floor``; hi the line max). Each bin's mass, estimated at its middle,
@@ -104,29 +106,31 @@ def _tile(base, idx, width, inv_t, lo32, hi32):
 
 
 @triton.jit
-def _histogram(base, chunk, width, inv_t, row_max, lo, hi, shift, t0, scale, mass_ptr, CHUNK: tl.constexpr, TILE: tl.constexpr,
+def _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, t0, scale, mass_ptr, TILE: tl.constexpr,
                BINS: tl.constexpr, MASSES: tl.constexpr, VALUE_BINS: tl.constexpr, ABOVE: tl.constexpr):
-    """The chunk's finite values with key in [lo, hi] counted in BINS bins: of 2**shift keys from
+    """The item's finite values (``span`` from ``first``) with key in [lo, hi] counted in BINS bins: of 2**shift keys from
     lo, or with VALUE_BINS of 1 / scale in value from t0; with MASSES their fixed-point masses also
     added by atomics into the item's zeroed slice. Returns (the counts, the count and the
-    fixed-point mass of the keys above hi: with ABOVE; without, hi is the line max: none)."""
+    fixed-point mass of the keys above hi). ABOVE: 0, hi is the line max (none above); 1, the
+    count only (the mass returned is 0: a pass that reads none); 2, both. (MASSES sums the mass.)"""
     offsets = tl.arange(0, TILE)
     shift32 = shift.to(tl.uint32)
     counts = tl.zeros((BINS,), tl.int32)
     # The keys above hi, summed per lane: one reduction after the loop, not one per tile.
     above_count = tl.zeros((TILE,), tl.int32)
     above_mass = tl.zeros((TILE,), tl.int64)
-    for start in range(0, CHUNK, TILE):
-        s, key, inside, above = _tile(base, chunk * CHUNK + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32))
+    for start in range(0, span, TILE):
+        s, key, inside, above = _tile(base, first + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32))
         if VALUE_BINS:
             bins = tl.minimum(tl.maximum(((s - t0) * scale).to(tl.int32), 0), BINS - 1)
         else:
             bins = ((key - lo.to(tl.int32)).to(tl.uint32, bitcast=True) >> shift32).to(tl.int32)
         bins = tl.where(inside, bins, 0)
         counts += tl.histogram(bins, BINS, mask=inside)
-        if ABOVE | MASSES:
-            mass = _fixed_mass(s, row_max)
+        if ABOVE > 0:
             above_count += above.to(tl.int32)
+        if (ABOVE > 1) | MASSES:
+            mass = _fixed_mass(s, row_max)
             above_mass += tl.where(above, mass, 0)
             if MASSES:
                 tl.atomic_add(mass_ptr + bins, mass, mask=inside, sem="relaxed")
@@ -134,16 +138,16 @@ def _histogram(base, chunk, width, inv_t, row_max, lo, hi, shift, t0, scale, mas
 
 
 @triton.jit
-def _gather(base, chunk, width, inv_t, row_max, lo, hi, gathered_ptr, keys_ptr, CHUNK: tl.constexpr, TILE: tl.constexpr, GATHER: tl.constexpr,
+def _gather(base, first, span, width, inv_t, row_max, lo, hi, gathered_ptr, keys_ptr, TILE: tl.constexpr, GATHER: tl.constexpr,
             ABOVE: tl.constexpr):
-    """The chunk's finite values with key in [lo, hi] written to the line's GATHER key slots (a slot
+    """The item's finite values (``span`` from ``first``) with key in [lo, hi] written to the line's GATHER key slots (a slot
     each from the line's counter; those past GATHER only counted); returns the fixed-point mass of
     the keys above hi (with ABOVE; without, hi is the line max: none)."""
     offsets = tl.arange(0, TILE)
     counter = gathered_ptr + tl.zeros((TILE,), tl.int32)
     above_mass = tl.zeros((TILE,), tl.int64)
-    for start in range(0, CHUNK, TILE):
-        s, key, inside, above = _tile(base, chunk * CHUNK + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32))
+    for start in range(0, span, TILE):
+        s, key, inside, above = _tile(base, first + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32))
         slot = tl.atomic_add(counter, 1, mask=inside, sem="relaxed")
         tl.store(keys_ptr + slot, key, mask=inside & (slot < GATHER))
         if ABOVE:
@@ -156,6 +160,14 @@ def _shift(lo, hi):
     """BINS = 256 bins of 2**shift keys cover [lo, hi]: shift = max(bit length of hi - lo, 8) - 8."""
     bits = tl.arange(0, 32).to(tl.int64)
     return tl.sum((((hi - lo) >> (bits + 8)) > 0).to(tl.int64), axis=0)
+
+
+@triton.jit
+def _top_k_may_end(lo, hi, shift):
+    """Whether a top-k pass over [lo, hi] in bins of 2**shift keys can end the search: only when
+    its top bin is one key (shift 0, or hi - lo a multiple of 2**shift), whose pass must then
+    sum the exact mass above hi (the kept set's normaliser). Any other pass's decision reads counts."""
+    return ((hi - lo) & ((tl.full((), 1, tl.int64) << shift) - 1)) == 0
 
 
 @triton.jit
@@ -259,11 +271,12 @@ def _end(line64, lo, kept_mass, row_max, tau_ptr, part_m_ptr, part_z_ptr, parts,
 
 @triton.jit
 def _select_pass(
-    base, line, chunk, width, parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, part_count_ptr,
-    part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr,
+    base, line, chunk, span, width, parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr,
+    part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS: tl.constexpr, TILE: tl.constexpr,
     BINS: tl.constexpr, PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr,
 ):
-    """One item of a search pass, and the next pass's plan by the last of them (see the module docstring)."""
+    """One item of a search pass (``span`` values of the line from chunk * span: a chunk, or a run of
+    chunks, see cutoffs.py), and the next pass's plan by the last of them (see the module docstring)."""
     line64 = line.to(tl.int64)
     state = state_ptr + line64 * 8
     # The state was written in this launch by another program: read from L2 (".cg"), past L1.
@@ -278,30 +291,33 @@ def _select_pass(
     # A gather's slots: the line's histogram counts, which a gather pass does not use.
     keys_ptr = part_count_ptr + line64 * NUM_CHUNKS * (BINS + 1)
     if stage == 4:  # a top-k gather: hi is the line max
-        above_mass = _gather(base, chunk, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, CHUNK, TILE, GATHER, False)
+        above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, GATHER, False)
     elif stage == 5:
-        above_mass = _gather(base, chunk, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, CHUNK, TILE, GATHER, True)
+        above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, GATHER, True)
     else:
         if stage == 3:
             tl.store(part_mass_ptr + own + slots, tl.zeros((2 * BINS,), tl.int64), mask=slots < BINS)
             tl.debug_barrier()  # the zeros precede every thread's atomics
-            counts, above_count, above_mass = _histogram(base, chunk, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own, CHUNK,
-                                                         TILE, BINS, True, False, True)
+            counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own,
+                                                         TILE, BINS, True, False, 2)
         elif stage == 2:  # over [floor, line max]
-            counts, above_count, above_mass = _histogram(base, chunk, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own, CHUNK,
-                                                         TILE, BINS, False, True, False)
+            counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own,
+                                                         TILE, BINS, False, True, 0)
         elif stage == 6:
-            counts, above_count, above_mass = _histogram(base, chunk, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own, CHUNK,
-                                                         TILE, BINS, False, True, True)
-        else:
-            counts, above_count, above_mass = _histogram(base, chunk, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own, CHUNK,
-                                                         TILE, BINS, False, False, True)
+            counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own,
+                                                         TILE, BINS, False, True, 2)
+        elif _top_k_may_end(lo, hi, shift):
+            counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own,
+                                                         TILE, BINS, False, False, 2)
+        else:  # top-k key bins that cannot end the search: the counts decide, no mass is read
+            counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own,
+                                                         TILE, BINS, False, False, 1)
         tl.store(part_count_ptr + own + tl.arange(0, BINS), counts)
         tl.store(part_count_ptr + own + BINS, above_count)
     tl.store(part_mass_ptr + own + BINS, above_mass)
     tl.debug_barrier()  # every thread's stores and atomics precede the release below
     ticket = tl.atomic_add(counter_ptr + line, 1, sem="acq_rel", scope="gpu")
-    arrivals = tl.cdiv(width, CHUNK)
+    arrivals = tl.cdiv(width, span)
     if ticket == arrivals - 1:
         # The last program of the line: the chunks' histograms (integer sums: any order is exact).
         # Four chunks per step keep the registers low (the counts and masses of 2 * BINS slots).
@@ -317,6 +333,8 @@ def _select_pass(
             present = chunks[:, None] < arrivals
             line_counts += tl.sum(tl.load(part_count_ptr + every, mask=present & with_counts[None, :], other=0, cache_modifier=".cg"), axis=0)
             line_masses += tl.sum(tl.load(part_mass_ptr + every, mask=present & with_masses[None, :], other=0, cache_modifier=".cg"), axis=0)
+        # The pass as the line's path records it: its stage, 7 for top-k key bins that only counted.
+        recorded = tl.where((stage == 1) & (_top_k_may_end(lo, hi, shift) == 0), 7, stage)
         budget = tl.load(state_f_ptr + line64 * 2 + 1, cache_modifier=".cg")
         k_key = tl.load(state + 3, cache_modifier=".cg").to(tl.int64)
         bracket_lo = tl.load(state + 4, cache_modifier=".cg").to(tl.int64)
@@ -390,8 +408,8 @@ def _select_pass(
                     next_stage = next_stage * 0 + 4
         if (next_stage == 4) | (next_stage == 5):
             tl.store(state + 6, 0)  # the gather's slot counter
-        path = tl.load(state + 7, cache_modifier=".cg")  # the stages of the line's first ten passes, 3 bits each (tests read them)
-        tl.store(state + 7, tl.where(path < 1 << 27, path * 8 + stage, path))
+        path = tl.load(state + 7, cache_modifier=".cg")  # the line's first ten passes, 3 bits each (tests read them)
+        tl.store(state + 7, tl.where(path < 1 << 27, path * 8 + recorded, path))
         tl.store(state, next_stage)
         tl.store(state + 1, lo.to(tl.int32))
         tl.store(state + 2, hi.to(tl.int32))
@@ -412,12 +430,13 @@ def _select_pass(
 @triton.jit
 def search_item(
     target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr,
-    part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, line, chunk, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k,
+    part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, line, chunk, merge, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k,
     t_parts, d_parts, NUM_CHUNKS: tl.constexpr, HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr,
     PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr,
 ):
-    """Pass ``search_pass`` over one chunk of one listed line, once the line's previous pass is
-    published (every earlier pass's items hold earlier tickets: the wait always ends)."""
+    """Pass ``search_pass`` over the ``chunk``-th run of ``merge`` chunks of one listed line, once the
+    line's previous pass is published (every earlier pass's items hold earlier tickets: the wait
+    always ends)."""
     if search_pass > 0:
         finished = tl.atomic_add(progress_ptr + line, 0, sem="acquire", scope="gpu")
         while finished < search_pass:
@@ -431,16 +450,17 @@ def search_item(
         top_k = tl.load(top_k_ptr + row)
         top_p = tl.load(top_p_ptr + row)
         use_p = top_p < 1.0
+        span = CHUNK * merge
         if is_draft:
             if HAS_DRAFT:
-                if chunk * CHUNK < Vd:
+                if chunk * span < Vd:
                     d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
-                    _select_pass(d_base, line, chunk, Vd, d_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr,
-                                 state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS, CHUNK, TILE,
-                                 BINS, PASSES, PARTS, PP, GATHER)
+                    _select_pass(d_base, line, chunk, span, Vd, d_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr,
+                                 state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS,
+                                 TILE, BINS, PASSES, PARTS, PP, GATHER)
         else:
-            if chunk * CHUNK < V:
+            if chunk * span < V:
                 t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
-                _select_pass(t_base, line, chunk, V, t_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr,
-                             state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS, CHUNK, TILE, BINS,
+                _select_pass(t_base, line, chunk, span, V, t_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr,
+                             state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS, TILE, BINS,
                              PASSES, PARTS, PP, GATHER)

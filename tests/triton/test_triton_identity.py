@@ -305,7 +305,10 @@ def test_whole_line_search_matches_the_reference(name, logits_fn, params):
 
 
 def _search_line(seed: int) -> torch.Tensor:
-    """One line of 600 logits of a family of spreads (every seventh on a grid of 1/8: ties)."""
+    """One line of 600 logits of a family of spreads (every seventh on a grid of 1/8: ties; a
+    negative seed's capped at 2.0, a quarter of them tied at the top)."""
+    if seed < 0:
+        return torch.clamp(3 * torch.randn(600, generator=torch.Generator().manual_seed(-seed)), max=2.0)
     g = torch.Generator().manual_seed(seed)
     line = [0.2, 0.3, 1.0, 2.0, 3.0][seed % 5] * torch.randn(600, generator=g)
     return torch.round(line * 8) / 8 if seed % 7 == 0 else line
@@ -329,6 +332,10 @@ _SEARCH_PATHS = [
     (1, 300, 0.97, 16, [1, 1, 1, 1, 2, 5]),
     (18, 300, 0.97, 16, [1, 1, 1, 1, 2, 6, 5, 3, 3, 3, 3]),  # the longest: every kind, eleven passes (PASSES)
     (0, 0, 0.99999, 16, [3, 3, 3, 3]),  # no floor (the budget is within the margin of the mass): exact key bins
+    # At temperature 1 a max of 2.0 makes the first pass's top bin one key (2.0's): that pass sums
+    # the mass above (the others only count) and ends top-k; top-p inside the tied top-k set.
+    (-1, 100, 0.5, 16, [1]),
+    (-1, 200, 0.9, 16, [1, 1, 1, 1, 2, 5]),  # ... and does not end it (fewer than k tied at the top)
 ]
 
 
@@ -336,22 +343,24 @@ _SEARCH_PATHS = [
 def test_whole_line_search_takes_the_modelled_passes(seed, top_k, top_p, gather, stages):
     """Each way through the whole-line search finds the reference's cut, with the passes that
     bench.gpu_model.select_search (select.py's search in numpy, which the GPU model counts) takes:
-    the kernel records each pass's stage in the line's state. The paths are small (a gather of 16
-    or 64 slots, 600 values) so that every way is taken."""
+    the kernel records each pass's stage in the line's state (a top-k pass that only counts as 7).
+    The paths are small (a gather of 16 or 64 slots, 600 values) so that every way is taken."""
     from bench.gpu_model import select_search
     from specdec_ext._params import inverse_temperature
 
+    temperature = 1.0 if seed < 0 else 0.9
     target = _search_line(seed).reshape(1, 1, 600)
-    args = _params.validate_verify(target, None, torch.zeros(1, 0, dtype=torch.int64), generator=None, check=False, temperature=0.9,
+    args = _params.validate_verify(target, None, torch.zeros(1, 0, dtype=torch.int64), generator=None, check=False, temperature=temperature,
                                    top_k=top_k, top_p=top_p, num_draft_tokens=None)
     got, resolved = _triton_thresholds(args, **_SEARCHED, select_gather=gather)
     assert torch.equal(got, _reference_thresholds(args)), got.tolist()
     assert resolved.tolist() == [0]  # the whole-line search cut it
     path = int(_triton_backend.workspace(target.device).ints[_search_state_offset(args, gather) + 7])
     kernel_stages = [int(d) for d in oct(path)[2:]] if path else []
-    scaled = (target[0, 0].float() * inverse_temperature(torch.tensor([0.9]))).numpy()
-    assert select_search(scaled, top_k, top_p, gather=gather)["stages"] == stages
-    assert kernel_stages == stages[:10]  # (the state records the first ten passes)
+    scaled = (target[0, 0].float() * inverse_temperature(torch.tensor([temperature]))).numpy()
+    modelled = select_search(scaled, top_k, top_p, gather=gather)
+    assert modelled["stages"] == stages
+    assert kernel_stages == modelled["path"][:10]  # (the state records the first ten passes)
 
 
 def _search_state_offset(args, gather: int) -> int:
@@ -363,19 +372,22 @@ def _search_state_offset(args, gather: int) -> int:
     return bufs.search.storage_offset()
 
 
-@pytest.mark.parametrize("programs", [1, 7])
+@pytest.mark.parametrize("programs", [1, 2, 7])
 def test_whole_line_search_does_not_depend_on_the_number_of_programs(programs):
     """The cut-offs launch's work items go to whichever program draws their ticket, so the cuts do not
     depend on the number of programs (top-k then top-p on the whole line). Under the interpreter the
     programs run one after another: the first takes every item and the others draw only the ticket
-    that ends them, which checks the launch's end (the exit count and the reset of its counters)."""
+    that ends them, which checks the launch's end (the exit count and the reset of its counters).
+    The four lines' 20 chunks are searched in items of 4 chunks by one program (16-fold or more),
+    of 2 by two (8-fold) and of 1 by seven: runs of chunks, ragged at a line's end (5 chunks)."""
     g = torch.Generator().manual_seed(5)
     target = 0.3 * torch.randn(2, 2, 600, generator=g)
     tokens = torch.zeros(2, 1, dtype=torch.int64)
     args = _params.validate_verify(target, None, tokens, generator=None, check=False, temperature=0.9, top_k=torch.tensor([500, 0]),
                                    top_p=torch.tensor([0.97, 0.99]), num_draft_tokens=None)
-    got, _ = _triton_thresholds(args, **_PARTS, select_chunk=128, select_programs=programs)
+    got, resolved = _triton_thresholds(args, **_SEARCHED, select_programs=programs)
     assert torch.equal(got, _reference_thresholds(args)), got.tolist()
+    assert resolved.tolist() == [0, 0, 0, 0]  # every line searched
     assert int(_triton_backend.workspace(target.device).counters.abs().sum()) == 0
 
 
