@@ -383,6 +383,9 @@ class Call:
     search_value_share: float = 0.0
     search_gather_share: float = 0.0
     search_count_share: float = 0.0
+    search_window_share: float = 0.0
+    search_raw_count_share: float = 0.0
+    search_raw_share: float = 0.0
     search_atomics: float = 0.0
     # "token" (verify), "block" (verify(method="block")) or "tree" (verify_tree: k is then the
     # number of nodes N, the target and draft logits have N+1 contexts).
@@ -526,10 +529,13 @@ LOOP_KINDS = {
     "search ticket loop": "whole-line search items: searched lines x runs of 1, 2 or 4 chunks (cutoffs.py) per pass over the programs (search_fraction, search_passes: MEASURED)",
     "mass histogram tile": "CHUNK / TILE steps per search item of a pass that bins masses (stage 3: search_exact_share of the passes, MEASURED)",
     "value histogram tile": "CHUNK / TILE steps per search item of a pass over value bins (stages 2 and 6: search_value_share, MEASURED)",
-    "gather tile": "CHUNK / TILE steps per search item of a gather (stages 4 and 5: search_gather_share, MEASURED)",
+    "gather tile": "CHUNK / TILE steps per search item of a top-k gather (stage 4: search_gather_share less search_window_share, MEASURED)",
+    "window gather tile": "CHUNK / TILE steps per search item of a top-p window's gather, which sums the mass above it (stage 5: search_window_share, MEASURED)",
     "walk ticket loop": "a filtered tree or block call's walk items, in the cut-offs launch: one row per program",
     "histogram tile": "CHUNK / TILE steps per search item of a top-k pass over key bins that can end the search (it sums the mass above)",
     "count histogram tile": "CHUNK / TILE steps per search item of a top-k pass over key bins that only counts (search_count_share, MEASURED)",
+    "raw count histogram tile": "CHUNK / TILE steps per search item of a 16-bit line's first top-k pass, over its raw keys (stage 7: search_raw_count_share, MEASURED)",
+    "raw histogram tile": "CHUNK / TILE steps per search item of a 16-bit line's second top-k pass, over single raw keys (stage 7: search_raw_share, MEASURED)",
     "histogram sum": "the last item of a line's pass sums the chunks' histograms, four chunks per step",
     "context step": "a tree walk's contexts: tree_depth + 1 per row",
     "line check step": "check=True: every context a tree row could use, N + 1 per row",
@@ -652,11 +658,15 @@ def _cutoff_kinds(loops: list[Loop], kinds: list, at: list[int] | None = None) -
         elif loop.after_wait and loop.has("LDG") and (loop.has("MUFU") or loop.has("STG") or loop.has("ATOMS")):
             # A search item's tiles (each variant: with the masses above hi, or none above)
             if loop.has("STG"):
-                kinds[n] = "gather tile"
+                kinds[n] = "window gather tile" if loop.has("MUFU") else "gather tile"
             elif _atomics(loop):
                 kinds[n] = "mass histogram tile"
             else:
-                kinds[n] = "value histogram tile" if loop.has("VIMNMX") else "histogram tile" if loop.has("MUFU") else "count histogram tile"
+                # Key bins: of raw keys (no order key of a scaled value, whose +0.0 is an FADD a
+                # value: only the exp's FADD, one a MUFU) or of scaled keys; summing the mass
+                # above (MUFU) or only counting.
+                raw = "raw " if loop.has("FADD") <= loop.has("MUFU") else ""
+                kinds[n] = "value histogram tile" if loop.has("VIMNMX") else f"{raw}histogram tile" if loop.has("MUFU") else f"{raw}count histogram tile"
         elif loop.after_wait and loop.has("LDG") and not loop.has("MUFU") and not _atomics(loop):
             kinds[n] = "histogram sum"
         elif not loop.after_wait and loop.parent is None:
@@ -715,14 +725,27 @@ def _tree_work(launch, call: Call, phase: str) -> dict:
 
 def synthetic_search(call: Call, lines: int = 4) -> dict:
     """What select.py's search takes (select_search, pass by pass) on ``lines`` synthetic flat
-    lines: standard normal logits at the call's vocabulary, scaled by 1 / temperature, under its
-    top-k / top-p. The Call fields of the whole-line fallback rows."""
+    lines: standard normal logits at the call's vocabulary (rounded to its 16-bit dtype), scaled by
+    1 / temperature, under its top-k / top-p. The Call fields of the whole-line fallback rows."""
     import numpy as np
+    import torch
 
     rng = np.random.default_rng(0)
-    passes = [select_search(rng.standard_normal(call.vocab).astype(np.float32) / np.float32(call.temperature), call.top_k, call.top_p)["passes"]
-              for _ in range(lines)]
+    passes = []
+    for _ in range(lines):
+        values = rng.standard_normal(call.vocab).astype(np.float32)
+        if call.dtype in ("bf16", "fp16"):
+            inv_t = np.float32(1.0) / np.float32(call.temperature)
+            line = torch.from_numpy(values).to(torch.bfloat16 if call.dtype == "bf16" else torch.float16)
+            passes.append(select_search(line.float().numpy() * inv_t, call.top_k, call.top_p, raw=(line.view(torch.int16).numpy(), call.dtype, inv_t))["passes"])
+        else:
+            passes.append(select_search(values / np.float32(call.temperature), call.top_k, call.top_p)["passes"])
     return _search_trips(passes)
+
+
+# The Call fields of a search's passes (_search_trips), as measure_trips records them.
+SEARCH_FIELDS = ("search_exact_share", "search_value_share", "search_gather_share", "search_count_share", "search_window_share", "search_raw_count_share",
+                 "search_raw_share", "search_atomics")
 
 
 def _search_trips(passes: list[list[dict]]) -> dict:
@@ -732,7 +755,10 @@ def _search_trips(passes: list[list[dict]]) -> dict:
         return {"search_passes": 0.0}
     share = lambda stages: round(sum(q["stage"] in stages for q in every) / len(every), 4)  # noqa: E731
     return {"search_passes": round(len(every) / len(passes), 3), "search_exact_share": share((3,)), "search_value_share": share((2, 6)),
-            "search_gather_share": share((4, 5)), "search_count_share": round(sum(q["counts_only"] for q in every) / len(every), 4),
+            "search_gather_share": share((4, 5)), "search_window_share": share((5,)),
+            "search_count_share": round(sum(q["counts_only"] and q["stage"] == 1 for q in every) / len(every), 4),
+            "search_raw_count_share": round(sum(q["counts_only"] and q["stage"] == 7 for q in every) / len(every), 4),
+            "search_raw_share": round(sum(not q["counts_only"] and q["stage"] == 7 for q in every) / len(every), 4),
             "search_atomics": round(sum(q["binned"] for q in every if q["stage"] in (3, 4, 5)) / len(every), 4)}
 
 
@@ -811,11 +837,14 @@ def _work(launch, call: Call, phase: str) -> dict:
         tiles = c["CHUNK"] * merge // c["TILE"] * per_program
         # shares of the passes by stage (and top-k's that only count)
         exact, value, gather, count = call.search_exact_share, call.search_value_share, call.search_gather_share, call.search_count_share
+        window, raw_count, raw = call.search_window_share, call.search_raw_count_share, call.search_raw_share
         return {
-            "loops": {"search ticket loop": (per_program, c["CHUNK"]), "histogram tile": (tiles * (1 - exact - value - gather - count), c["TILE"]),
-                      "count histogram tile": (tiles * count, c["TILE"]),
+            "loops": {"search ticket loop": (per_program, c["CHUNK"]),
+                      "histogram tile": (tiles * (1 - exact - value - gather - count - raw_count - raw), c["TILE"]),
+                      "count histogram tile": (tiles * count, c["TILE"]), "raw count histogram tile": (tiles * raw_count, c["TILE"]),
+                      "raw histogram tile": (tiles * raw, c["TILE"]),
                       "mass histogram tile": (tiles * exact, c["TILE"]), "value histogram tile": (tiles * value, c["TILE"]),
-                      "gather tile": (tiles * gather, c["TILE"]),
+                      "gather tile": (tiles * (gather - window), c["TILE"]), "window gather tile": (tiles * window, c["TILE"]),
                       "histogram sum": (searched * math.ceil(runs / 4) / programs, 4 * (c["BINS"] + 1)), "spin wait": (0.0, 0)},
             "programs_used": programs,
             # the lines; the counts stored, then read; stage 3's masses zeroed, then read
@@ -1132,11 +1161,30 @@ def fixed_point_cut(scaled, top_k: int, top_p: float) -> int:
     return cut
 
 
-def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = None, gather: int = 2048) -> dict:
+def _raw_keys(bits):
+    """select.py's raw_key: the order keys of 16-bit floats from their bits (int16)."""
+    import numpy as np
+
+    b = np.asarray(bits, dtype=np.int16).astype(np.int64)
+    return np.where(b >= 0, b, b ^ 0x7FFF)
+
+
+def _raw_scaled(key: int, dtype: str, inv_t) -> float:
+    """select.py's raw_scaled: the scaled value of the 16-bit float (``dtype`` "bf16" or "fp16") of raw key ``key``."""
+    import numpy as np
+
+    bits = np.array([key if key >= 0 else key ^ 0x7FFF], dtype=np.int64).astype(np.int16)
+    value = (bits.astype(np.int32) << 16).view(np.float32) if dtype == "bf16" else bits.view(np.float16).astype(np.float32)
+    return float(value[0] * np.float32(inv_t))
+
+
+def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = None, gather: int = 2048, raw=None) -> dict:
     """select.py's whole-line search on one float32 line (a numpy vector), pass by pass: the cut
     (an order key), the kept mass (fixed point) and, per pass, its stage and the fraction of the
     line's values it bins or gathers (stage 3 adds each binned one's mass by a global atomic).
-    ``line_mass``: the statistics' mass of the line (default: its float64 sum)."""
+    ``line_mass``: the statistics' mass of the line (default: its float64 sum). ``raw``: a 16-bit
+    line's (bits as int16, "bf16" or "fp16", float32 1 / temperature), ``scaled`` being its values
+    times that: its top-k runs over the bits' keys (stage 7)."""
     import numpy as np
 
     f32, bins_n = np.float32, 256
@@ -1144,6 +1192,7 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
     finite = values > -np.inf
     s_all = values[finite]
     keys = _order_keys(s_all)
+    raw_keys = _raw_keys(raw[0])[finite] if raw is not None else None
     row_max = float(s_all.max())
     weights = _fixed_weights(s_all, row_max)
     if line_mass is None:
@@ -1161,11 +1210,14 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
     slots = np.arange(2 * bins_n)
     passes, kept = [], 0
     while stage:
+        if raw is not None and stage == 1 and lo == -(2**31):  # a 16-bit line's top-k: over raw keys
+            stage, lo, hi = 7, -32768, 32767
+        line_keys = raw_keys if stage == 7 else keys
         shift = max((hi - lo).bit_length(), 8) - 8
-        inside = (keys >= lo) & (keys <= hi)
-        above_mass = int(weights[keys > hi].sum())
+        inside = (line_keys >= lo) & (line_keys <= hi)
+        above_mass = int(weights[line_keys > hi].sum())
         # (a top-k pass whose top bin spans several keys cannot end the search: it counts, no mass)
-        counts_only = stage == 1 and (hi - lo) & ((1 << shift) - 1) != 0
+        counts_only = stage in (1, 7) and (hi - lo) & ((1 << shift) - 1) != 0
         passes.append({"stage": stage, "binned": float(inside.sum()) / values.size, "counts_only": counts_only})
         next_stage = 0
         if stage in (4, 5):
@@ -1214,38 +1266,44 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         else:
             counts = np.zeros(2 * bins_n, np.int64)
             masses = np.zeros(2 * bins_n, np.int64)
-            b = (keys[inside] - lo) >> shift
+            b = (line_keys[inside] - lo) >> shift
             np.add.at(counts, b, 1)
-            counts[bins_n] = (keys > hi).sum()
-            if stage == 3:
+            counts[bins_n] = (line_keys > hi).sum()
+            if stage in (3, 7):  # (stage 7's bins of one key: the kernel's count times the key's weight, the same sum)
                 np.add.at(masses, b, weights[inside])
             masses[bins_n] = above_mass
             first = lo + (slots << shift)
             w_first = _fixed_weights(_key_floats(first), row_max)
-            bin_mass = np.where((stage == 3) | (slots == bins_n), masses, counts * w_first)
+            bin_mass = np.where((stage in (3, 7)) | (slots == bins_n), masses, counts * w_first)
             count_from = counts[::-1].cumsum()[::-1]
             mass_from = bin_mass[::-1].cumsum()[::-1]
             in_window = slots < ((hi - lo) >> shift) + 1
-            ok = ((count_from >= top_k) if stage == 1 else (mass_from.astype(np.float64) * 2.0**-40 >= budget)) & in_window
+            ok = ((count_from >= top_k) if stage in (1, 7) else (mass_from.astype(np.float64) * 2.0**-40 >= budget)) & in_window
             best = int(slots[ok].max()) if ok.any() else 0
             lo, hi = lo + (best << shift), min(hi, lo + (best << shift) + (1 << shift) - 1)
             kept = int(mass_from[best])
             done = lo >= hi
             next_stage = 0 if done else stage
-            if stage == 1:
+            if stage in (1, 7):
+                strict = True
+                if done and stage == 7:  # the cut as a scaled key; one pass over it when its raw key below scales the same
+                    cut_value = _raw_scaled(lo, raw[1], raw[2])
+                    strict = lo == -32768 or _raw_scaled(max(lo - 1, -32768), raw[1], raw[2]) < cut_value
+                    lo = hi = _order_key(cut_value)
+                    next_stage = 0 if strict else 1
                 if done:
                     k_key = lo
-                    if use_p:
+                    if use_p and strict:
                         top_k_mass = float(f32(kept * 2.0**-40))
                         budget = float(f32(top_p) * f32(top_k_mass))
                         lo, hi = max(lo, _top_p_floor(row_max, top_k_mass, budget, int(count_from[best]))), top
                         next_stage = _top_p_stage(lo, hi)
-                elif count_from[best] <= gather:
+                elif stage == 1 and count_from[best] <= gather:
                     hi, next_stage = top, 4
         stage = next_stage
     # path: the passes as the kernel records them (a top-k pass that only counts as 7)
     return {"cut": lo, "kept_mass": kept, "passes": passes, "stages": [q["stage"] for q in passes],
-            "path": [7 if q["counts_only"] else q["stage"] for q in passes]}
+            "path": [7 if q["counts_only"] else 1 if q["stage"] == 7 else q["stage"] for q in passes]}
 
 
 def _order_key(value: float) -> int:
@@ -1308,17 +1366,21 @@ def measure_trips() -> dict:
             stats = next(launch for launch in launches(call, ASSUMPTIONS["multiprocessors"]) if launch.name == "line_stats")
             c = stats.constexprs
             parts, tiles_per_part = stats.grid[1], stats.args[-1]
+            # A bf16 call's lines of bf16 logits: their top-k over raw keys (select_search's raw)
+            raw16 = shape["dtype"] == "bf16" and torch.equal(logits.to(torch.bfloat16).float(), logits)
             for temperature, top_k, top_p in MEASURE_SETTINGS:
-                scaled = logits / temperature
+                inv_t = np.float32(1.0) / np.float32(temperature)
+                scaled = logits * torch.tensor(inv_t) if raw16 else logits / temperature
+                bits = logits.to(torch.bfloat16).view(torch.int16).numpy() if raw16 else None
                 outcomes = [candidate_outcome(line.numpy(), parts, c["T_LANES"], c["T_ROWS"], tiles_per_part, c["LINE_SLOTS"], _triton_backend.SORT,
                                               top_k, top_p) for line in scaled]
                 resolved = np.array([o["resolved"] for o in outcomes])
                 tau = filter_thresholds(scaled, torch.full((len(scaled),), top_k), torch.full((len(scaled),), top_p))
                 passes, differs = [], 0
-                for line, cut, outcome in zip(scaled, tau.tolist(), outcomes, strict=True):
+                for n, (line, cut, outcome) in enumerate(zip(scaled, tau.tolist(), outcomes, strict=True)):
                     if outcome["resolved"]:
                         continue
-                    search = select_search(line.numpy(), top_k, top_p)
+                    search = select_search(line.numpy(), top_k, top_p, raw=(bits[n], "bf16", inv_t) if raw16 else None)
                     if search["cut"] != fixed_point_cut(line.numpy(), top_k, top_p):
                         raise AssertionError(f"select_search's cut {search['cut']} is not the fixed-point masses' {fixed_point_cut(line.numpy(), top_k, top_p)}")
                     differs += search["cut"] != _order_key(cut)
@@ -1330,7 +1392,7 @@ def measure_trips() -> dict:
                     "temperature": temperature, "top_k": top_k, "top_p": top_p, "lines": len(outcomes),
                     "resolved_fraction": round(float(resolved.mean()), 4), "search_fraction": round(1 - float(resolved.mean()), 4),
                     "search_passes_mean": trips["search_passes"], "searched_cuts_unlike_the_float_reference": differs,
-                    **{name: trips.get(name, 0.0) for name in ("search_exact_share", "search_value_share", "search_gather_share", "search_count_share", "search_atomics")},
+                    **{name: trips.get(name, 0.0) for name in SEARCH_FIELDS},
                     "values_above_floor": {"median": float(np.median(above)), "p1": float(np.percentile(above, 1)), "overflow_fraction": float(np.mean(above < 0))},
                     "part_levels": dict(Counter(level for o in outcomes for level in o["levels"])),
                 })
@@ -1367,7 +1429,7 @@ def _measured_calls(measured: dict) -> list:
         call = Call(f"B=64 K=8 bf16 T={row['temperature']} top-k {row['top_k']} top-p {row['top_p']}, as measured on tiny_llama logits "
                     f"(searched {row['search_fraction']})", **_B64, temperature=row["temperature"], top_k=row["top_k"], top_p=row["top_p"],
                     search_fraction=row["search_fraction"], search_passes=row["search_passes_mean"],
-                    **{name: row.get(name, 0.0) for name in ("search_exact_share", "search_value_share", "search_gather_share", "search_count_share", "search_atomics")})
+                    **{name: row.get(name, 0.0) for name in SEARCH_FIELDS})
         found.append((call, {"x_unfiltered": 2.0}, "B=64 K=8 V=128256 bf16"))
     return found
 

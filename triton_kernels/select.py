@@ -30,14 +30,20 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    reaches the budget, the mass above hi does not). A window that does not, or that held more
    values than slots, narrows the bracket it was drawn from (stage 2's interval), and stage 3
    finishes the search.
+7. top-k of a bf16 or fp16 line: stage 1 over the raw keys of its logits' bits (``raw_key``),
+   whose order is the scaled values': 256 bins of the high byte, then single keys. The cut is
+   then the scaled value of its raw key, unless the raw key below scales to the same value (-0.0
+   below +0.0, or an underflow or overflow merged them): one pass of stage 1 over that single
+   scaled key then counts the kept set whole.
 
-Top-k ends within four passes (the fourth over single keys, or a gather), top-p within seven
-(value bins twice, a gather, then at most four of stage 3), both within eleven (PASSES). Masses are
-exact integers wherever a decision reads them, so the cut is the one key the fixed-point masses
-define, however the search went: the tokens are the eager reference's. A finished search writes
-the cut with the kept set's statistics (the line max, the kept mass), so no launch reads the line
-again for them; items of a line whose search has ended exit at once. bench.gpu_model.select_search
-follows these passes in numpy (the GPU model counts them; the tests check the kernel takes them).
+Top-k ends within four passes (the fourth over single keys, or a gather; a 16-bit line's within
+three), top-p within seven (value bins twice, a gather, then at most four of stage 3), both within
+eleven (PASSES). Masses are exact integers wherever a decision reads them, so the cut is the one
+key the fixed-point masses define, however the search went: the tokens are the eager reference's.
+A finished search writes the cut with the kept set's statistics (the line max, the kept mass), so
+no launch reads the line again for them; items of a line whose search has ended exit at once.
+bench.gpu_model.select_search follows these passes in numpy (the GPU model counts them; the tests
+check the kernel takes them).
 """
 
 import triton
@@ -96,23 +102,50 @@ def top_p_stage(lo, hi):
 
 
 @triton.jit
-def _tile(base, idx, width, inv_t, lo32, hi32):
-    """A tile's scaled values, their order keys, which finite ones have a key in [lo, hi] and
-    which above hi (keys in 32 bits: key - lo wraps to the right unsigned offset, hi - lo < 2**32)."""
-    s = tl.load(base + idx, mask=idx < width, other=float("-inf")).to(tl.float32) * inv_t
-    key = order_key(s)
+def raw_key(x, BF16: tl.constexpr):
+    """int32 key with the order of 16-bit floats ``x`` (bf16 or fp16) in [-32768, 32767], from
+    their bits (-0.0 just below +0.0: the two scale to one value, which the search allows for).
+    A bf16's bits are the high half of its float32's, whose order key is at hand (no 16-bit
+    extraction)."""
+    if BF16:
+        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+        return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF) >> 16
+    else:
+        bits = x.to(tl.int16, bitcast=True).to(tl.int32)
+        return tl.where(bits >= 0, bits, bits ^ 0x7FFF)
+
+
+@triton.jit
+def raw_scaled(key, inv_t, DTYPE: tl.constexpr):
+    """The scaled value (as a tile computes it) of the 16-bit float of DTYPE with raw key ``key``."""
+    bits = tl.where(key >= 0, key, key ^ 0x7FFF).to(tl.int16)
+    return bits.to(DTYPE, bitcast=True).to(tl.float32) * inv_t
+
+
+@triton.jit
+def _tile(base, idx, width, inv_t, lo32, hi32, RAW: tl.constexpr = False):
+    """A tile's scaled values, their order keys (with RAW the keys of the 16-bit logits' bits),
+    which finite ones have a key in [lo, hi] and which above hi (keys in 32 bits: key - lo wraps to
+    the right unsigned offset, hi - lo < 2**32)."""
+    x = tl.load(base + idx, mask=idx < width, other=float("-inf"))
+    s = x.to(tl.float32) * inv_t
+    if RAW:
+        key = raw_key(x, x.dtype == tl.bfloat16)
+    else:
+        key = order_key(s)
     finite = s > float("-inf")
     return s, key, finite & (key >= lo32) & (key <= hi32), finite & (key > hi32)
 
 
 @triton.jit
 def _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, t0, scale, mass_ptr, TILE: tl.constexpr,
-               BINS: tl.constexpr, MASSES: tl.constexpr, VALUE_BINS: tl.constexpr, ABOVE: tl.constexpr):
+               BINS: tl.constexpr, MASSES: tl.constexpr, VALUE_BINS: tl.constexpr, ABOVE: tl.constexpr, RAW: tl.constexpr = False):
     """The item's finite values (``span`` from ``first``) with key in [lo, hi] counted in BINS bins: of 2**shift keys from
     lo, or with VALUE_BINS of 1 / scale in value from t0; with MASSES their fixed-point masses also
     added by atomics into the item's zeroed slice. Returns (the counts, the count and the
     fixed-point mass of the keys above hi). ABOVE: 0, hi is the line max (none above); 1, the
-    count only (the mass returned is 0: a pass that reads none); 2, both. (MASSES sums the mass.)"""
+    count only (the mass returned is 0: a pass that reads none); 2, both. (MASSES sums the mass.)
+    RAW: keys of the 16-bit logits' bits (stage 7)."""
     offsets = tl.arange(0, TILE)
     shift32 = shift.to(tl.uint32)
     counts = tl.zeros((BINS,), tl.int32)
@@ -120,7 +153,7 @@ def _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, t0, scal
     above_count = tl.zeros((TILE,), tl.int32)
     above_mass = tl.zeros((TILE,), tl.int64)
     for start in range(0, span, TILE):
-        s, key, inside, above = _tile(base, first + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32))
+        s, key, inside, above = _tile(base, first + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32), RAW)
         if VALUE_BINS:
             bins = tl.minimum(tl.maximum(((s - t0) * scale).to(tl.int32), 0), BINS - 1)
         else:
@@ -177,20 +210,24 @@ def pick(values, index, n: tl.constexpr, other):
 
 
 @triton.jit
-def _narrow(counts, masses, lo, hi, shift, row_max, stage, budget, top_k, BINS: tl.constexpr):
+def _narrow(counts, masses, lo, hi, shift, row_max, stage, budget, top_k, inv_t, BINS: tl.constexpr, RAW16: tl.constexpr, DTYPE: tl.constexpr):
     """The bin of [lo, hi] holding the cut, and F(x) at each bin's first key (counts; fixed-point
     masses where exact: stage 3's, the keys above hi, a bin of one key). Both searches look for
     the largest key x with F(x) >= target, lo qualifying: top-k with F = count(key >= x) and
-    target k; top-p with F = mass(key >= x) and target the budget. Slot BINS holds the keys above hi."""
+    target k; top-p with F = mass(key >= x) and target the budget. Slot BINS holds the keys above hi.
+    (Stage 7's keys are a 16-bit line's raw keys: RAW16, of DTYPE.)"""
     slots = tl.arange(0, 2 * BINS)
     is_above = slots == BINS
     first = lo + (slots.to(tl.int64) << shift)
     w_first = _fixed_mass(key_to_float(first.to(tl.int32)), row_max)
+    if RAW16:
+        raw_first = tl.minimum(tl.maximum(first, -32768), 32767)  # (slots past the window: any key)
+        w_first = tl.where(stage == 7, _fixed_mass(raw_scaled(raw_first, inv_t, DTYPE), row_max), w_first)
     bin_mass = tl.where((stage == 3) | is_above, masses, counts.to(tl.int64) * w_first)
     count_from = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0) + counts
     mass_from = tl.sum(bin_mass, axis=0) - tl.cumsum(bin_mass, axis=0) + bin_mass
     in_window = slots < ((hi - lo) >> shift) + 1
-    ok = tl.where(stage == 1, count_from >= top_k, _reaches(mass_from, budget)) & in_window
+    ok = tl.where((stage == 1) | (stage == 7), count_from >= top_k, _reaches(mass_from, budget)) & in_window
     best = tl.max(tl.where(ok, slots, 0), axis=0)  # bin 0 (lo) qualifies by assumption
     return best, count_from, mass_from
 
@@ -283,6 +320,18 @@ def _select_pass(
     lo = tl.load(state + 1, cache_modifier=".cg").to(tl.int64)
     hi = tl.load(state + 2, cache_modifier=".cg").to(tl.int64)
     row_max = tl.load(state_f_ptr + line64 * 2, cache_modifier=".cg")
+    DTYPE: tl.constexpr = base.dtype.element_ty
+    RAW16: tl.constexpr = DTYPE.primitive_bitwidth == 16
+    if RAW16:
+        # A 16-bit line's top-k runs over the raw keys of its logits' bits (stage 7): their order is
+        # the scaled values' (x -> x / T only merges -0.0 with +0.0, and values where it overflows
+        # or underflows), and
+        # 65536 keys take two passes of 256 bins, the second over single keys. Its first pass
+        # comes as the scaled keys' first (stage 1 from -2**31, which no later pass has).
+        raw_start = (stage == 1) & (lo == -2147483648)
+        stage = tl.where(raw_start, 7, stage)
+        lo = tl.where(raw_start, -32768, lo)
+        hi = tl.where(raw_start, 32767, hi)
     shift = _shift(lo, hi)
     t0 = key_to_float(lo.to(tl.int32))
     scale = BINS / (key_to_float(hi.to(tl.int32)) - t0)  # value bins over [lo, hi] (stages 2 and 6)
@@ -306,12 +355,28 @@ def _select_pass(
         elif stage == 6:
             counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own,
                                                          TILE, BINS, False, True, 2)
-        elif _top_k_may_end(lo, hi, shift):
-            counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own,
-                                                         TILE, BINS, False, False, 2)
+        elif _top_k_may_end(lo, hi, shift):  # top-k (stage 1, or 7 over raw keys) that can end the search
+            if RAW16:
+                if stage == 7:
+                    counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale,
+                                                                 part_mass_ptr + own, TILE, BINS, False, False, 2, True)
+                else:
+                    counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale,
+                                                                 part_mass_ptr + own, TILE, BINS, False, False, 2)
+            else:
+                counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale,
+                                                             part_mass_ptr + own, TILE, BINS, False, False, 2)
         else:  # top-k key bins that cannot end the search: the counts decide, no mass is read
-            counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own,
-                                                         TILE, BINS, False, False, 1)
+            if RAW16:
+                if stage == 7:
+                    counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale,
+                                                                 part_mass_ptr + own, TILE, BINS, False, False, 1, True)
+                else:
+                    counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale,
+                                                                 part_mass_ptr + own, TILE, BINS, False, False, 1)
+            else:
+                counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale,
+                                                             part_mass_ptr + own, TILE, BINS, False, False, 1)
         tl.store(part_count_ptr + own + tl.arange(0, BINS), counts)
         tl.store(part_count_ptr + own + BINS, above_count)
     tl.store(part_mass_ptr + own + BINS, above_mass)
@@ -334,7 +399,8 @@ def _select_pass(
             line_counts += tl.sum(tl.load(part_count_ptr + every, mask=present & with_counts[None, :], other=0, cache_modifier=".cg"), axis=0)
             line_masses += tl.sum(tl.load(part_mass_ptr + every, mask=present & with_masses[None, :], other=0, cache_modifier=".cg"), axis=0)
         # The pass as the line's path records it: its stage, 7 for top-k key bins that only counted.
-        recorded = tl.where((stage == 1) & (_top_k_may_end(lo, hi, shift) == 0), 7, stage)
+        # (Stage 7's passes as stage 1's: the line's dtype tells them apart.)
+        recorded = tl.where((stage == 1) | (stage == 7), tl.where(_top_k_may_end(lo, hi, shift), 1, 7), stage)
         budget = tl.load(state_f_ptr + line64 * 2 + 1, cache_modifier=".cg")
         k_key = tl.load(state + 3, cache_modifier=".cg").to(tl.int64)
         bracket_lo = tl.load(state + 4, cache_modifier=".cg").to(tl.int64)
@@ -380,7 +446,7 @@ def _select_pass(
                 hi = bracket_hi
                 next_stage = next_stage + 3
         else:
-            best, count_from, mass_from = _narrow(line_counts, line_masses, lo, hi, shift, row_max, stage, budget, top_k, BINS)
+            best, count_from, mass_from = _narrow(line_counts, line_masses, lo, hi, shift, row_max, stage, budget, top_k, inv_t, BINS, RAW16, DTYPE)
             new_lo = lo + (best.to(tl.int64) << shift)
             hi = tl.minimum(hi, new_lo + (tl.full((), 1, tl.int64) << shift) - 1)
             lo = new_lo
@@ -389,11 +455,24 @@ def _select_pass(
             kept_mass = tl.max(tl.where(slots == best, mass_from, 0), axis=0)
             done = lo >= hi
             next_stage = tl.where(done, 0, stage)
-            if stage == 1:
+            if (stage == 1) | (stage == 7):
                 top = order_key(row_max).to(tl.int64)
                 if done:
+                    strict = done
+                    if RAW16:
+                        if stage == 7:
+                            # The cut as a scaled value's key. Its raw key's values are the kept
+                            # set's lowest unless the raw key below scales to the same value (-0.0
+                            # below +0.0, or values an underflow or overflow merged): then one pass
+                            # over that single scaled key finds the set's count and mass exactly
+                            # (stage 1 from there).
+                            cut_value = raw_scaled(lo, inv_t, DTYPE)
+                            strict = (lo == -32768) | (raw_scaled(tl.maximum(lo - 1, -32768), inv_t, DTYPE) < cut_value)
+                            lo = order_key(cut_value).to(tl.int64)
+                            hi = lo
+                            next_stage = tl.where(strict, next_stage, 1)
                     k_key = lo
-                    if use_p:
+                    if use_p & strict:
                         # Top-p inside the top-k set: its budget is top_p times the set's mass,
                         # searched over [k_key, line max] from above the floor no cut lies under.
                         top_k_mass = _unfixed(kept_mass).to(tl.float32)
@@ -402,7 +481,7 @@ def _select_pass(
                         lo = tl.maximum(lo, top_p_floor(row_max, top_k_mass, budget, kept_count))
                         hi = top
                         next_stage = top_p_stage(lo, hi)
-                elif tl.max(tl.where(slots == best, count_from, 0), axis=0) <= GATHER:
+                elif (stage == 1) & (tl.max(tl.where(slots == best, count_from, 0), axis=0) <= GATHER):
                     # Few enough values at or above lo: the next pass gathers them all.
                     hi = top
                     next_stage = next_stage * 0 + 4

@@ -363,6 +363,78 @@ def test_whole_line_search_takes_the_modelled_passes(seed, top_k, top_p, gather,
     assert kernel_stages == modelled["path"][:10]  # (the state records the first ten passes)
 
 
+def _underflowing_line() -> torch.Tensor:
+    """600 logits: 100 standard normal ones among 500 bf16 subnormals, which 1 / temperature = 1e-10
+    scales to 0 (distinct bits, one scaled value)."""
+    g = torch.Generator().manual_seed(2)
+    tiny = torch.randint(1, 61, (500,), generator=g).to(torch.int16).view(torch.bfloat16).float()
+    line = torch.cat([torch.randn(100, generator=g), tiny])
+    return line[torch.randperm(600, generator=g)]
+
+
+def _signed_zeros_line() -> torch.Tensor:
+    """600 logits: 300 standard normal ones (143 positive) among 150 +0.0 and 150 -0.0."""
+    g = torch.Generator().manual_seed(4)
+    line = torch.cat([torch.randn(300, generator=g), torch.zeros(150), -torch.zeros(150)])
+    return line[torch.randperm(600, generator=g)]
+
+
+# 16-bit lines (dtype, line: a seed or a kind, temperature, top-k, top-p, stages): top-k over the
+# raw keys of their bits (select.py's stage 7): 256 bins of the high byte, then single keys; then
+# top-p as for any line. When the raw key below the cut scales to the cut's own value (underflow;
+# -0.0 below +0.0), one pass over that scaled key (stage 1) finds the kept set.
+_RAW_PATHS = [
+    (torch.bfloat16, 1, 0.9, 450, 1.0, [7, 7]),
+    (torch.bfloat16, 1, 0.9, 40, 0.9, [7, 7, 2, 5]),
+    (torch.float16, 1, 0.9, 300, 0.97, [7, 7, 2, 5]),
+    (torch.bfloat16, -1, 1.0, 200, 0.9, [7, 7, 2, 5]),  # ties at the top
+    (torch.bfloat16, None, 1e10, 200, 1.0, [7, 7, 1]),  # the cut and the keys below it scale to 0
+    (torch.bfloat16, None, 1e10, 200, 0.9, [7, 7, 1, 2, 6, 3, 3, 3, 3]),
+    (torch.bfloat16, "zeros", 0.9, 200, 1.0, [7, 7, 1]),  # the cut at +0.0, -0.0 just below it
+    (torch.float16, "zeros", 0.9, 400, 1.0, [7, 7]),  # the cut at -0.0: every zero kept
+]
+
+
+@pytest.mark.parametrize("dtype,seed,temperature,top_k,top_p,stages", _RAW_PATHS)
+def test_whole_line_search_of_16_bit_lines_takes_raw_key_passes(dtype, seed, temperature, top_k, top_p, stages):
+    """A bf16 or fp16 line's top-k takes two passes over the raw keys of its logits (the scaled
+    values' order), the cut as the reference's; the kernel's passes are select_search's (its path
+    records a raw pass as a scaled key pass: 7 that only counts, 1 that ends)."""
+    import numpy as np
+
+    from bench.gpu_model import select_search
+    from specdec_ext._params import inverse_temperature
+
+    line = _underflowing_line() if seed is None else _signed_zeros_line() if seed == "zeros" else _search_line(seed)
+    target = line.to(dtype).reshape(1, 1, 600)
+    args = _params.validate_verify(target, None, torch.zeros(1, 0, dtype=torch.int64), generator=None, check=False, temperature=temperature,
+                                   top_k=top_k, top_p=top_p, num_draft_tokens=None)
+    got, resolved = _triton_thresholds(args, **_SEARCHED, select_gather=16)
+    assert torch.equal(got, _reference_thresholds(args)), got.tolist()
+    assert resolved.tolist() == [0]
+    path = int(_triton_backend.workspace(target.device).ints[_search_state_offset(args, 16) + 7])
+    inv_t = inverse_temperature(torch.tensor([temperature]))
+    raw = (target[0, 0].view(torch.int16).numpy(), "bf16" if dtype == torch.bfloat16 else "fp16", np.float32(inv_t.item()))
+    modelled = select_search((target[0, 0].float() * inv_t).numpy(), top_k, top_p, gather=16, raw=raw)
+    assert modelled["stages"] == stages
+    assert [int(d) for d in oct(path)[2:]] == modelled["path"]
+
+
+def test_whole_line_search_of_merged_raw_keys_gives_the_reference_tokens():
+    """When 1 / temperature merges the raw keys at and below the top-k cut into one scaled value,
+    the kept set is every value at or above it (its count and mass found by one more pass): token
+    for token, with the probabilities, through the whole call."""
+    line = _underflowing_line()
+    target = torch.stack([line, line.flip(0)]).to(torch.bfloat16).reshape(1, 2, 600)
+    draft = line.roll(7).to(torch.bfloat16).reshape(1, 1, 600)
+    tokens = torch.tensor([[3]])
+    seeds, offsets = _keys(1)
+    for params in ({"top_k": 200}, {"top_k": 200, "top_p": 0.9}):
+        args = _args(target, draft, tokens, seeds=seeds, offsets=offsets, temperature=1e10, return_logprobs="processed", return_accept_probs=True,
+                     **params)
+        assert_same(_triton_backend.verify(args, 3, **_SEARCHED), verify_eager(args, 3))
+
+
 def _search_state_offset(args, gather: int) -> int:
     """Where line 0's search state lies in the integer workspace."""
     geo = _triton_backend.geometry(args.target_logits.device, **_SEARCHED, select_gather=gather)
