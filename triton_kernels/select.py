@@ -171,6 +171,24 @@ def _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, t0, scal
 
 
 @triton.jit
+def _key_histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, raw, TILE: tl.constexpr, BINS: tl.constexpr, ABOVE: tl.constexpr,
+                   RAW16: tl.constexpr):
+    """A top-k pass's key bins (``_histogram``, no masses): of a 16-bit line's raw keys where
+    ``raw`` (stage 7; RAW16: the line is bf16 or fp16), else of the scaled values' keys."""
+    if RAW16:
+        if raw:
+            counts, above_count, above_mass = _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, 0.0, 0.0, base, TILE, BINS, False,
+                                                         False, ABOVE, True)
+        else:
+            counts, above_count, above_mass = _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, 0.0, 0.0, base, TILE, BINS, False,
+                                                         False, ABOVE)
+    else:
+        counts, above_count, above_mass = _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, 0.0, 0.0, base, TILE, BINS, False,
+                                                     False, ABOVE)
+    return counts, above_count, above_mass
+
+
+@triton.jit
 def _gather(base, first, span, width, inv_t, row_max, lo, hi, gathered_ptr, keys_ptr, TILE: tl.constexpr, GATHER: tl.constexpr,
             ABOVE: tl.constexpr):
     """The item's finite values (``span`` from ``first``) with key in [lo, hi] written to the line's GATHER key slots (a slot
@@ -356,27 +374,11 @@ def _select_pass(
             counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own,
                                                          TILE, BINS, False, True, 2)
         elif _top_k_may_end(lo, hi, shift):  # top-k (stage 1, or 7 over raw keys) that can end the search
-            if RAW16:
-                if stage == 7:
-                    counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale,
-                                                                 part_mass_ptr + own, TILE, BINS, False, False, 2, True)
-                else:
-                    counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale,
-                                                                 part_mass_ptr + own, TILE, BINS, False, False, 2)
-            else:
-                counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale,
-                                                             part_mass_ptr + own, TILE, BINS, False, False, 2)
+            counts, above_count, above_mass = _key_histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, stage == 7, TILE, BINS, 2,
+                                                             RAW16)
         else:  # top-k key bins that cannot end the search: the counts decide, no mass is read
-            if RAW16:
-                if stage == 7:
-                    counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale,
-                                                                 part_mass_ptr + own, TILE, BINS, False, False, 1, True)
-                else:
-                    counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale,
-                                                                 part_mass_ptr + own, TILE, BINS, False, False, 1)
-            else:
-                counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale,
-                                                             part_mass_ptr + own, TILE, BINS, False, False, 1)
+            counts, above_count, above_mass = _key_histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, stage == 7, TILE, BINS, 1,
+                                                             RAW16)
         tl.store(part_count_ptr + own + tl.arange(0, BINS), counts)
         tl.store(part_count_ptr + own + BINS, above_count)
     tl.store(part_mass_ptr + own + BINS, above_mass)
