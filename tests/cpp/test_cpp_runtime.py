@@ -68,8 +68,9 @@ def _entry_point_calls(batch=8, k=7, vocab=128256):
 def test_the_gil_is_released_during_a_call(entry):
     """Another Python thread keeps running while a call computes. With the GIL held it could run
     only in the switch interval after the call (set to 0.1 ms here), so its count would stay near
-    zero whatever the call's length; released, it counts for the whole call."""
-    calls = _entry_point_calls()
+    zero whatever the call's length; released, it counts for the whole call. (32 rows: calls long
+    enough that a busy machine's slower spinner still counts well past the threshold.)"""
+    calls = _entry_point_calls(batch=32)
     count = [0]
     stop = threading.Event()
 
