@@ -60,7 +60,7 @@ from .stats import line_of
 # rounding. 2**40 and its inverse are written as literals (see thresholds.py on module constants).
 # A mass F compares with a budget as float64(F) * 2**-40 >= budget, wherever it is decided.
 
-# The state of a line: 8 int32 (stage, lo, hi, top-k key, bracket lo, bracket hi, gathered, the stages passed).
+# The state of a line: 8 int32 (stage, lo, hi, top-k key, bracket lo, bracket hi, gathered, the passes taken: 3 bits each).
 
 
 @triton.jit
