@@ -535,7 +535,8 @@ LOOP_KINDS = {
     "histogram tile": "CHUNK / TILE steps per search item of a top-k pass over key bins that can end the search (it sums the mass above)",
     "count histogram tile": "CHUNK / TILE steps per search item of a top-k pass over key bins that only counts (search_count_share, MEASURED)",
     "raw count histogram tile": "CHUNK / TILE steps per search item of a 16-bit line's first top-k pass, over its raw keys (stage 7: search_raw_count_share, MEASURED)",
-    "raw histogram tile": "CHUNK / TILE steps per search item of a 16-bit line's second top-k pass, over single raw keys (stage 7: search_raw_share, MEASURED)",
+    "raw histogram tile": "CHUNK / TILE steps per search item of a 16-bit line's pass over single raw keys: top-k's second (stage 7), a top-p window (stage 8) "
+                          "(search_raw_share, MEASURED)",
     "histogram sum": "the last item of a line's pass sums the chunks' histograms, four chunks per step",
     "context step": "a tree walk's contexts: tree_depth + 1 per row",
     "line check step": "check=True: every context a tree row could use, N + 1 per row",
@@ -758,7 +759,7 @@ def _search_trips(passes: list[list[dict]]) -> dict:
             "search_gather_share": share((4, 5)), "search_window_share": share((5,)),
             "search_count_share": round(sum(q["counts_only"] and q["stage"] == 1 for q in every) / len(every), 4),
             "search_raw_count_share": round(sum(q["counts_only"] and q["stage"] == 7 for q in every) / len(every), 4),
-            "search_raw_share": round(sum(not q["counts_only"] and q["stage"] == 7 for q in every) / len(every), 4),
+            "search_raw_share": round(sum(not q["counts_only"] and q["stage"] in (7, 8) for q in every) / len(every), 4),
             "search_atomics": round(sum(q["binned"] for q in every if q["stage"] in (3, 4, 5)) / len(every), 4)}
 
 
@@ -1178,13 +1179,63 @@ def _raw_scaled(key: int, dtype: str, inv_t) -> float:
     return float(value[0] * np.float32(inv_t))
 
 
+def _cut_bins(counts, above_mass: int, t0: float, scale, row_max: float, budget: float) -> tuple[int, int]:
+    """select.py's _cut_bins: the lowest and the highest value bin that can hold the cut, from
+    bounds on each bin's mass (its count times the weights at its edges)."""
+    import numpy as np
+
+    f32 = np.float32
+    j = np.arange(256)
+    low = counts[:256].astype(np.int64) * _fixed_weights(f32(t0) + j.astype(f32) / f32(scale), row_max)
+    high = counts[:256].astype(np.int64) * _fixed_weights(f32(t0) + (j + 1).astype(f32) / f32(scale), row_max)
+    reach = lambda masses: masses[::-1].cumsum()[::-1] + above_mass  # noqa: E731
+    first = max((int(b) for b in j[reach(low).astype(np.float64) * 2.0**-40 >= budget]), default=0)
+    last = max((int(b) for b in j[reach(high).astype(np.float64) * 2.0**-40 >= budget]), default=0)
+    return first, last
+
+
+def _logit_key(s, inv_t, dtype: str) -> int:
+    """select.py's _logit_key: the raw key of the 16-bit logit nearest scaled value ``s`` (a bf16's rounded down)."""
+    import numpy as np
+
+    logit = np.float32(s) / np.float32(inv_t)
+    if dtype == "bf16":
+        bits = int(np.array([logit], dtype=np.float32).view(np.int32)[0])
+        return (bits if bits >= 0 else bits ^ 0x7FFFFFFF) >> 16
+    with np.errstate(over="ignore"):  # (to inf, as the kernel's conversion)
+        bits = int(np.array([logit], dtype=np.float32).astype(np.float16).view(np.int16)[0])
+    return bits if bits >= 0 else bits ^ 0x7FFF
+
+
+def _raw_window(first_bin: int, last_bin: int, t0: float, scale, inv_t, row_max: float, k_key: int, dtype: str) -> tuple[int, bool]:
+    """select.py's _raw_window: the first of 256 single raw keys over value bins [first_bin,
+    last_bin] and one more either side, and whether they cover them (up to the line max), none
+    below the top-k key, and no key below the window scales to its first key's value."""
+    import numpy as np
+
+    f32 = np.float32
+    inf_key = 32640 if dtype == "bf16" else 31744
+    low_edge = f32(t0) + f32(first_bin - 1) / f32(scale) if first_bin >= 1 else f32(t0)
+    high_edge = f32(t0) + f32(last_bin + 2) / f32(scale) if last_bin + 2 < 256 else f32(row_max)
+    key_low = _logit_key(low_edge, inv_t, dtype) - 1
+    key_high = _logit_key(min(high_edge, f32(row_max)), inv_t, dtype) + 1
+    first = min(max(((key_low + key_high) >> 1) - 127, -32768), 32767 - 255)
+    low = _raw_scaled(max(first, -inf_key - 1), dtype, inv_t)
+    if _order_key(low) < k_key:
+        first = min(max(key_low, -32768), 32767 - 255)
+        low = _raw_scaled(max(first, -inf_key - 1), dtype, inv_t)
+    high = _raw_scaled(min(first + 255, inf_key), dtype, inv_t)
+    apart = first <= -inf_key - 1 or _raw_scaled(max(first - 1, -inf_key - 1), dtype, inv_t) < low
+    return first, bool(low <= low_edge and high >= min(high_edge, f32(row_max)) and _order_key(low) >= k_key and apart)
+
+
 def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = None, gather: int = 2048, raw=None) -> dict:
     """select.py's whole-line search on one float32 line (a numpy vector), pass by pass: the cut
     (an order key), the kept mass (fixed point) and, per pass, its stage and the fraction of the
     line's values it bins or gathers (stage 3 adds each binned one's mass by a global atomic).
     ``line_mass``: the statistics' mass of the line (default: its float64 sum). ``raw``: a 16-bit
     line's (bits as int16, "bf16" or "fp16", float32 1 / temperature), ``scaled`` being its values
-    times that: its top-k runs over the bits' keys (stage 7)."""
+    times that: its top-k runs over the bits' keys (stage 7), its top-p through a raw window (stage 8)."""
     import numpy as np
 
     f32, bins_n = np.float32, 256
@@ -1212,7 +1263,7 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
     while stage:
         if raw is not None and stage == 1 and lo == -(2**31):  # a 16-bit line's top-k: over raw keys
             stage, lo, hi = 7, -32768, 32767
-        line_keys = raw_keys if stage == 7 else keys
+        line_keys = raw_keys if stage in (7, 8) else keys
         shift = max((hi - lo).bit_length(), 8) - 8
         inside = (line_keys >= lo) & (line_keys <= hi)
         above_mass = int(weights[line_keys > hi].sum())
@@ -1257,12 +1308,37 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
             if stage == 2:
                 bracket = (lo, hi)
             around = _value_window(max(cut_bin - 4, 0), min(cut_bin + 4, bins_n - 1), lo, hi, t0, scale)
-            if radius < 1 and stage == 2 and around[1] - around[0] >= 65536:
+            first, covers = 0, False
+            if raw is not None:  # over the bins that can hold the cut, else (no wider gather) around the estimated bin
+                first, covers = _raw_window(*_cut_bins(counts, above_mass, t0, scale, row_max, budget), t0, scale, raw[2], row_max, k_key, raw[1])
+                if not covers and radius < 2:
+                    first, covers = _raw_window(cut_bin - 1, cut_bin + 1, t0, scale, raw[2], row_max, k_key, raw[1])
+            if covers:
+                (lo, hi), next_stage = (first, first + 255), 8
+            elif radius < 1 and stage == 2 and around[1] - around[0] >= 65536:
                 (lo, hi), next_stage = around, 6
             elif radius >= 0:
                 (lo, hi), next_stage = _value_window(max(cut_bin - radius, 0), min(cut_bin + radius, bins_n - 1), lo, hi, t0, scale), 5
             else:
                 (lo, hi), next_stage = bracket, 3
+        elif stage == 8:  # a raw window: each key's mass exact (its count times its weight)
+            masses = np.zeros(2 * bins_n, np.int64)
+            np.add.at(masses, line_keys[inside] - lo, weights[inside])
+            masses[bins_n] = above_mass
+            mass_from = masses[::-1].cumsum()[::-1]
+            ok = (mass_from.astype(np.float64) * 2.0**-40 >= budget) & (slots < bins_n)
+            best = int(slots[ok].max()) if ok.any() else 0
+            above, whole = reaches(above_mass, budget), reaches(mass_from[0], budget)
+            scaled_of = lambda key: _raw_scaled(key, raw[1], raw[2])  # noqa: E731
+            cut_value = scaled_of(lo + best)
+            values = np.array([scaled_of(min(lo + j, 32767)) for j in range(bins_n)], dtype=f32)
+            kept = int(max((mass_from[j] for j in range(bins_n) if values[j] >= cut_value), default=0))
+            window_lo = lo
+            lo = hi = _order_key(cut_value)
+            if above or not whole:
+                lo = _order_key(scaled_of(min(window_lo + 256, 32767))) if above else bracket[0]
+                hi = bracket[1] if above else max(_order_key(scaled_of(window_lo)), bracket[0])
+                next_stage = 3
         else:
             counts = np.zeros(2 * bins_n, np.int64)
             masses = np.zeros(2 * bins_n, np.int64)

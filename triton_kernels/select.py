@@ -35,10 +35,19 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    then the scaled value of its raw key, unless the raw key below scales to the same value (-0.0
    below +0.0, or an underflow or overflow merged them): one pass of stage 1 over that single
    scaled key then counts the kept set whole.
+8. top-p of a bf16 or fp16 line, after a value-bin pass: a window of 256 single raw keys over the
+   bins that can hold the cut (``_cut_bins``: bounds on each bin's mass from the weights at its
+   edges) when it covers them (``_raw_window``), else, unless a gather reaches further, over the
+   estimated bin and the two either side when it covers those; counted in one bin each while the
+   mass above it is summed. Every value of a raw key has the same mass, so
+   the counts give each key's mass exactly: the cut is found in the window, however many values
+   it holds (no gather, no slots to overflow), or the window misses it and the bracket narrows as
+   after a gather (stage 3 then). (No key below the window scales to its first key's value, so
+   the kept set's mass is the window's from the cut's value up, and the mass above it.)
 
 Top-k ends within four passes (the fourth over single keys, or a gather; a 16-bit line's within
-three), top-p within seven (value bins twice, a gather, then at most four of stage 3), both within
-eleven (PASSES). Masses are exact integers wherever a decision reads them, so the cut is the one
+three), top-p within seven (value bins twice, a gather, then at most four of stage 3; a 16-bit
+line's value bins, its raw window, then those four at most), both within eleven (PASSES). Masses are exact integers wherever a decision reads them, so the cut is the one
 key the fixed-point masses define, however the search went: the tokens are the eager reference's.
 A finished search writes the cut with the kept set's statistics (the line max, the kept mass), so
 no launch reads the line again for them; items of a line whose search has ended exit at once.
@@ -60,7 +69,7 @@ from .stats import line_of
 # rounding. 2**40 and its inverse are written as literals (see thresholds.py on module constants).
 # A mass F compares with a budget as float64(F) * 2**-40 >= budget, wherever it is decided.
 
-# The state of a line: 8 int32 (stage, lo, hi, top-k key, bracket lo, bracket hi, gathered, the passes taken: 3 bits each).
+# The state of a line: 8 int32 (stage, lo, hi, top-k key, bracket lo, bracket hi, gathered, the passes taken: 4 bits each).
 
 
 @triton.jit
@@ -233,14 +242,14 @@ def _narrow(counts, masses, lo, hi, shift, row_max, stage, budget, top_k, inv_t,
     masses where exact: stage 3's, the keys above hi, a bin of one key). Both searches look for
     the largest key x with F(x) >= target, lo qualifying: top-k with F = count(key >= x) and
     target k; top-p with F = mass(key >= x) and target the budget. Slot BINS holds the keys above hi.
-    (Stage 7's keys are a 16-bit line's raw keys: RAW16, of DTYPE.)"""
+    (Stages 7 and 8's keys are a 16-bit line's raw keys: RAW16, of DTYPE.)"""
     slots = tl.arange(0, 2 * BINS)
     is_above = slots == BINS
     first = lo + (slots.to(tl.int64) << shift)
     w_first = _fixed_mass(key_to_float(first.to(tl.int32)), row_max)
     if RAW16:
         raw_first = tl.minimum(tl.maximum(first, -32768), 32767)  # (slots past the window: any key)
-        w_first = tl.where(stage == 7, _fixed_mass(raw_scaled(raw_first, inv_t, DTYPE), row_max), w_first)
+        w_first = tl.where((stage == 7) | (stage == 8), _fixed_mass(raw_scaled(raw_first, inv_t, DTYPE), row_max), w_first)
     bin_mass = tl.where((stage == 3) | is_above, masses, counts.to(tl.int64) * w_first)
     count_from = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0) + counts
     mass_from = tl.sum(bin_mass, axis=0) - tl.cumsum(bin_mass, axis=0) + bin_mass
@@ -257,6 +266,63 @@ def _window(first_bin, last_bin, lo, hi, t0, scale, BINS: tl.constexpr):
     window_hi = tl.where(last_bin < BINS - 1, order_key(t0 + (last_bin + 1).to(tl.float32) / scale).to(tl.int64), hi)
     window_lo = tl.minimum(tl.maximum(window_lo, lo), hi)
     return window_lo, tl.maximum(tl.minimum(window_hi, hi), window_lo)
+
+
+@triton.jit
+def _cut_bins(counts, above_mass, t0, scale, row_max, budget, BINS: tl.constexpr):
+    """After a value-bin pass: the lowest and the highest bin that can hold the cut. A bin's values
+    lie between its edges, so its mass lies between its count times the weights at them (fixed
+    point, as each value's own); the cut's bin, the highest whose mass from there up (with the
+    exact mass above hi) reaches the budget, is at least the highest whose lower bound reaches it
+    and at most the highest whose upper bound does. (Within the rounding of the binning and of
+    exp near an edge: a window takes a bin more either side, and checks itself exactly.) The
+    counts come in 2 * BINS slots, the value bins first."""
+    slots = tl.arange(0, 2 * BINS)
+    in_bins = slots < BINS
+    low = tl.where(in_bins, counts.to(tl.int64) * _fixed_mass(t0 + tl.math.div_rn(slots.to(tl.float32), scale), row_max), 0)
+    high = tl.where(in_bins, counts.to(tl.int64) * _fixed_mass(t0 + tl.math.div_rn((slots + 1).to(tl.float32), scale), row_max), 0)
+    low_from = tl.sum(low, axis=0) - tl.cumsum(low, axis=0) + low + above_mass
+    high_from = tl.sum(high, axis=0) - tl.cumsum(high, axis=0) + high + above_mass
+    first = tl.max(tl.where(_reaches(low_from, budget) & in_bins, slots, 0), axis=0)
+    last = tl.max(tl.where(_reaches(high_from, budget) & in_bins, slots, 0), axis=0)
+    return first, last
+
+
+@triton.jit
+def _logit_key(s, inv_t, DTYPE: tl.constexpr):
+    """The raw key of the 16-bit logit nearest scaled value ``s`` (a bf16's rounded down)."""
+    logit = tl.math.div_rn(s, inv_t)
+    if DTYPE == tl.bfloat16:
+        return raw_key(logit, True)  # (the high half of its float32 bits)
+    else:
+        return raw_key(logit.to(tl.float16), False)
+
+
+@triton.jit
+def _raw_window(first_bin, last_bin, t0, scale, inv_t, row_max, k_key, DTYPE: tl.constexpr, BINS: tl.constexpr):
+    """A 16-bit line's window of 256 single raw keys (stage 8) over value bins [first_bin, last_bin]
+    (bins of 1 / scale from t0) and one bin more either side, centred on them: its first raw key,
+    and whether its values do cover them (up to the line max), with none below the top-k key
+    ``k_key`` (whose set the masses are of; else the window starts at the bins' low edge) and none
+    sharing its first key's value with a key below it. Divisions rounded as IEEE, as the GPU
+    model's."""
+    INF_KEY: tl.constexpr = 32640 if DTYPE == tl.bfloat16 else 31744  # +inf's raw key (-inf's: -INF_KEY - 1)
+    low_edge = tl.where(first_bin >= 1, t0 + tl.math.div_rn((first_bin - 1).to(tl.float32), scale), t0)
+    high_edge = tl.where(last_bin + 2 < BINS, t0 + tl.math.div_rn((last_bin + 2).to(tl.float32), scale), row_max)
+    key_low = _logit_key(low_edge, inv_t, DTYPE) - 1
+    key_high = _logit_key(tl.minimum(high_edge, row_max), inv_t, DTYPE) + 1
+    first = tl.minimum(tl.maximum(((key_low + key_high) >> 1) - 127, -32768), 32767 - 255)
+    low = raw_scaled(tl.maximum(first, -INF_KEY - 1), inv_t, DTYPE)
+    if order_key(low) < k_key:
+        first = tl.minimum(tl.maximum(key_low, -32768), 32767 - 255)
+        low = raw_scaled(tl.maximum(first, -INF_KEY - 1), inv_t, DTYPE)
+    high = raw_scaled(tl.minimum(first + 255, INF_KEY), inv_t, DTYPE)
+    # No raw key below the window scales to its first key's value (-0.0 below +0.0, an underflow):
+    # each value of the window then has all its raw keys in it or above it.
+    below = raw_scaled(tl.maximum(first - 1, -INF_KEY - 1), inv_t, DTYPE)
+    apart = (first <= -INF_KEY - 1) | (below < low)
+    covers = (low <= low_edge) & (high >= tl.minimum(high_edge, row_max)) & (order_key(low).to(tl.int64) >= k_key) & apart
+    return first.to(tl.int64), covers
 
 
 @triton.jit
@@ -373,9 +439,9 @@ def _select_pass(
         elif stage == 6:
             counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own,
                                                          TILE, BINS, False, True, 2)
-        elif _top_k_may_end(lo, hi, shift):  # top-k (stage 1, or 7 over raw keys) that can end the search
-            counts, above_count, above_mass = _key_histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, stage == 7, TILE, BINS, 2,
-                                                             RAW16)
+        elif _top_k_may_end(lo, hi, shift):  # top-k (stage 1, or 7 over raw keys) that can end the search, or a raw window (8)
+            counts, above_count, above_mass = _key_histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, (stage == 7) | (stage == 8),
+                                                             TILE, BINS, 2, RAW16)
         else:  # top-k key bins that cannot end the search: the counts decide, no mass is read
             counts, above_count, above_mass = _key_histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, stage == 7, TILE, BINS, 1,
                                                              RAW16)
@@ -401,7 +467,7 @@ def _select_pass(
             line_counts += tl.sum(tl.load(part_count_ptr + every, mask=present & with_counts[None, :], other=0, cache_modifier=".cg"), axis=0)
             line_masses += tl.sum(tl.load(part_mass_ptr + every, mask=present & with_masses[None, :], other=0, cache_modifier=".cg"), axis=0)
         # The pass as the line's path records it: its stage, 7 for top-k key bins that only counted.
-        # (Stage 7's passes as stage 1's: the line's dtype tells them apart.)
+        # (Stage 7's passes as stage 1's: the line's dtype tells them apart; stage 8 as 8.)
         recorded = tl.where((stage == 1) | (stage == 7), tl.where(_top_k_may_end(lo, hi, shift), 1, 7), stage)
         budget = tl.load(state_f_ptr + line64 * 2 + 1, cache_modifier=".cg")
         k_key = tl.load(state + 3, cache_modifier=".cg").to(tl.int64)
@@ -436,7 +502,21 @@ def _select_pass(
                 bracket_lo = lo
                 bracket_hi = hi
             around_lo, around_hi = _window(tl.maximum(cut_bin - 4, 0), tl.minimum(cut_bin + 4, BINS - 1), lo, hi, t0, scale, BINS)
-            if (radius < 1) & (stage == 2) & (around_hi - around_lo >= 65536):
+            # A 16-bit line: 256 single raw keys over the bins that can hold the cut when they cover
+            # them; else, unless a gather reaches further around the estimated bin (two bins or
+            # more either side), over that bin and two either side when they cover those.
+            raw_first = lo * 0
+            covers = cut_bin < 0
+            if RAW16:
+                first_bin, last_bin = _cut_bins(line_counts, above_mass, t0, scale, row_max, budget, BINS)
+                raw_first, covers = _raw_window(first_bin, last_bin, t0, scale, inv_t, row_max, k_key, DTYPE, BINS)
+                if (covers == 0) & (radius < 2):
+                    raw_first, covers = _raw_window(cut_bin - 1, cut_bin + 1, t0, scale, inv_t, row_max, k_key, DTYPE, BINS)
+            if covers:
+                lo = raw_first
+                hi = raw_first + 255
+                next_stage = next_stage + 8
+            elif (radius < 1) & (stage == 2) & (around_hi - around_lo >= 65536):
                 lo = around_lo
                 hi = around_hi
                 next_stage = next_stage + 6
@@ -447,6 +527,30 @@ def _select_pass(
                 lo = bracket_lo
                 hi = bracket_hi
                 next_stage = next_stage + 3
+        elif stage == 8:
+            # A raw window (RAW16 only): each key's mass is its count times its value's weight, so
+            # the mass from each key up is exact. The window holds the cut when the mass above it
+            # does not reach the budget and the mass from its first key up does; else the bracket
+            # narrows to the side that holds the cut, in scaled keys, for exact key bins (stage 3).
+            best, count_from, mass_from = _narrow(line_counts, line_masses, lo, hi, shift, row_max, stage, budget, top_k, inv_t, BINS, RAW16, DTYPE)
+            above = _reaches(above_mass, budget)
+            whole = _reaches(tl.max(tl.where(slots == 0, mass_from, 0), axis=0), budget)
+            if RAW16:
+                window_lo = lo
+                cut_value = raw_scaled(lo + best, inv_t, DTYPE)
+                values = raw_scaled(tl.minimum(lo + slots, 32767), inv_t, DTYPE)
+                # The kept set: every key of the window whose value reaches the cut's (raw keys the
+                # scaling merged into one value: the mass from the lowest of them up, which
+                # _raw_window keeps in the window), and all above it.
+                kept_mass = tl.max(tl.where((slots < BINS) & (values >= cut_value), mass_from, 0), axis=0)
+                lo = order_key(cut_value).to(tl.int64)
+                hi = lo
+                if above | (whole == 0):
+                    # (values above the window are finite: its last key + 1 is one below +inf's at most)
+                    past = order_key(raw_scaled(tl.minimum(window_lo + 256, 32767), inv_t, DTYPE)).to(tl.int64)
+                    lo = tl.where(above, past, bracket_lo)
+                    hi = tl.where(above, bracket_hi, tl.maximum(order_key(raw_scaled(window_lo, inv_t, DTYPE)).to(tl.int64), bracket_lo))
+                    next_stage = next_stage * 0 + 3
         else:
             best, count_from, mass_from = _narrow(line_counts, line_masses, lo, hi, shift, row_max, stage, budget, top_k, inv_t, BINS, RAW16, DTYPE)
             new_lo = lo + (best.to(tl.int64) << shift)
@@ -489,8 +593,8 @@ def _select_pass(
                     next_stage = next_stage * 0 + 4
         if (next_stage == 4) | (next_stage == 5):
             tl.store(state + 6, 0)  # the gather's slot counter
-        path = tl.load(state + 7, cache_modifier=".cg")  # the line's first ten passes, 3 bits each (tests read them)
-        tl.store(state + 7, tl.where(path < 1 << 27, path * 8 + recorded, path))
+        path = tl.load(state + 7, cache_modifier=".cg")  # the line's first seven passes, 4 bits each (tests read them)
+        tl.store(state + 7, tl.where(path < 1 << 24, path * 16 + recorded, path))
         tl.store(state, next_stage)
         tl.store(state + 1, lo.to(tl.int32))
         tl.store(state + 2, hi.to(tl.int32))

@@ -356,11 +356,11 @@ def test_whole_line_search_takes_the_modelled_passes(seed, top_k, top_p, gather,
     assert torch.equal(got, _reference_thresholds(args)), got.tolist()
     assert resolved.tolist() == [0]  # the whole-line search cut it
     path = int(_triton_backend.workspace(target.device).ints[_search_state_offset(args, gather) + 7])
-    kernel_stages = [int(d) for d in oct(path)[2:]] if path else []
+    kernel_stages = [int(d, 16) for d in hex(path)[2:]] if path else []
     scaled = (target[0, 0].float() * inverse_temperature(torch.tensor([temperature]))).numpy()
     modelled = select_search(scaled, top_k, top_p, gather=gather)
     assert modelled["stages"] == stages
-    assert kernel_stages == modelled["path"][:10]  # (the state records the first ten passes)
+    assert kernel_stages == modelled["path"][:7]  # (the state records the first seven passes)
 
 
 def _underflowing_line() -> torch.Tensor:
@@ -379,33 +379,53 @@ def _signed_zeros_line() -> torch.Tensor:
     return line[torch.randperm(600, generator=g)]
 
 
+def _grid_line(seed: int) -> torch.Tensor:
+    """600 standard normal logits rounded to a grid of 1/4: ties whose values sit on the grid, not
+    at the value bins' middles (the bins' estimated masses then place the cut too high or too low)."""
+    return torch.round(4 * torch.randn(600, generator=torch.Generator().manual_seed(seed))) / 4
+
+
 # 16-bit lines (dtype, line: a seed or a kind, temperature, top-k, top-p, stages): top-k over the
 # raw keys of their bits (select.py's stage 7): 256 bins of the high byte, then single keys; then
-# top-p as for any line. When the raw key below the cut scales to the cut's own value (underflow;
-# -0.0 below +0.0), one pass over that scaled key (stage 1) finds the kept set.
+# top-p: value bins (once or twice), then a window of 256 single raw keys around the cut's
+# estimated bin (stage 8) where it covers the bins either side, else as for any line. When the raw
+# key below the top-k cut scales to the cut's own value (underflow; -0.0 below +0.0), one pass over
+# that scaled key (stage 1) finds the kept set.
 _RAW_PATHS = [
     (torch.bfloat16, 1, 0.9, 450, 1.0, [7, 7]),
-    (torch.bfloat16, 1, 0.9, 40, 0.9, [7, 7, 2, 5]),
-    (torch.float16, 1, 0.9, 300, 0.97, [7, 7, 2, 5]),
-    (torch.bfloat16, -1, 1.0, 200, 0.9, [7, 7, 2, 5]),  # ties at the top
+    (torch.bfloat16, 1, 0.9, 40, 0.9, [7, 7, 2, 8]),
+    (torch.float16, 1, 0.9, 300, 0.97, [7, 7, 2, 5]),  # no window covers: a gather
+    (torch.bfloat16, -1, 1.0, 200, 0.9, [7, 7, 2, 8]),  # ties at the top
     (torch.bfloat16, None, 1e10, 200, 1.0, [7, 7, 1]),  # the cut and the keys below it scale to 0
     (torch.bfloat16, None, 1e10, 200, 0.9, [7, 7, 1, 2, 6, 3, 3, 3, 3]),
     (torch.bfloat16, "zeros", 0.9, 200, 1.0, [7, 7, 1]),  # the cut at +0.0, -0.0 just below it
     (torch.float16, "zeros", 0.9, 400, 1.0, [7, 7]),  # the cut at -0.0: every zero kept
+    (torch.bfloat16, -3, 1.0, 0, 0.9, [2, 8]),  # top-p alone: the raw window holds the cut
+    (torch.float16, -3, 1.0, 0, 0.5, [2, 8]),
+    (torch.float16, -3, 1.0, 0, 0.9, [2, 5]),  # a gather reaches further around the estimated bin: no window
+    (torch.bfloat16, -3, 1.0, 300, 0.97, [7, 7, 2, 8]),  # top-p inside the top-k set
+    (torch.bfloat16, 8, 0.9, 0, 0.99, [2, 8, 3, 3, 3, 3]),  # the cut above the window: exact key bins above it
+    (torch.float16, 18, 0.9, 300, 0.97, [7, 7, 2, 8, 3, 3, 3, 3]),
+    (torch.float16, ("grid", 16), 1.0, 0, 0.99, [2, 8, 3, 3, 3]),  # the cut below the window: exact key bins below it
+    (torch.float16, ("grid", 11), 1.0, 0, 0.95, [2, 6, 8, 3, 3, 3]),  # value bins twice, then the window
 ]
 
 
 @pytest.mark.parametrize("dtype,seed,temperature,top_k,top_p,stages", _RAW_PATHS)
 def test_whole_line_search_of_16_bit_lines_takes_raw_key_passes(dtype, seed, temperature, top_k, top_p, stages):
     """A bf16 or fp16 line's top-k takes two passes over the raw keys of its logits (the scaled
-    values' order), the cut as the reference's; the kernel's passes are select_search's (its path
-    records a raw pass as a scaled key pass: 7 that only counts, 1 that ends)."""
+    values' order), its top-p a window of single raw keys after value bins; the cut is the
+    reference's; the kernel's passes are select_search's (its path records a raw top-k pass as a
+    scaled key pass: 7 that only counts, 1 that ends; a raw window as 8)."""
     import numpy as np
 
     from bench.gpu_model import select_search
     from specdec_ext._params import inverse_temperature
 
-    line = _underflowing_line() if seed is None else _signed_zeros_line() if seed == "zeros" else _search_line(seed)
+    if isinstance(seed, tuple):
+        line = _grid_line(seed[1])
+    else:
+        line = _underflowing_line() if seed is None else _signed_zeros_line() if seed == "zeros" else _search_line(seed)
     target = line.to(dtype).reshape(1, 1, 600)
     args = _params.validate_verify(target, None, torch.zeros(1, 0, dtype=torch.int64), generator=None, check=False, temperature=temperature,
                                    top_k=top_k, top_p=top_p, num_draft_tokens=None)
@@ -417,7 +437,7 @@ def test_whole_line_search_of_16_bit_lines_takes_raw_key_passes(dtype, seed, tem
     raw = (target[0, 0].view(torch.int16).numpy(), "bf16" if dtype == torch.bfloat16 else "fp16", np.float32(inv_t.item()))
     modelled = select_search((target[0, 0].float() * inv_t).numpy(), top_k, top_p, gather=16, raw=raw)
     assert modelled["stages"] == stages
-    assert [int(d) for d in oct(path)[2:]] == modelled["path"]
+    assert [int(d, 16) for d in hex(path)[2:]] == modelled["path"][:7]
 
 
 def test_whole_line_search_of_merged_raw_keys_gives_the_reference_tokens():
@@ -433,6 +453,22 @@ def test_whole_line_search_of_merged_raw_keys_gives_the_reference_tokens():
         args = _args(target, draft, tokens, seeds=seeds, offsets=offsets, temperature=1e10, return_logprobs="processed", return_accept_probs=True,
                      **params)
         assert_same(_triton_backend.verify(args, 3, **_SEARCHED), verify_eager(args, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_whole_line_search_through_raw_windows_gives_the_reference_tokens(dtype):
+    """Top-p on 16-bit lines through raw windows (select.py's stage 8) that hold the cut and that
+    miss it above (and, fp16, below), and through gathers: token for token, with the
+    probabilities (the kept mass), through the whole call, target and draft lines, two
+    temperatures."""
+    target = torch.stack([_search_line(8), _search_line(4), _grid_line(16), _search_line(-3)]).to(dtype).reshape(2, 2, 600)
+    draft = torch.stack([_grid_line(11), _grid_line(11).flip(0)]).to(dtype).reshape(2, 1, 600)
+    tokens = torch.tensor([[5], [7]])
+    seeds, offsets = _keys(2)
+    for top_p in (0.9, 0.99):
+        args = _args(target, draft, tokens, seeds=seeds, offsets=offsets, temperature=torch.tensor([0.9, 1.0]), top_p=top_p, return_logprobs="processed",
+                     return_accept_probs=True)
+        assert_same(_triton_backend.verify(args, 3, **_SEARCHED, select_gather=16), verify_eager(args, 3))  # (16 slots: windows, not gathers)
 
 
 def _search_state_offset(args, gather: int) -> int:
