@@ -39,16 +39,17 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    bins that can hold the cut (``_cut_bins``: bounds on each bin's mass from the weights at its
    edges) when it covers them (``_raw_window``), else, unless a gather reaches further, over the
    estimated bin and the two either side when it covers those; counted in one bin each while the
-   mass above it is summed. Every value of a raw key has the same mass, so
-   the counts give each key's mass exactly: the cut is found in the window, however many values
-   it holds (no gather, no slots to overflow), or the window misses it and the bracket narrows as
-   after a gather (stage 3 then). (No key below the window scales to its first key's value, so
-   the kept set's mass is the window's from the cut's value up, and the mass above it.)
+   mass above it is summed. Every value of a raw key has the same mass, so the counts give each
+   key's mass exactly: the cut is found in the window, however many values it holds (no gather,
+   no slots to overflow), or the window misses it and the bracket narrows as after a gather
+   (stage 3 then). (No key below the window scales to its first key's value, so the kept set's
+   mass is the window's from the cut's value up, and the mass above it.)
 
 Top-k ends within four passes (the fourth over single keys, or a gather; a 16-bit line's within
 three), top-p within seven (value bins twice, a gather, then at most four of stage 3; a 16-bit
-line's value bins, its raw window, then those four at most), both within eleven (PASSES). Masses are exact integers wherever a decision reads them, so the cut is the one
-key the fixed-point masses define, however the search went: the tokens are the eager reference's.
+line's value bins, its raw window, then those four at most), both within eleven (PASSES). Masses
+are exact integers wherever a decision reads them, so the cut is the one key the fixed-point
+masses define, however the search went: the tokens are the eager reference's.
 A finished search writes the cut with the kept set's statistics (the line max, the kept mass), so
 no launch reads the line again for them; items of a line whose search has ended exit at once.
 bench.gpu_model.select_search follows these passes in numpy (the GPU model counts them; the tests
