@@ -165,20 +165,19 @@ class Loop:
     after_wait: bool = False  # after the kernel's first acquire (CCTL.IVALL): the cut-offs kernel's search phase
     after_atomic: bool = False  # after the kernel's first global atomic (the race kernel's finalisation)
     # Of its own body, the instructions after its last nested tile loop (one that loads and
-    # exponentiates): what only the last work item of a line runs (the search's finalisers).
+    # exponentiates): what only the last work item of a line runs (the search's finalisers), on its
+    # longest path, and on the longest that leaves out the gather's sort (sorted_blocks): what the
+    # last item of a pass that gathered nothing runs at most.
     tail: int = 0
+    tail_without_sort: int = 0
 
     def has(self, opcode: str) -> int:
         return sum(n for name, n in self.by_opcode.items() if name == opcode or name.startswith(opcode + "."))
 
 
-def longest_path(body: list[Instruction], cold: set[int]) -> int:
-    """Instructions on the longest path from entry to exit through the main body, the addresses in
-    ``cold`` (slow paths, loop bodies) weighing nothing and the back edges a depth-first search finds
-    dropped: what one program executes at most outside its loops (an if/else counts its longer
-    branch, not both)."""
-    if not body:
-        return 0
+def basic_blocks(body: list[Instruction]) -> tuple[list[list[Instruction]], list[list[int]]]:
+    """The basic blocks of ``body`` in address order (a block starts at a branch target or after a
+    branch or exit) and each block's successors (indices)."""
     index = {ins.address: n for n, ins in enumerate(body)}
     leaders = {0}
     for n, ins in enumerate(body):
@@ -193,7 +192,7 @@ def longest_path(body: list[Instruction], cold: set[int]) -> int:
     blocks, edges = [], []
     for b, start in enumerate(starts):
         end = starts[b + 1] if b + 1 < len(starts) else len(body)
-        blocks.append(sum(1 for i in body[start:end] if i.address not in cold))
+        blocks.append(body[start:end])
         last = body[end - 1]
         predicated = last.predicated
         successors = []
@@ -209,6 +208,18 @@ def longest_path(body: list[Instruction], cold: set[int]) -> int:
         elif end < len(body):
             successors.append(b + 1)
         edges.append(successors)
+    return blocks, edges
+
+
+def longest_path(body: list[Instruction], cold: set[int]) -> int:
+    """Instructions on the longest path from entry to exit through the main body, the addresses in
+    ``cold`` (slow paths, loop bodies) weighing nothing and the back edges a depth-first search finds
+    dropped: what one program executes at most outside its loops (an if/else counts its longer
+    branch, not both)."""
+    if not body:
+        return 0
+    found, edges = basic_blocks(body)
+    blocks = [sum(1 for i in block if i.address not in cold) for block in found]
     # Depth-first search from the entry: an edge to a block on the stack closes a loop.
     state = [0] * len(blocks)  # 0 new, 1 on the stack, 2 done
     forward = [[] for _ in blocks]
@@ -286,6 +297,14 @@ def loop_ranges(body: list[Instruction]) -> list[tuple[int, int]]:
     return sorted(ranges)
 
 
+def sorted_blocks(body: list[Instruction]) -> set[int]:
+    """Addresses of the basic blocks of ``body`` that sort (``tl.sort``'s bitonic network, unrolled:
+    its compare-exchanges test a comparison XOR the direction, ISETP.*.XOR, which nothing else in
+    a search item's tail compiles to)."""
+    blocks, _ = basic_blocks(body)
+    return {i.address for block in blocks if any(i.base == "ISETP" and ".XOR" in i.opcode for i in block) for i in block}
+
+
 def analyse(sass: str, resources: str) -> KernelCode:
     body = [i for i in _main_body(parse_sass(sass)) if i.base != "NOP"]
     cold = _cold_addresses(body)
@@ -310,7 +329,9 @@ def analyse(sass: str, resources: str) -> KernelCode:
             inner = {i.address for i in body for a, b in ranges if (a, b) != (loop.start, loop.end) and loop.start <= a and b <= loop.end and a <= i.address <= b}
             skip = cold | inner
             head = longest_path([i for i in body if loop.start <= i.address <= tiles_end], skip)
-            loop.tail = longest_path([i for i in body if tiles_end < i.address <= loop.end], skip)
+            tail = [i for i in body if tiles_end < i.address <= loop.end]
+            loop.tail = longest_path(tail, skip)
+            loop.tail_without_sort = longest_path(tail, skip | sorted_blocks(tail))
             scale = (head + loop.tail) / loop.instructions
             loop.by_pipe = {pipe: n * scale for pipe, n in loop.by_pipe.items()}
             loop.instructions = head + loop.tail
@@ -380,7 +401,8 @@ class Call:
     search_fraction: float = 0.0
     search_passes: float | None = None  # None: synthetic_search's
     search_exact_share: float = 0.0
-    search_value_share: float = 0.0
+    search_value_share: float = 0.0  # stages 2 and 6
+    search_value_count_share: float = 0.0  # stage 2 (counts only)
     search_gather_share: float = 0.0
     search_count_share: float = 0.0
     search_window_share: float = 0.0
@@ -528,7 +550,10 @@ LOOP_KINDS = {
     "spin wait": "waits for other programs' items: no instructions of its own beyond the wait (latency of what it waits for)",
     "search ticket loop": "whole-line search items: searched lines x runs of 1, 2 or 4 chunks (cutoffs.py) per pass over the programs (search_fraction, search_passes: MEASURED)",
     "mass histogram tile": "CHUNK / TILE steps per search item of a pass that bins masses (stage 3: search_exact_share of the passes, MEASURED)",
-    "value histogram tile": "CHUNK / TILE steps per search item of a pass over value bins (stages 2 and 6: search_value_share, MEASURED)",
+    "value count histogram tile": "CHUNK / TILE steps per search item of top-p's first pass over value bins, which only counts (stage 2: "
+                                  "search_value_count_share, MEASURED)",
+    "value histogram tile": "CHUNK / TILE steps per search item of a second pass over value bins, which sums the mass above them (stage 6: "
+                            "search_value_share less search_value_count_share, MEASURED)",
     "gather tile": "CHUNK / TILE steps per search item of a top-k gather (stage 4: search_gather_share less search_window_share, MEASURED)",
     "window gather tile": "CHUNK / TILE steps per search item of a top-p window's gather, which sums the mass above it (stage 5: search_window_share, MEASURED)",
     "walk ticket loop": "a filtered tree or block call's walk items, in the cut-offs launch: one row per program",
@@ -667,7 +692,8 @@ def _cutoff_kinds(loops: list[Loop], kinds: list, at: list[int] | None = None) -
                 # value: only the exp's FADD, one a MUFU) or of scaled keys; summing the mass
                 # above (MUFU) or only counting.
                 raw = "raw " if loop.has("FADD") <= loop.has("MUFU") else ""
-                kinds[n] = "value histogram tile" if loop.has("VIMNMX") else f"{raw}histogram tile" if loop.has("MUFU") else f"{raw}count histogram tile"
+                count = "" if loop.has("MUFU") else "count "
+                kinds[n] = f"value {count}histogram tile" if loop.has("VIMNMX") else f"{raw}{count}histogram tile"
         elif loop.after_wait and loop.has("LDG") and not loop.has("MUFU") and not _atomics(loop):
             kinds[n] = "histogram sum"
         elif not loop.after_wait and loop.parent is None:
@@ -745,8 +771,8 @@ def synthetic_search(call: Call, lines: int = 4) -> dict:
 
 
 # The Call fields of a search's passes (_search_trips), as measure_trips records them.
-SEARCH_FIELDS = ("search_exact_share", "search_value_share", "search_gather_share", "search_count_share", "search_window_share", "search_raw_count_share",
-                 "search_raw_share", "search_atomics")
+SEARCH_FIELDS = ("search_exact_share", "search_value_share", "search_value_count_share", "search_gather_share", "search_count_share", "search_window_share",
+                 "search_raw_count_share", "search_raw_share", "search_atomics")
 
 
 def _search_trips(passes: list[list[dict]]) -> dict:
@@ -756,7 +782,7 @@ def _search_trips(passes: list[list[dict]]) -> dict:
         return {"search_passes": 0.0}
     share = lambda stages: round(sum(q["stage"] in stages for q in every) / len(every), 4)  # noqa: E731
     return {"search_passes": round(len(every) / len(passes), 3), "search_exact_share": share((3,)), "search_value_share": share((2, 6)),
-            "search_gather_share": share((4, 5)), "search_window_share": share((5,)),
+            "search_value_count_share": share((2,)), "search_gather_share": share((4, 5)), "search_window_share": share((5,)),
             "search_count_share": round(sum(q["counts_only"] and q["stage"] == 1 for q in every) / len(every), 4),
             "search_raw_count_share": round(sum(q["counts_only"] and q["stage"] == 7 for q in every) / len(every), 4),
             "search_raw_share": round(sum(not q["counts_only"] and q["stage"] in (7, 8) for q in every) / len(every), 4),
@@ -838,13 +864,15 @@ def _work(launch, call: Call, phase: str) -> dict:
         tiles = c["CHUNK"] * merge // c["TILE"] * per_program
         # shares of the passes by stage (and top-k's that only count)
         exact, value, gather, count = call.search_exact_share, call.search_value_share, call.search_gather_share, call.search_count_share
+        value_count = call.search_value_count_share
         window, raw_count, raw = call.search_window_share, call.search_raw_count_share, call.search_raw_share
         return {
             "loops": {"search ticket loop": (per_program, c["CHUNK"]),
                       "histogram tile": (tiles * (1 - exact - value - gather - count - raw_count - raw), c["TILE"]),
                       "count histogram tile": (tiles * count, c["TILE"]), "raw count histogram tile": (tiles * raw_count, c["TILE"]),
                       "raw histogram tile": (tiles * raw, c["TILE"]),
-                      "mass histogram tile": (tiles * exact, c["TILE"]), "value histogram tile": (tiles * value, c["TILE"]),
+                      "mass histogram tile": (tiles * exact, c["TILE"]), "value histogram tile": (tiles * (value - value_count), c["TILE"]),
+                      "value count histogram tile": (tiles * value_count, c["TILE"]),
                       "gather tile": (tiles * (gather - window), c["TILE"]), "window gather tile": (tiles * window, c["TILE"]),
                       "histogram sum": (searched * math.ceil(runs / 4) / programs, 4 * (c["BINS"] + 1)), "spin wait": (0.0, 0)},
             "programs_used": programs,
@@ -861,6 +889,12 @@ def _work(launch, call: Call, phase: str) -> dict:
     raise ValueError(phase)
 
 
+def search_tail(loop: Loop, call: Call) -> float:
+    """The instructions of a search pass's last item after its tiles, per pass: a gather's (stages
+    4 and 5: its sort) on the longest path, any other pass's on the longest without the sort."""
+    return call.search_gather_share * loop.tail + (1 - call.search_gather_share) * (loop.tail_without_sort or loop.tail)
+
+
 def loop_trips(launch, call: Call, phase: str, code: KernelCode) -> list[tuple[Loop, str, float, int]]:
     """(loop, kind, trips per program, values per trip) of every loop of the launch's code in this
     phase: a kind the phase does not run takes 0 trips; copies of one kind share its trips."""
@@ -875,7 +909,7 @@ def loop_trips(launch, call: Call, phase: str, code: KernelCode) -> list[tuple[L
         trips, values = work["loops"].get(kind, (0.0, 0))
         if kind == "search ticket loop" and loop.tail and loop.instructions:
             # Every item runs the body's head; only a line's last item of a pass its tail.
-            trips = (trips * (loop.instructions - loop.tail) + work.get("finalisers", 0.0) * loop.tail) / loop.instructions
+            trips = (trips * (loop.instructions - loop.tail) + work.get("finalisers", 0.0) * search_tail(loop, call)) / loop.instructions
         found.append((loop, kind, trips / copies[kind], values or work["loops"].get(base(kind), (0, 0))[1]))
     return found
 
@@ -918,7 +952,13 @@ def estimate_launch(launch, call: Call, phase: str | None = None) -> LaunchEstim
     # One program's critical path: its dependent memory round trips, its barriers and its
     # instructions at the issue interval of a warp with few neighbours on its scheduler.
     rounds = sum(a["dram_latency_us"] if r == "dram" else a["l2_latency_us"] for r in work["rounds"])
-    program_us = rounds + (per_warp * a["cycles_per_instruction_alone"] + barriers * a["barrier_latency_cycles"]) / clock
+    critical = per_warp
+    ticket = next((loop for loop, kind, _, _ in loops if kind == "search ticket loop" and loop.tail), None)
+    if ticket is not None and phase.endswith("cutoff:search"):
+        # A pass ends with its last item's tail, after that item: the program that runs it runs a
+        # whole tail, though the programs share fewer than one each (per_warp's average).
+        critical += max(0.0, 1.0 - work.get("finalisers", 0.0)) * search_tail(ticket, call)
+    program_us = rounds + (critical * a["cycles_per_instruction_alone"] + barriers * a["barrier_latency_cycles"]) / clock
     if launch.name.endswith("race"):  # the last program of a row also finalises
         program_us += a["l2_latency_us"] * work["final_trips"]
     # Waves: a full one keeps `ctas` programs on every multiprocessor, whose schedulers share

@@ -1,0 +1,53 @@
+"""The GPU model's reading of compiled code (bench/gpu_model.py) on a hand-written SASS listing:
+a search item's loop, its tile loop, and a tail whose sort only a gather's last item runs."""
+
+from __future__ import annotations
+
+import pytest
+
+gpu_model = pytest.importorskip("bench.gpu_model")
+
+# An outer work-item loop (0x10-0xd0) around a tile loop (0x20-0x50, loads and exponentiates); after
+# the tiles, the last item's tail: a test, a branch past the sort (0x90-0xb0, a bitonic
+# compare-exchange: ISETP.GT.XOR and two SELs) and a store common to every pass.
+_SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0020*/                   LDG.E R3, desc[UR4][R4.64] ;
+        /*0030*/                   MUFU.EX2 R3, R3 ;
+        /*0040*/                   ATOMS.POPC.INC.32 RZ, [R5] ;
+        /*0050*/               @P0 BRA 0x20 ;
+        /*0060*/                   ISETP.NE.AND P1, PT, R2, R6, PT ;
+        /*0070*/               @P1 BRA 0xd0 ;
+        /*0080*/               @P2 BRA 0xc0 ;
+        /*0090*/                   ISETP.GT.XOR P3, PT, R7, R8, P4 ;
+        /*00a0*/                   SEL R7, R7, R8, P3 ;
+        /*00b0*/                   SEL R8, R8, R7, P3 ;
+        /*00c0*/                   STG.E desc[UR4][R4.64], R7 ;
+        /*00d0*/               @P5 BRA 0x10 ;
+        /*00e0*/                   EXIT ;
+        /*00f0*/                   BRA 0xf0 ;
+"""
+_RESOURCES = "REG:32 STACK:0 SHARED:0 LOCAL:0"
+
+
+def _item_loop():
+    code = gpu_model.analyse(_SASS, _RESOURCES)
+    outer = [loop for loop in code.loops if loop.parent is None]
+    assert len(code.loops) == 2 and len(outer) == 1
+    return outer[0]
+
+
+def test_a_search_items_tail_is_counted_with_and_without_the_sort():
+    loop = _item_loop()
+    # The tail: 0x60-0xd0 (8 instructions) on its longest path; 5 past the sort's block.
+    assert loop.tail == 8
+    assert loop.tail_without_sort == 5
+    assert loop.instructions == 1 + 8  # the head (outside the tile loop) and the longest tail
+    assert gpu_model.sorted_blocks(gpu_model.parse_sass(_SASS)) == {0x90, 0xA0, 0xB0}
+
+
+@pytest.mark.parametrize("gather_share, expected", [(0.0, 5.0), (1.0, 8.0), (0.25, 5.75)])
+def test_only_the_gathers_share_of_the_passes_pays_for_the_sort(gather_share, expected):
+    call = gpu_model.Call("x", 64, 8, 128256, "bf16", top_p=0.99, search_fraction=1.0, search_passes=2.0, search_gather_share=gather_share)
+    assert gpu_model.search_tail(_item_loop(), call) == pytest.approx(expected)
