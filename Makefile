@@ -19,7 +19,13 @@ VLLM_SRC := build/vllm-src
 CPP_TESTS := tests/cpp/test_cpp_backend.py tests/cpp/test_cpp_runtime.py tests/cpp/test_ops.py tests/exactness/test_request_keys.py tests/cpp/test_penalties_cpp.py \
 	tests/cpp/test_cpp_tree_block.py tests/triton/test_tree_backends.py tests/api/test_tree_api.py tests/api/test_block_api.py
 
-.PHONY: setup demo test test-slow bench lint ci-tools test-kernels test-clang test-vllm
+# The oldest Triton and transformers the package supports (pyproject.toml: triton>=3.6, transformers>=5.17; the
+# GPU image's versions) beside .venv's torch wheel (its CPU build requires no Triton); the source tree and .venv's
+# C++ extension (the same torch) are tested there as they are.
+OLDEST_VENV := .venv-oldest
+OLDEST_SPEC ?= triton==3.6.0 transformers==5.17.0
+
+.PHONY: setup demo test test-slow bench lint ci-tools test-kernels test-clang test-vllm test-oldest
 
 setup: $(VENV)/.installed
 
@@ -89,3 +95,15 @@ $(VLLM_VENV)/.installed: $(VLLM_VENV)/.vllm-installed pyproject.toml setup.py RE
 # The pytest script (not `python -m pytest`) keeps the repository root off sys.path: the installed copy is tested.
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_BIN)/pytest -q -p no:cacheprovider --durations=10 tests/vllm
+
+$(OLDEST_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/pip install --quiet --upgrade pip
+	$(OLDEST_VENV)/bin/pip install --quiet "$(TORCH_SPEC)" $(OLDEST_SPEC) "tokenizers>=0.21" "safetensors>=0.4" "tqdm>=4.66" "numpy>=1.26" \
+		"matplotlib>=3.8" "pytest>=8" "pytest-benchmark>=4" "scipy>=1.11" "hypothesis>=6.100"
+	touch $@
+
+# The default suite again on the oldest supported Triton and transformers (the kernels compiled for sm_90 by
+# Triton 3.6 included: tests/triton/test_triton_compile.py).
+test-oldest: setup $(OLDEST_VENV)/.installed
+	PYTHONPATH=$(CURDIR) $(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests

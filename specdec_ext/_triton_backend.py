@@ -139,6 +139,26 @@ def _numpy_xor_reductions() -> None:
     ops.numpy_xor = True
 
 
+def _scalar_index() -> None:
+    """Triton 3.6's interpreter turns a scalar into a Python int (``range(first, last)`` of a
+    program's tiles) by ``int()`` of its 1-element array, which NumPy 2.4 refuses ("only
+    0-dimensional arrays can be converted to Python scalars"); later interpreters squeeze the
+    array first. Give every version the later one's rule (the same integer)."""
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "squeezes", False):
+        return
+
+    def patch_lang_tensor(tensor, *args, **kwargs):
+        patch(tensor, *args, **kwargs)
+        # Set after the interpreter's own patch, which restores the class's attribute afterwards.
+        tensor.__index__ = lambda self: int(self.handle.data.squeeze())
+
+    patch_lang_tensor.squeezes = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
 def _direct_interpreted_helpers(package) -> None:
     """Under TRITON_INTERPRET, Triton's interpreter re-patches triton.language on every call of a
     nested ``@triton.jit`` helper (milliseconds each), although the launching kernel has patched
@@ -151,6 +171,7 @@ def _direct_interpreted_helpers(package) -> None:
     except ImportError:
         return
     _numpy_xor_reductions()
+    _scalar_index()
     launched = {getattr(package, name) for name in getattr(package, "__all__", ())}
     modules = [m for name, m in sys.modules.items() if name.startswith(package.__name__ + ".") and m is not None]
     for module in modules:

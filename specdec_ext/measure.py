@@ -225,7 +225,9 @@ def verification_latency(vocab: int, num_draft_tokens: int, *, device="cpu", rep
     drafts = torch.multinomial(draft_logits[0].softmax(-1), 1).reshape(1, k)
     candidate_ids = torch.cat([torch.zeros(1, 4, dtype=torch.long, device=device), drafts], dim=1)
     original = hf._original or generation_utils._speculative_sampling  # never time our own hook
-    eager = _median_seconds(lambda: original(candidate_ids, draft_logits, k, target_logits), repeats, device)
+    # transformers 5.17 takes is_done_candidate (no candidate ended a sequence here); later versions do not.
+    ended = {"is_done_candidate": False} if "is_done_candidate" in inspect.signature(original).parameters else {}
+    eager = _median_seconds(lambda: original(candidate_ids, draft_logits, k, target_logits, **ended), repeats, device)
     fused = _median_seconds(lambda: verify(target_logits, draft_logits, drafts), repeats, device)
     return {"transformers": eager, "fused": fused}
 
