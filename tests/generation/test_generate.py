@@ -806,8 +806,8 @@ def test_scores_and_logits_are_transformers(kind):
     new = expected.sequences[:, input_ids.shape[1]:]
     ended = (new == eos).long().cumsum(1)
     assert len(out.scores) == len(out.logits) == len(expected.scores)
-    # Where transformers also penalises a padded row's pad token (pad_token_id 0), its score there
-    # is the one line left out (the row's own context, padding excluded, is what generate() documents).
+    # Where transformers also penalises a padded row's pad token (pad_token_id 0), that row's score of
+    # the pad token is the one score left out (generate() documents the row's context, padding excluded).
     padded = (attention_mask[:, 0] == 0) if common["repetition_penalty"] and _penalty_counts_left_padding() else torch.zeros(len(attention_mask), dtype=torch.bool)
     for t in range(len(expected.scores)):
         live = (ended[:, t] == 0) | ((ended[:, t] == 1) & (new[:, t] == eos))
