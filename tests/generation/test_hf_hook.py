@@ -271,13 +271,17 @@ def test_greedy_through_the_hook_equals_target_only(close_pair, batch, processor
     assert got.tolist() == expected.tolist()
 
 
-def test_several_eos_ids_and_scores_through_the_hook(close_pair):
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.3}])
+def test_several_eos_ids_and_scores_through_the_hook(close_pair, processors):
+    """The hook reports the lines transformers does, with its processors as the installed version
+    applies them (a repetition penalty on left-padded rows: 5.17 counts the padding, later versions
+    do not; the hook takes transformers' own processor either way)."""
     target, draft = close_pair
     input_ids, attention_mask = left_pad(PROMPTS)
     first = _eos_for(target, input_ids, attention_mask, 16)
     second = next(t for t in range(16) if t != first)
     common = {"attention_mask": attention_mask, "do_sample": False, "max_new_tokens": 16, "eos_token_id": [first, second],
-              "return_dict_in_generate": True, "output_scores": True, "output_logits": True}
+              "return_dict_in_generate": True, "output_scores": True, "output_logits": True, **processors}
     expected = target.generate(input_ids, **common)
     with hf.fused_verification():
         got = target.generate(input_ids, assistant_model=draft, **common)
