@@ -10,7 +10,8 @@ the median over the blocks), each beside ``torch.empty`` of the call's output sh
   keys, launch templates, outputs), on CPU tensors with every kernel replaced by a launcher that does
   nothing, so only specdec_ext's own Python is timed; unfiltered and filtered (T=0.7, top-k 50,
   top-p 0.9), ``check=False`` (the no-op kernels write no tokens to check), at the tiny input and at
-  the GPU model's B=1, K=4, V=128256.
+  the GPU model's B=1, K=4, V=128256; and the prepared verifier with its checks and outputs in Python,
+  as it runs without the C++ extension (with it they take one trip to C++).
 
 The ratio to ``torch.empty`` is how the GPU model (``bench/gpu_model.py``, ``python_call_overhead_us``)
 scales this host to a fast one. Writes ``bench/results/host-overhead-<date>.json``.
@@ -19,6 +20,7 @@ scales this host to a fast one. Writes ``bench/results/host-overhead-<date>.json
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 
@@ -50,6 +52,18 @@ def _no_launch(kernel):
             return None
 
     return NoLaunch(kernel.arg_names)
+
+
+@contextlib.contextmanager
+def _without_cpp_outputs():
+    from specdec_ext import _cpp_backend
+
+    original = _cpp_backend.launch_outputs
+    _cpp_backend.launch_outputs = lambda *args: None
+    try:
+        yield
+    finally:
+        _cpp_backend.launch_outputs = original
 
 
 def side_by_side(cases: dict, rounds: int, calls: int) -> dict[str, tuple[float, float]]:
@@ -111,6 +125,12 @@ def cases() -> tuple[dict, dict]:
         add(f"triton Verifier{label}, seeds", lambda v=prepared: v(target, draft, tokens, seeds=seeds), (batch, k + 1))
         add(f"triton Sampler{label}, generator", lambda s=prepared_sampler: s(logits), (batch,))
         add(f"triton Sampler{label}, seeds", lambda s=prepared_sampler: s(logits, seeds=seeds), (batch,))
+        # The same prepared call with its checks and outputs in Python, as without the C++ extension
+        # (its run is written at the first call, here, while the extension's trip is hidden).
+        python_host = specdec_ext.Verifier(batch, k, vocab, backend="triton", check=False, **params)
+        with _without_cpp_outputs():
+            python_host(target, draft, tokens)
+        add(f"triton Verifier{label}, generator, Python checks", lambda v=python_host: v(target, draft, tokens), (batch, k + 1))
     batch, k, vocab = MODEL
     big_target, big_draft, big_tokens, _ = _inputs(torch, batch, k, vocab)
     for label, params in (("", {}), (" filtered", FILTERED)):

@@ -98,16 +98,89 @@ at::ScalarType scalar_type(py::handle dtype) {
   return reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
 }
 
-// A dense CPU tensor argument of exactly these sizes and dtype (torch.Tensor itself, not a
-// subclass that may override what a call does), or nullptr.
-const at::Tensor* plain_tensor(PyObject* obj, at::IntArrayRef sizes, at::ScalarType dtype, bool int32_too = false) {
+// A dense tensor argument of exactly these sizes and dtype on this device (torch.Tensor itself,
+// not a subclass that may override what a call does), or nullptr.
+const at::Tensor* plain_tensor(PyObject* obj, at::IntArrayRef sizes, at::ScalarType dtype, bool int32_too = false, at::Device device = at::kCPU) {
   if (!THPVariable_CheckExact(obj)) return nullptr;
   const at::Tensor& t = THPVariable_Unpack(obj);
-  if (!t.defined() || !t.device().is_cpu() || t.layout() != at::kStrided) return nullptr;
+  if (!t.defined() || t.device() != device || t.layout() != at::kStrided) return nullptr;
   const at::ScalarType type = t.scalar_type();
   if (type != dtype && !(int32_too && type == at::kInt)) return nullptr;
   return t.sizes() == sizes ? &t : nullptr;
 }
+
+// A tensor argument of a prepared call, as its first call brought it: sizes, dtype, device and
+// strides (none kept for a contiguous tensor: any contiguous tensor of these sizes will do, since
+// the strides contiguity leaves free, those of size-1 dimensions, only ever multiply index 0).
+struct TensorSpec {
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+
+  static TensorSpec of(py::handle obj) {
+    TORCH_CHECK_VALUE(THPVariable_Check(obj.ptr()), "specdec: a prepared call is bound to the tensors of its first call");
+    const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+    TensorSpec spec{t.sizes().vec(), {}, t.scalar_type(), t.device()};
+    if (!t.is_contiguous()) spec.strides = t.strides().vec();
+    return spec;
+  }
+
+  bool takes(PyObject* obj) const {
+    const at::Tensor* t = plain_tensor(obj, sizes, dtype, false, device);
+    return t != nullptr && (strides.empty() ? t->is_contiguous() : t->strides() == at::IntArrayRef(strides));
+  }
+};
+
+// The host side of a prepared Triton call (specdec_ext._triton_backend.plan_runner) up to its
+// launches, in one trip from Python: bound to the tensors of the plan's first call, a call checks
+// its tensors against them (TensorSpec), and its seeds and offsets (each None or a contiguous (B,)
+// int64 tensor on the device), then allocates its outputs on the device, under the caller's
+// inference mode as torch.empty_like would. Returns None for a call it does not take, having
+// allocated nothing (the general path then runs it); else the outputs: a sample's (B,) tokens, or
+// verify's (tokens (B, K+1) int64, num_accepted (B,) int64, logprobs (B, K+1) float32 or None,
+// accept_probs (B, K) float32 or None). The launches themselves stay in Python (Triton's launcher).
+class LaunchOutputs {
+ public:
+  LaunchOutputs(py::handle target, py::handle draft, py::handle tokens, bool sample, bool logprobs, bool accept_probs)
+      : target_(TensorSpec::of(target)), sample_(sample), logprobs_(logprobs), accept_probs_(accept_probs) {
+    const int64_t batch = target_.sizes[0];
+    if (!draft.is_none()) draft_ = TensorSpec::of(draft);
+    if (!sample) tokens_ = TensorSpec::of(tokens);
+    const int64_t length = sample ? 1 : target_.sizes[1];
+    row_sizes_ = {batch};
+    token_sizes_ = sample ? std::vector<int64_t>{batch} : std::vector<int64_t>{batch, length};
+    position_sizes_ = {batch, length - 1};
+  }
+
+  py::object call(py::handle target, py::handle draft, py::handle tokens, py::handle seeds, py::handle offsets) const {
+    if (!target_.takes(target.ptr())) return py::none();
+    if (!sample_) {
+      if (draft_ ? !draft_->takes(draft.ptr()) : !draft.is_none()) return py::none();
+      if (!tokens_->takes(tokens.ptr())) return py::none();
+    }
+    if (!row_vector(seeds) || !row_vector(offsets)) return py::none();
+    const at::TensorOptions ints = at::TensorOptions().dtype(at::kLong).device(target_.device);
+    py::object out_tokens = wrap(at::empty(token_sizes_, ints));
+    if (sample_) return out_tokens;
+    const at::TensorOptions floats = ints.dtype(at::kFloat);
+    return py::make_tuple(out_tokens, wrap(at::empty(row_sizes_, ints)), logprobs_ ? wrap(at::empty(token_sizes_, floats)) : py::none(),
+                          accept_probs_ ? wrap(at::empty(position_sizes_, floats)) : py::none());
+  }
+
+ private:
+  static py::object wrap(at::Tensor t) { return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t))); }
+
+  bool row_vector(py::handle obj) const {
+    if (obj.is_none()) return true;
+    const at::Tensor* t = plain_tensor(obj.ptr(), row_sizes_, at::kLong, false, target_.device);
+    return t != nullptr && t->is_contiguous();
+  }
+
+  TensorSpec target_;
+  std::optional<TensorSpec> draft_, tokens_;
+  bool sample_, logprobs_, accept_probs_;
+  std::vector<int64_t> row_sizes_, token_sizes_, position_sizes_;
+};
 
 // The prepared chain call (specdec_ext.prepared.ChainPlan on the C++ backend): bound once to the
 // batch shape, dtypes and per-row parameters; a call checks its arguments against them in C++,
@@ -379,6 +452,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("draft_vocab"), py::arg("draft_dtype"), py::arg("stream"), py::arg("check"), py::arg("logprobs"), py::arg("accept_probs"),
            py::arg("sample"))
       .def("__call__", &specdec::ChainRunner::call);
+  py::class_<specdec::LaunchOutputs>(m, "LaunchOutputs",
+                                     "A prepared Triton call's checks and output allocation, bound to the tensors of its first call")
+      .def(py::init<py::handle, py::handle, py::handle, bool, bool, bool>(), py::arg("target"), py::arg("draft"), py::arg("tokens"), py::arg("sample"),
+           py::arg("logprobs"), py::arg("accept_probs"))
+      .def("__call__", &specdec::LaunchOutputs::call);
   m.def("block_verify", &specdec::block_verify_cpu,
         "Block verification of chains: (tokens (B, K+1) int64, num_accepted (B,) int64, logprobs (B, K+1) float32 or empty)", py::arg("target_logits"),
         py::arg("draft_logits"), py::arg("draft_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("num_draft_tokens"),

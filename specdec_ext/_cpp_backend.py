@@ -113,6 +113,21 @@ def runner(plan, vocab: int, dtype: torch.dtype, draft_vocab: int | None, draft_
                           dtype if draft_dtype is None else draft_dtype, plan.stream, plan.check, plan.logprobs, plan.accept_probs, sample)
 
 
+def launch_outputs(target: torch.Tensor, draft: torch.Tensor | None, draft_tokens: torch.Tensor | None, sample: bool, logprobs: bool,
+                   accept_probs: bool):
+    """A prepared Triton call's host work up to its launches in one trip to C++ (see
+    :func:`specdec_ext._triton_backend.plan_runner`), bound to the tensors of its first call (sample:
+    ``draft`` and ``draft_tokens`` None): ``outputs(target, draft, draft_tokens, seeds, offsets)``
+    checks a call's tensors against them (sizes, dtype, device; the first call's strides, or
+    contiguity where it was contiguous), its seeds and offsets (None or contiguous (B,) int64 on
+    the device), and allocates the outputs: a sample's (B,) tokens, or verify's (tokens,
+    num_accepted, logprobs or None, accept_probs or None); None, having allocated nothing, for a
+    call it does not take. None without the extension (the Python checks then run)."""
+    if _C is None or not hasattr(_C, "LaunchOutputs"):
+        return None
+    return _C.LaunchOutputs(target, draft, draft_tokens, sample, logprobs, accept_probs)
+
+
 def verify_block(args: VerifyArgs, base_key: int):
     """Block verification of a validated call; returns (tokens (B, K+1) int64, num_accepted (B,)
     int64, logprobs (B, K+1) float32 or None)."""

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import _philox
+from . import _cpp_backend, _philox
 from ._params import LOGPROBS_NONE, TOKEN_DTYPES, VerifyArgs
 from ._philox import SAMPLE_STREAM, draw_base_key, draw_keys_eager
 from ._results import VerifyResult
@@ -832,9 +832,10 @@ def plan_runner(plan, vocab: int, dtype: torch.dtype, draft_vocab: int | None, d
 
     The first call it takes fixes what the plan leaves open (strides, the draft tokens' dtype, the
     CUDA stream) and makes the plan's run: one function, written out as code for this plan and
-    that call (see :meth:`Runner.spliced`), which compares a call's tensors with them, draws its
-    key, allocates its outputs like prototypes kept here (``torch.empty_like``: no shape to parse)
-    and makes the launches of its way of keying (seeds or not, offsets or not; each bound once, to
+    that call (see :meth:`Runner.spliced`), which compares a call's tensors with them and
+    allocates its outputs (both in one trip to the C++ extension where it is loaded,
+    :func:`specdec_ext._cpp_backend.launch_outputs`; else in Python, ``torch.empty_like`` of
+    prototypes kept here), draws its key and makes the launches of its way of keying (seeds or not, offsets or not; each bound once, to
     the plan's per-row tensors), in one Python frame. It then stands in ``plan.fast`` for the
     function returned here (which hands it every later call). A sample allocates only its (B,)
     tokens, the same memory as the (B, 1) tokens of the K = 0 verification the race writes; its
@@ -894,27 +895,36 @@ def plan_runner(plan, vocab: int, dtype: torch.dtype, draft_vocab: int | None, d
         else:
             scope.update(draft_shape=draft_shape, draft_dtype=draft_dtype, draft_strides=_strides_to_match(draft))
             tests.append(_tensor_test("draft", scope["draft_strides"], device))
-        code = [
-            f"def run({', '.join(CALL_INPUTS[:5])}, generator):",
-            "    try:",
-            f"        if {' or '.join(tests)}:",
-            "            return None",
-            "    except (AttributeError, TypeError):  # not a tensor",
-            "        return None",
-            f"    if {_key_test('seeds', device, batch)} or {_key_test('offsets', device, batch)}:",
-            "        return None",
-            "    if generator is not None and type(generator) is not Generator:",
-            "        return None",
-        ]
+        # The checks and the outputs in one trip to C++ where the extension is loaded (a third of
+        # what the same work costs in Python), else in Python.
+        host = _cpp_backend.launch_outputs(target, draft, None if sample else draft_tokens, sample, logprobs, accept_probs)
+        code = [f"def run({', '.join(CALL_INPUTS[:5])}, generator):"]
+        if host is None:
+            code += [
+                "    try:",
+                f"        if {' or '.join(tests)}:",
+                "            return None",
+                "    except (AttributeError, TypeError):  # not a tensor",
+                "        return None",
+                f"    if {_key_test('seeds', device, batch)} or {_key_test('offsets', device, batch)}:",
+                "        return None",
+            ]
+        code += ["    if generator is not None and type(generator) is not Generator:", "        return None"]
         if on_cuda:
             code += ["    if stream_id(device) != stream:", "        return None"]
+        if host is not None:
+            scope["host_outputs"] = host
+            code += ["    out = host_outputs(target, draft, draft_tokens, seeds, offsets)", "    if out is None:", "        return None",
+                     "    tokens = out" if sample else "    tokens, num_accepted, logprobs, accept_probs = out"]
         code += ["    if seeds is not None:", "        key = 0"]
         if not on_cuda:  # (on CUDA the keys of a call in a graph capture are drawn on the device, as seeds)
             code += ["    elif generator is None:"]
             code += ["        key = fast_draw(None)", "        if key is None:", "            key = draw_base_key(None)"] if scope["fast_draw"] is not None \
                 else ["        key = draw_base_key(None)"]
-        code += ["    else:", "        seeds, key = draw_keys_eager(None, generator, batch, device)", "    tokens = empty_like(like_tokens)"]
-        if not sample:
+        code += ["    else:", "        seeds, key = draw_keys_eager(None, generator, batch, device)"]
+        if host is None:
+            code.append("    tokens = empty_like(like_tokens)")
+        if not sample and host is None:
             code.append("    num_accepted = empty_like(like_num_accepted)")
             code.append("    logprobs = empty_like(like_logprobs)" if logprobs else "    logprobs = None")
             code.append("    accept_probs = empty_like(like_accept_probs)" if accept_probs else "    accept_probs = None")

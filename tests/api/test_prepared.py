@@ -12,7 +12,7 @@ from conftest import all_cpu_backends
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import specdec_ext
-from specdec_ext import _philox, _triton_backend
+from specdec_ext import _cpp_backend, _philox, _triton_backend
 
 B, K, V = 3, 3, 40
 FILTERED = {"temperature": 0.7, "top_k": 9, "top_p": 0.9}
@@ -27,6 +27,19 @@ def _inputs(seed=0, batch=B, k=K, vocab=V, draft_vocab=V):
     seeds = torch.randint(0, 2**62, (batch,), generator=g)
     offsets = torch.randint(0, 2**40, (batch,), generator=g)
     return target, draft, drafts, seeds, offsets
+
+
+@pytest.fixture(params=["cpp", "python"])
+def host_outputs(request, monkeypatch) -> str:
+    """Where a prepared Triton call checks its tensors and allocates its outputs: in one trip to the
+    C++ extension (``_C.LaunchOutputs``), or in Python (as without the extension). Returns the name
+    of the aten op that allocates an output on that path."""
+    if request.param == "python":
+        monkeypatch.setattr(_cpp_backend, "launch_outputs", lambda *args: None)
+        return "empty_like"
+    if not hasattr(_cpp_backend._C, "LaunchOutputs"):
+        pytest.skip("the C++ extension is not built")
+    return "empty"
 
 
 def _same(a, b) -> None:
@@ -250,11 +263,12 @@ def _paused_in_launches(recorder: _Ops):
 @pytest.mark.skipif("triton" not in specdec_ext.available_backends("cpu"), reason="triton is not installed")
 # (filtered: three launches under the slow interpreter, in CI's slow step)
 @pytest.mark.parametrize("params", [{}, pytest.param(FILTERED, marks=pytest.mark.slow)], ids=["plain", "filtered"])
-def test_a_triton_call_allocates_its_outputs_and_nothing_else(params):
+def test_a_triton_call_allocates_its_outputs_and_nothing_else(params, host_outputs):
     """With check=False a prepared Triton call runs no aten op but its outputs' allocation (seeded;
-    empty_like of prototypes the runner keeps), plus the key draw from a CPU generator (a CPU tensor
-    op, no device read): nothing that a CUDA graph could not capture, no host sync. A sampler
-    allocates only its (B,) tokens. (On CUDA, tests/triton/test_triton_cuda.py-style capture: below.)"""
+    in C++, or empty_like of prototypes the runner keeps), plus the key draw from a CPU generator (a
+    CPU tensor op, no device read): nothing that a CUDA graph could not capture, no host sync. A
+    sampler allocates only its (B,) tokens. (On CUDA, tests/triton/test_triton_cuda.py-style capture: below.)"""
+    allocation = host_outputs
     target, draft, drafts, seeds, offsets = _inputs(seed=6)
     verifier = specdec_ext.Verifier(B, K, V, backend="triton", check=False, return_logprobs="processed", **params)
     sampler = specdec_ext.Sampler(B, V, backend="triton", check=False, **params)
@@ -264,18 +278,18 @@ def test_a_triton_call_allocates_its_outputs_and_nothing_else(params):
     recorder = _Ops()
     with _paused_in_launches(recorder), recorder:
         verifier(target, draft, drafts, seeds=seeds, offsets=offsets)
-    assert [op for op, _ in recorder.ops] == ["empty_like"] * 3, recorder.ops  # tokens, num_accepted, logprobs
+    assert [op for op, _ in recorder.ops] == [allocation] * 3, recorder.ops  # tokens, num_accepted, logprobs
     recorder = _Ops()
     with _paused_in_launches(recorder), recorder:
         verifier(target, draft, drafts)
     # The key: drawn by the C++ extension (no aten op), else into a CPU buffer and read.
     key_ops = [] if _philox.FAST_DRAW is not None else ["_local_scalar_dense", "random_"]
-    assert sorted(op for op, _ in recorder.ops if op != "empty_like") == key_ops, recorder.ops
-    assert all(device == "cpu" for op, device in recorder.ops if op != "empty_like")  # the key buffer
+    assert sorted(op for op, _ in recorder.ops if op != allocation) == key_ops, recorder.ops
+    assert all(device == "cpu" for op, device in recorder.ops if op != allocation)  # the key buffer
     recorder = _Ops()
     with _paused_in_launches(recorder), recorder:
         sampler(target[:, 0], seeds=seeds)
-    assert [op for op, _ in recorder.ops] == ["empty_like"], recorder.ops
+    assert [op for op, _ in recorder.ops] == [allocation], recorder.ops
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or "triton" not in specdec_ext.available_backends("cuda"), reason="needs CUDA and triton")
@@ -324,7 +338,7 @@ def test_a_triton_verifier_takes_logits_of_other_strides():
 
 @pytest.mark.skipif("triton" not in specdec_ext.available_backends("cpu"), reason="triton is not installed")
 @pytest.mark.parametrize("params", [{}, pytest.param(FILTERED, marks=pytest.mark.slow)], ids=["plain", "filtered"])  # (filtered: CI's slow step)
-def test_triton_calls_without_check_run_the_launches_bound_to_the_first(params):
+def test_triton_calls_without_check_run_the_launches_bound_to_the_first(params, host_outputs):
     """check=False: a Triton Verifier / Sampler runs a call through the launches bound to its first
     call's layout (_triton_backend.plan_runner), with what the general launcher gives (the same
     verifier with num_draft_tokens, which the bound launches leave to it) and the eager reference's
@@ -363,6 +377,10 @@ def test_triton_calls_without_check_run_the_launches_bound_to_the_first(params):
     wide[:, :, :V] = target
     state = torch.get_rng_state()
     assert bound(wide[:, :, :V], draft, drafts, None, None, None) is None and bound(target, draft, drafts.T.contiguous().T, None, None, None) is None
+    left = [(target.bfloat16(), draft, drafts, None, None), (target, draft, drafts.int(), None, None), (target, None, drafts, None, None),
+            ("logits", draft, drafts, None, None), (target[:2], draft[:2], drafts[:2], None, None), (target, draft, drafts, seeds.int(), None),
+            (target, draft, drafts, None, torch.arange(2 * B)[::2]), (target, draft, drafts, seeds[:2], None)]
+    assert all(bound(*call, None) is None for call in left)
     assert torch.equal(torch.get_rng_state(), state)
     _same(verifier(wide[:, :, :V], draft, drafts, seeds=seeds), verifier(target, draft, drafts, seeds=seeds))
     with pytest.raises(ValueError, match=r"target_logits: this Verifier takes shape \(3, 4, 40\) torch.float32 on cpu, got .* torch.bfloat16"):

@@ -125,6 +125,43 @@ def test_every_tensor_argument_must_be_on_the_cpu(name):
             _cpp_backend._C.tree_verify(*tree_args, 0)
 
 
+class _Logits(torch.Tensor):
+    """A tensor subclass: it may override what a call does, so the C++ trip leaves it to Python."""
+
+
+@needs_cpp
+def test_launch_outputs_take_the_first_calls_tensors_and_allocate_the_outputs():
+    """_C.LaunchOutputs (the prepared Triton call's host work before its launches): a call with the
+    first call's sizes, dtypes, device and layout gets fresh outputs of the right shapes, dtypes and
+    inference mode; anything else gets None, having allocated nothing."""
+    a = _arguments(batch=3, k=2, vocab=16)
+    target, draft, drafts, seeds = a["target_logits"], a["draft_logits"], a["draft_tokens"], a["seeds"]
+    host = _cpp_backend.launch_outputs(target, draft, drafts, sample=False, logprobs=True, accept_probs=False)
+    tokens, num_accepted, logprobs, accept_probs = host(target, draft, drafts, seeds, None)
+    assert (tokens.shape, tokens.dtype, num_accepted.shape, num_accepted.dtype) == ((3, 3), torch.int64, (3,), torch.int64)
+    assert (logprobs.shape, logprobs.dtype, accept_probs) == ((3, 3), torch.float32, None)
+    assert host(target, draft, drafts, None, None)[0] is not tokens  # (fresh outputs each call)
+    with torch.inference_mode():
+        assert host(target, draft, drafts, None, None)[0].is_inference()
+    assert not host(target, draft, drafts, None, None)[0].is_inference()
+    strided = torch.zeros(3, 3, 20)[:, :, :16]
+    left = [(strided, draft, drafts, None, None), (target.double(), draft, drafts, None, None), (target[:2], draft, drafts, None, None),
+            (target.as_subclass(_Logits), draft, drafts, None, None), (target, None, drafts, None, None), (target, draft, drafts.int(), None, None),
+            ("logits", draft, drafts, None, None), (target, draft, drafts, seeds.int(), None), (target, draft, drafts, None, torch.arange(6)[::2]),
+            (target, draft, drafts, seeds[:2], None), (target, draft, drafts, seeds.reshape(3, 1), None)]
+    for call in left:
+        assert host(*call) is None
+    # Bound to a non-contiguous first call: that call's strides, not contiguity.
+    wide = _cpp_backend.launch_outputs(strided, draft, drafts, sample=False, logprobs=False, accept_probs=True)
+    assert wide(strided, draft, drafts, None, None)[3].shape == (3, 2) and wide(target, draft, drafts, None, None) is None
+    one_hot = _cpp_backend.launch_outputs(target, None, drafts, sample=False, logprobs=False, accept_probs=False)
+    assert one_hot(target, draft, drafts, None, None) is None and one_hot(target, None, drafts, None, None)[2:] == (None, None)
+    sample = _cpp_backend.launch_outputs(target[:, 0].contiguous(), None, None, sample=True, logprobs=False, accept_probs=False)
+    drawn = sample(target[:, 0].contiguous(), None, None, None, None)
+    assert type(drawn) is torch.Tensor and (drawn.shape, drawn.dtype) == ((3,), torch.int64)
+    assert sample(target[:, 0], None, None, None, None) is None  # (rows (K + 1) V apart: not the first call's layout)
+
+
 @needs_cpp
 def test_key_tensors_must_be_int64_rows():
     args = _arguments()
