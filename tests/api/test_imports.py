@@ -140,4 +140,4 @@ def test_the_check_finds_cycles():
     assert cycles({"a": {"b"}, "b": set()}) == []
     graph = import_graph()
     graph["specdec_ext._cpp_backend"] = graph["specdec_ext._cpp_backend"] | {"specdec_ext.ops"}
-    assert {"specdec_ext._cpp_backend", "specdec_ext.ops"} in cycles(graph)
+    assert any({"specdec_ext._cpp_backend", "specdec_ext.ops"} <= cycle for cycle in cycles(graph))  # (with the modules between them)
