@@ -835,8 +835,8 @@ def plan_runner(plan, vocab: int, dtype: torch.dtype, draft_vocab: int | None, d
     that call (see :meth:`Runner.spliced`), which compares a call's tensors with them and
     allocates its outputs (both in one trip to the C++ extension where it is loaded,
     :func:`specdec_ext._cpp_backend.launch_outputs`; else in Python, ``torch.empty_like`` of
-    prototypes kept here), draws its key and makes the launches of its way of keying (seeds or not, offsets or not; each bound once, to
-    the plan's per-row tensors), in one Python frame. It then stands in ``plan.fast`` for the
+    prototypes kept here), draws its key and makes the launches of its way of keying (seeds or
+    not, offsets or not; each bound once, to the plan's per-row tensors), in one Python frame. It then stands in ``plan.fast`` for the
     function returned here (which hands it every later call). A sample allocates only its (B,)
     tokens, the same memory as the (B, 1) tokens of the K = 0 verification the race writes; its
     num_accepted goes to a scratch row kept here (a stream's calls run in order, and nothing reads
@@ -886,20 +886,20 @@ def plan_runner(plan, vocab: int, dtype: torch.dtype, draft_vocab: int | None, d
             "target_shape": target_shape, "target_dtype": dtype, "target_strides": _strides_to_match(target),
             "like_tokens": like[0], "like_num_accepted": like[1], "like_logprobs": like[2], "like_accept_probs": like[3],
         }
-        tests = [_tensor_test("target", scope["target_strides"], device)]
-        if not sample:
-            scope.update(draft_tokens_shape=tokens_shape, draft_tokens_dtype=draft_tokens.dtype, draft_tokens_strides=_strides_to_match(draft_tokens))
-            tests.append(_tensor_test("draft_tokens", scope["draft_tokens_strides"], device))
-        if draft_shape is None:
-            tests.append("draft is not None")
-        else:
-            scope.update(draft_shape=draft_shape, draft_dtype=draft_dtype, draft_strides=_strides_to_match(draft))
-            tests.append(_tensor_test("draft", scope["draft_strides"], device))
-        # The checks and the outputs in one trip to C++ where the extension is loaded (a third of
-        # what the same work costs in Python), else in Python.
+        # The checks and the outputs in one trip to C++ where the extension is loaded (about half
+        # of what the same work costs in Python), else in Python.
         host = _cpp_backend.launch_outputs(target, draft, None if sample else draft_tokens, sample, logprobs, accept_probs)
         code = [f"def run({', '.join(CALL_INPUTS[:5])}, generator):"]
         if host is None:
+            tests = [_tensor_test("target", scope["target_strides"], device)]
+            if not sample:
+                scope.update(draft_tokens_shape=tokens_shape, draft_tokens_dtype=draft_tokens.dtype, draft_tokens_strides=_strides_to_match(draft_tokens))
+                tests.append(_tensor_test("draft_tokens", scope["draft_tokens_strides"], device))
+            if draft_shape is None:
+                tests.append("draft is not None")
+            else:
+                scope.update(draft_shape=draft_shape, draft_dtype=draft_dtype, draft_strides=_strides_to_match(draft))
+                tests.append(_tensor_test("draft", scope["draft_strides"], device))
             code += [
                 "    try:",
                 f"        if {' or '.join(tests)}:",
@@ -924,10 +924,10 @@ def plan_runner(plan, vocab: int, dtype: torch.dtype, draft_vocab: int | None, d
         code += ["    else:", "        seeds, key = draw_keys_eager(None, generator, batch, device)"]
         if host is None:
             code.append("    tokens = empty_like(like_tokens)")
-        if not sample and host is None:
-            code.append("    num_accepted = empty_like(like_num_accepted)")
-            code.append("    logprobs = empty_like(like_logprobs)" if logprobs else "    logprobs = None")
-            code.append("    accept_probs = empty_like(like_accept_probs)" if accept_probs else "    accept_probs = None")
+            if not sample:
+                code.append("    num_accepted = empty_like(like_num_accepted)")
+                code.append("    logprobs = empty_like(like_logprobs)" if logprobs else "    logprobs = None")
+                code.append("    accept_probs = empty_like(like_accept_probs)" if accept_probs else "    accept_probs = None")
         # The launches of each way of keying, bound once (any (B,) int64 tensor stands for given seeds or offsets).
         outputs = Outputs(_MARKS["tokens"], like[1] if sample else _MARKS["num_accepted"], _MARKS["logprobs"] if logprobs else None,
                           _MARKS["accept_probs"] if accept_probs else None)
