@@ -186,8 +186,9 @@ run_stage tests_gpu "$(stage_limit 110)" "$TESTS_LOG" "$PY" -m pytest -q -p no:c
 # the whole-line fallback's top-k 1000 and flat top-p 0.99, at B=64 K=8 bf16 and B=1 K=4 fp32),
 # each captured once in a CUDA graph and replayed: the median replay in µs and the ratio to the
 # unfiltered row of its shape, to set beside the model's estimates; then the model's block and
-# tree rows the same way. A dry run times the same calls eagerly, on CPU and small shapes.
-run_stage goal_rows "$(stage_limit 150)" "$BENCH_LOG" "$PY" - "$DRY" <<'EOF'
+# tree rows the same way, each with its kernels' device times (torch.profiler). A dry run times the
+# same calls eagerly, on CPU and small shapes, with Triton interpreted.
+run_stage goal_rows "$(stage_limit 150)" "$BENCH_LOG" env TRITON_INTERPRET="$DRY" "$PY" - "$DRY" <<'EOF'
 import statistics, sys, time
 import torch
 import specdec_ext
@@ -220,6 +221,23 @@ def median_us(call):
     return statistics.median(times)
 
 
+def kernel_times(label, call):
+    """Each kernel's device time in ``call`` (torch.profiler over five eager calls), one line per
+    kernel, to set beside the model's launch-by-launch estimates. Not in a dry run (no device)."""
+    if dry:
+        return
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            for _ in range(5):
+                call()
+            torch.cuda.synchronize()
+        for event in profile.key_averages():
+            if event.device_time_total > 0:
+                print(f"kernel | {label} | {event.key}: {event.device_time_total / event.count:.1f} us x {event.count / 5:g} per call")
+    except Exception as error:  # the profile is extra: the replay timing above already stands
+        print(f"kernel | {label} | profiler failed: {type(error).__name__}: {error}")
+
+
 shapes = {"B=64 K=8 V=128256 bf16": (64, 8, 128256, torch.bfloat16), "B=1 K=4 V=128256 fp32": (1, 4, 128256, torch.float32)}
 rows = [("unfiltered", {}, 2.0), ("T=0.7 top-k 50 top-p 0.9", {"temperature": 0.7, "top_k": 50, "top_p": 0.9}, 2.0),
         ("top-p 0.95", {"top_p": 0.95}, 2.0), ("top-k 1000 (whole-line search)", {"top_k": 1000}, 2.5),
@@ -236,9 +254,11 @@ for shape, (batch, k, vocab, dtype) in shapes.items():
         draft = (target[:, :k].float() + torch.randn(batch, k, vocab, device=device, generator=g)).to(dtype)
         tokens = torch.randint(0, vocab, (batch, k), device=device, generator=g)
         seeds = torch.arange(batch, device=device) + 7
-        median = median_us(lambda: specdec_ext.verify(target, draft, tokens, seeds=seeds, backend="triton", check=False, **params))
+        call = lambda: specdec_ext.verify(target, draft, tokens, seeds=seeds, backend="triton", check=False, **params)  # noqa: E731
+        median = median_us(call)
         base = base or median
         print(f"goal row | {shape} | {name}: {'eager' if dry else 'graph replay'} median {median:.1f} us, {median / base:.2f}x unfiltered (goal <= {limit}x)")
+        kernel_times(f"{shape} | {name}", call)
 # Blocks and trees (the tree: 8 nodes, 4 deep; inside a captured graph its outputs are N + 1 wide).
 parents = [-1, 0, 0, 1, 2, 3, -1, 6]
 tree_rows = [("block B=1 K=4 V=128256 fp32", "block", 1, 4, 128256, torch.float32, {}),
@@ -260,6 +280,7 @@ for name, kind, batch, k, vocab, dtype, params in tree_rows:
     else:
         call = lambda: specdec_ext.verify(target, draft, tokens, seeds=seeds, method="block", backend="triton", check=False)  # noqa: E731
     print(f"model row | {name}: {'eager' if dry else 'graph replay'} median {median_us(call):.1f} us")
+    kernel_times(name, call)
 EOF
 
 # 4. The microbenchmark grid. Its own time budget ends before the stage limit, so it writes its
