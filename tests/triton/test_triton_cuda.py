@@ -183,7 +183,9 @@ def test_cuda_graph_replays_trees(params):
     seeds. After warm-up an eager call allocates only its outputs."""
     case = _tree_case(4, 128256, torch.float32, seed=2)
     expected = _tree_call(case, "cpu", "eager", **params)
-    graph, out = _captured(lambda: _tree_call(case, "cuda", "triton", check=False, **params))
+    # On the device before capture: a copy from host memory cannot be captured.
+    on_device = tuple(x.cuda() for x in case)
+    graph, out = _captured(lambda: _tree_call(on_device, "cuda", "triton", check=False, **params))
     nodes = len(_PARENTS)
     for _ in range(3):
         graph.replay()
@@ -191,10 +193,10 @@ def test_cuda_graph_replays_trees(params):
         assert out.tokens.shape == (4, nodes + 1) and torch.equal(out.tokens.cpu(), expected.tokens)
         assert torch.equal(out.num_accepted.cpu(), expected.num_accepted) and torch.equal(out.accepted_nodes.cpu(), expected.accepted_nodes)
 
-    target, draft, tokens, parents = (x.cuda() for x in case[:4])
+    target, draft, tokens, parents = on_device[:4]
     graph, out = _captured(lambda: specdec_ext.verify_tree(target, draft, tokens, parents, backend="triton", check=False))
     assert _distinct_draws(graph, out, 10) > 1
-    assert _allocated_beyond_outputs(lambda: _tree_call(case, "cuda", "triton", check=False, **params)) <= 0
+    assert _allocated_beyond_outputs(lambda: _tree_call(on_device, "cuda", "triton", check=False, **params)) <= 0
 
 
 @pytest.mark.parametrize("params", [{}, {"temperature": 0.7, "top_k": 50, "top_p": 0.9}])
