@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The one-call GPU suite: compiled-Triton correctness on CUDA, the microbenchmark grid, the
-# end-to-end benchmark (bench/e2e.py, when present) and the CPU test suite, most valuable first,
-# all inside one time budget. Results go to $OUT (8 files at most, no sub-folders); a summary
+# The one-call GPU suite: the GPU model's calls measured launch by launch, compiled-Triton
+# correctness on CUDA, the microbenchmark grid, the end-to-end benchmark (bench/e2e.py, when
+# present) and the CPU test suite, most valuable first, all inside one time budget. Results go to $OUT (8 files at most, no sub-folders); a summary
 # table is printed last.
 #
 #   OUT=/path bash bench/gpu_suite.sh     # on the GPU machine (about 8 minutes)
 #   bash bench/gpu_suite.sh --dry-run     # rehearsal on CPU with tiny shapes (same as CPU_SMOKE=1)
 #
-# Environment: OUT (default: a new folder in /tmp), PYTHON (default python), SUITE_BUDGET_S (470:
+# Environment: OUT (default: a new folder in /tmp), PYTHON (default python3), SUITE_BUDGET_S (470:
 # under the 8-minute limit with a margin), BUILD_CPP=1 (build the C++ CPU op first: ~1-2 min, not
 # needed for the CUDA stages), MICRO_ARGS (extra arguments for `python -m bench`), E2E_ARGS
 # (arguments for `python -m bench.e2e` instead of `--device <dev> --out <dir>`), E2E_LIMIT_S (60).
@@ -29,7 +29,7 @@ for arg in "$@"; do
   esac
 done
 
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
 BUDGET=${SUITE_BUDGET_S:-470}
 RESERVE=15 # seconds kept back for collecting files and printing the summary
 DEADLINE=$((SUITE_START + BUDGET))
@@ -80,7 +80,10 @@ run_stage() {
   first_line=$(wc -l <"$log")
   echo "== [$name] limit ${limit}s: $*" | tee -a "$log"
   t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" >>"$log" 2>&1
+  # pytest stopped by SIGINT still prints its summary (failures, outcomes); others get SIGTERM.
+  local signal=TERM
+  [[ " $* " == *" pytest "* ]] && signal=INT
+  timeout -s "$signal" -k 15 "$limit" "$@" >>"$log" 2>&1
   rc=$?
   TOOK[$name]=$(($(date +%s) - t0))
   # pytest's closing line ("3 passed, 2 skipped in 4.1s") says more than its exit status; only
@@ -108,11 +111,13 @@ skip_stage() {
 
 finish() {
   trap - EXIT
-  # At most 8 files come back from the machine: summary.txt, env.txt, tests.log, bench.log,
-  # micro.json, micro.png, e2e.json, e2e.png.
+  # At most 8 files come back from the machine: summary.txt, tests.log (environment, tests),
+  # bench.log, rows.json, micro.json, micro.png, e2e.json, e2e.png.
   cp "$TESTS_LOG" "$OUT/tests.log" 2>/dev/null
   cp "$BENCH_LOG" "$OUT/bench.log" 2>/dev/null
   local ext found
+  found=$(ls -t "$WORK"/rows/*.json 2>/dev/null | head -n 1)
+  [ -n "$found" ] && cp "$found" "$OUT/rows.json"
   for ext in json png; do
     found=$(ls -t "$WORK"/micro/*."$ext" 2>/dev/null | head -n 1)
     [ -n "$found" ] && cp "$found" "$OUT/micro.$ext"
@@ -146,7 +151,7 @@ finish() {
 trap finish EXIT
 
 # 1. What ran where.
-run_stage env "$(stage_limit 30)" "$OUT/env.txt" bash -c '
+run_stage env "$(stage_limit 30)" "$TESTS_LOG" bash -c '
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv
   git -C "$0" rev-parse HEAD 2>/dev/null; git -C "$0" status --short 2>/dev/null | head -n 40
   "$1" - <<EOF
@@ -171,125 +176,34 @@ else
   skip_stage build_cpp "skipped (BUILD_CPP=1 to build)"
 fi
 
-# 3. Correctness of the compiled kernels. tests/conftest.py only *defaults* TRITON_INTERPRET to 1,
-# so exporting 0 makes CUDA tests compile. Interpreter tests need 1, hence separate processes.
+# 3. The GPU model's calls (bench/gpu_rows.py: its goal rows, blocks and trees), each captured in a
+# CUDA graph: one replay on an idle device, 20 replays back to back, and each kernel's device time,
+# written to rows.json for `python -m bench.gpu_rows --compare`. The first launches JIT-compile
+# every kernel variant (seconds each). tests/conftest.py only *defaults* TRITON_INTERPRET to 1, so
+# exporting 0 makes Triton compile; a dry run interprets it on small shapes.
 export TRITON_INTERPRET=0
-# The first launches JIT-compile every kernel variant they use (a few seconds each).
-run_stage cuda_identity "$(stage_limit 90)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider bench/test_bench_verify.py -k test_cuda_matches_eager -rs
-# Stream v2 on CUDA (seeds, offsets, logprobs, accept_probs), graph replay, allocations, ops; for
-# chains, blocks and trees. The trees' and blocks' CUDA-graph capture and replay first (they are
-# newer than the chains'), then every other GPU test.
-run_stage graph_trees "$(stage_limit 60)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/triton/test_triton_cuda.py -k "graph_replays_trees or graph_replays_blocks" -rs
-run_stage tests_gpu "$(stage_limit 110)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests -rs -k "not graph_replays_trees and not graph_replays_blocks"
+if [ "$DRY" = 1 ]; then
+  run_stage gpu_rows "$(stage_limit 150)" "$BENCH_LOG" "$PY" -m bench.gpu_rows --dry-run --out "$WORK/rows"
+else
+  run_stage gpu_rows "$(stage_limit 150)" "$BENCH_LOG" "$PY" -m bench.gpu_rows --out "$WORK/rows"
+fi
 
-# 3b. The GPU model's goal rows (bench/gpu_model.py: unfiltered, top-k 50 + top-p 0.9, top-p 0.95,
-# the whole-line fallback's top-k 1000 and flat top-p 0.99, at B=64 K=8 bf16 and B=1 K=4 fp32),
-# each captured once in a CUDA graph and replayed: the median replay in µs and the ratio to the
-# unfiltered row of its shape, to set beside the model's estimates; then the model's block and
-# tree rows the same way, each with its kernels' device times (torch.profiler). A dry run times the
-# same calls eagerly, on CPU and small shapes, with Triton interpreted.
-run_stage goal_rows "$(stage_limit 150)" "$BENCH_LOG" env TRITON_INTERPRET="$DRY" "$PY" - "$DRY" <<'EOF'
-import statistics, sys, time
-import torch
-import specdec_ext
+# 4. Correctness of the compiled kernels: every test marked gpu (identity with eager for chains,
+# blocks and trees, stream v2, graph capture and replay, allocations, the ops), in parallel
+# processes where pytest-xdist is installed (compiling dominates), each outcome listed (-rA) and
+# the slowest shown; on the time limit pytest gets SIGINT and still prints what it has.
+XDIST=()
+"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n "$(($(nproc) < 8 ? $(nproc) : 8))")
+run_stage tests_gpu "$(stage_limit 200)" "$TESTS_LOG" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests bench/test_bench_verify.py -rA --durations=8 \
+  ${XDIST[@]+"${XDIST[@]}"}
 
-dry = sys.argv[1] == "1"
-device = "cpu" if dry else "cuda"
-
-
-def median_us(call):
-    """The median time of ``call``: CUDA-graph replays on a GPU, one eager call in a dry run."""
-    for _ in range(1 if dry else 3):  # the first call compiles the kernels' variants
-        call()
-    times = []
-    if dry:
-        start = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - start) * 1e6)
-    else:
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            call()
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(50):
-            begin.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(begin.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
-def kernel_times(label, call):
-    """Each kernel's device time in ``call`` (torch.profiler over five eager calls), one line per
-    kernel, to set beside the model's launch-by-launch estimates. Not in a dry run (no device)."""
-    if dry:
-        return
-    try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-            for _ in range(5):
-                call()
-            torch.cuda.synchronize()
-        for event in profile.key_averages():
-            if event.device_time_total > 0:
-                print(f"kernel | {label} | {event.key}: {event.device_time_total / event.count:.1f} us x {event.count / 5:g} per call")
-    except Exception as error:  # the profile is extra: the replay timing above already stands
-        print(f"kernel | {label} | profiler failed: {type(error).__name__}: {error}")
-
-
-shapes = {"B=64 K=8 V=128256 bf16": (64, 8, 128256, torch.bfloat16), "B=1 K=4 V=128256 fp32": (1, 4, 128256, torch.float32)}
-rows = [("unfiltered", {}, 2.0), ("T=0.7 top-k 50 top-p 0.9", {"temperature": 0.7, "top_k": 50, "top_p": 0.9}, 2.0),
-        ("top-p 0.95", {"top_p": 0.95}, 2.0), ("top-k 1000 (whole-line search)", {"top_k": 1000}, 2.5),
-        ("flat top-p 0.99 (whole-line search)", {"top_p": 0.99, "flat": True}, 2.5)]
-if dry:  # the interpreter: two rows of a small shape, to check the stage runs
-    shapes, rows = {"B=2 K=2 V=3000 bf16 (dry run)": (2, 2, 3000, torch.bfloat16)}, rows[:2]
-for shape, (batch, k, vocab, dtype) in shapes.items():
-    g = torch.Generator(device=device).manual_seed(0)
-    base = None
-    for name, params, limit in rows:
-        params = dict(params)
-        scale = 0.2 if params.pop("flat", False) else 3.0  # flat lines put the top-p cut below the candidates
-        target = (torch.randn(batch, k + 1, vocab, device=device, generator=g) * scale).to(dtype)
-        draft = (target[:, :k].float() + torch.randn(batch, k, vocab, device=device, generator=g)).to(dtype)
-        tokens = torch.randint(0, vocab, (batch, k), device=device, generator=g)
-        seeds = torch.arange(batch, device=device) + 7
-        call = lambda: specdec_ext.verify(target, draft, tokens, seeds=seeds, backend="triton", check=False, **params)  # noqa: E731
-        median = median_us(call)
-        base = base or median
-        print(f"goal row | {shape} | {name}: {'eager' if dry else 'graph replay'} median {median:.1f} us, {median / base:.2f}x unfiltered (goal <= {limit}x)")
-        kernel_times(f"{shape} | {name}", call)
-# Blocks and trees (the tree: 8 nodes, 4 deep; inside a captured graph its outputs are N + 1 wide).
-parents = [-1, 0, 0, 1, 2, 3, -1, 6]
-tree_rows = [("block B=1 K=4 V=128256 fp32", "block", 1, 4, 128256, torch.float32, {}),
-             ("block B=64 K=8 V=128256 bf16", "block", 64, 8, 128256, torch.bfloat16, {}),
-             ("tree B=1 N=8 D=4 V=128256 fp32 iid", "tree", 1, 8, 128256, torch.float32, {}),
-             ("tree B=64 N=8 D=4 V=128256 bf16 without replacement", "tree", 64, 8, 128256, torch.bfloat16, {"siblings": "without_replacement"})]
-if dry:
-    tree_rows = [(name + " (dry run: B=2 V=3000)", kind, 2, k, 3000, dtype, params) for name, kind, _, k, _, dtype, params in tree_rows[1::2]]
-g = torch.Generator(device=device).manual_seed(0)
-for name, kind, batch, k, vocab, dtype, params in tree_rows:
-    lines = k + 1 if kind == "tree" else k
-    target = (3 * torch.randn(batch, k + 1, vocab, device=device, generator=g)).to(dtype)
-    draft = (target[:, :lines].float() + torch.randn(batch, lines, vocab, device=device, generator=g)).to(dtype)
-    tokens = torch.randint(0, vocab, (batch, k), device=device, generator=g)
-    seeds = torch.arange(batch, device=device) + 7
-    tree = torch.tensor([parents] * batch, device=device)
-    if kind == "tree":
-        call = lambda: specdec_ext.verify_tree(target, draft, tokens, tree, seeds=seeds, backend="triton", check=False, **params)  # noqa: E731
-    else:
-        call = lambda: specdec_ext.verify(target, draft, tokens, seeds=seeds, method="block", backend="triton", check=False)  # noqa: E731
-    print(f"model row | {name}: {'eager' if dry else 'graph replay'} median {median_us(call):.1f} us")
-    kernel_times(name, call)
-EOF
-
-# 4. The microbenchmark grid. Its own time budget ends before the stage limit, so it writes its
+# 5. The microbenchmark grid. Its own time budget ends before the stage limit, so it writes its
 # JSON and plot itself; SIGTERM from timeout also makes it write what it has.
 limit=$(stage_limit 200)
 read -r -a micro_extra <<<"${MICRO_ARGS:-}"
 run_stage micro "$limit" "$BENCH_LOG" "$PY" -m bench --device "$DEVICE" $MICRO_SIZE --out "$WORK/micro" --tag suite --time-budget $((limit > 60 ? limit - 45 : limit / 2)) ${micro_extra[@]+"${micro_extra[@]}"}
 
-# 5. End to end at realistic shapes, when bench/e2e.py exists (E2E_LIMIT_S, default 60 s).
+# 6. End to end at realistic shapes, when bench/e2e.py exists (E2E_LIMIT_S, default 60 s).
 if [ -f bench/e2e.py ]; then
   mkdir -p "$WORK/e2e"
   if [ -n "${E2E_ARGS:-}" ]; then
@@ -303,7 +217,7 @@ else
   skip_stage e2e "skipped (no bench/e2e.py)"
 fi
 
-# 6. The CPU test suite (Triton interpreted, as in CI), only when enough time is left: it needs
+# 7. The CPU test suite (Triton interpreted, as in CI), only when enough time is left: it needs
 # minutes, and CI runs it anyway. A dry run takes one short file.
 export TRITON_INTERPRET=1
 if [ "$DRY" = 1 ]; then

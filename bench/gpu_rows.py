@@ -1,0 +1,264 @@
+"""``python -m bench.gpu_rows``: the GPU model's calls measured on a CUDA device, launch by launch.
+
+Each call of :mod:`bench.gpu_model` (its goal rows and its block and tree rows) runs on inputs of
+the modelled shape, is captured once in a CUDA graph and replayed, and is timed three ways:
+
+* ``replay_us``: CUDA events around one replay on an idle device, median of 50. This includes
+  the time the host takes to submit the graph (about 16 µs on the virtualised H200 here, measured
+  by :func:`graph_replay_us` on a graph of one-element kernels).
+* ``back_to_back_us``: 20 replays queued between two events, per replay, median of 10 such
+  batches: the device time a serving loop pays when the graph is queued behind the model.
+* ``kernels_us``: each kernel's device time (torch.profiler over five eager calls).
+
+The inputs, stated in the file: target logits ``3 * randn``, draft logits the target's plus
+``randn``; lines whose cut the candidates settle (``search_fraction`` 0 in the model) have four
+tokens raised by 20, which then hold about 99 % of the mass; the whole-line rows' lines are flat
+(``0.2 * randn``) so that neither top-k 1000 nor top-p 0.99 stops among the candidates.
+
+``--compare MEASURED.json [--model MODEL.json]`` sets a measurement beside the model's estimate
+of the same calls (its newest ``gpu-model-*.json`` for the measured Triton version by default).
+``--dry-run`` times the rows eagerly on CPU at small shapes with Triton interpreted (a rehearsal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from .gpu_model import GOAL_CALLS, Call, sweep_calls
+from .harness import report
+
+TREE_PARENTS = [-1, 0, 0, 1, 2, 3, -1, 6]  # the model's tree: 8 nodes, 4 deep
+INPUTS = ("target 3*randn, draft = target + randn; lines the candidates settle: four tokens raised by 20 (~99 % of the mass); "
+          "whole-line rows: flat lines, 0.2*randn")
+
+
+def calls() -> list[Call]:
+    """The model's goal calls, then its block and tree calls."""
+    return [call for call, _, _ in GOAL_CALLS] + [call for call in sweep_calls() if call.method != "token"]
+
+
+def dry_shape(call: Call) -> Call:
+    """A small version of ``call`` for a rehearsal on CPU (B <= 2, V = 3000)."""
+    return replace(call, name=f"{call.name} (dry run: B<=2 V=3000)", batch=min(call.batch, 2), vocab=3000)
+
+
+def inputs(call: Call, device: str, seed: int = 0) -> dict:
+    """The tensors and keyword arguments of ``call``, generated on ``device`` as the module says."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[call.dtype]
+    batch, k, vocab = call.batch, call.k, call.vocab
+    contexts = k + 1
+    draft_lines = k + 1 if call.method == "tree" else k
+    if call.whole_line:
+        target = 0.2 * torch.randn(batch, contexts, vocab, device=device, generator=g)
+    else:
+        target = 3 * torch.randn(batch, contexts, vocab, device=device, generator=g)
+        raised = torch.randint(0, vocab, (batch, contexts, 4), device=device, generator=g)
+        target.scatter_add_(2, raised, torch.full(raised.shape, 20.0, device=device))
+    draft = target[:, :draft_lines] + torch.randn(batch, draft_lines, vocab, device=device, generator=g)
+    tokens = torch.randint(0, vocab, (batch, k), device=device, generator=g)
+    kwargs = {"backend": "triton", "check": False, "seeds": torch.arange(batch, device=device) + 7}
+    if call.temperature != 1.0:
+        kwargs["temperature"] = call.temperature
+    if call.top_k:
+        kwargs["top_k"] = call.top_k
+    if call.top_p < 1.0:
+        kwargs["top_p"] = call.top_p
+    if call.method == "tree":
+        kwargs["siblings"] = call.siblings
+    elif call.method == "block":
+        kwargs["method"] = "block"
+    args = {"target": target.to(dtype), "draft": None if call.draft == "one-hot" else draft.to(dtype), "tokens": tokens}
+    if call.method == "tree":
+        args["parents"] = torch.tensor([TREE_PARENTS[:k]] * batch, device=device)
+    return {"args": args, "kwargs": kwargs}
+
+
+def runner(call: Call, device: str):
+    """A no-argument function making ``call`` on its inputs."""
+    import specdec_ext
+
+    made = inputs(call, device)
+    a, kw = made["args"], made["kwargs"]
+    if call.method == "tree":
+        return lambda: specdec_ext.verify_tree(a["target"], a["draft"], a["tokens"], a["parents"], **kw)
+    return lambda: specdec_ext.verify(a["target"], a["draft"], a["tokens"], **kw)
+
+
+def _event_us(run, repeats: int) -> float:
+    """Device µs between two events around ``run()``."""
+    import torch
+
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(repeats):
+        run()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) * 1e3 / repeats
+
+
+def graph_replay_us(kernels: int = 1) -> float:
+    """Median µs between events around one replay of a graph of ``kernels`` one-element adds: what
+    submitting a replay costs on an idle device, whatever its kernels do."""
+    import torch
+
+    from .harness.timing import capture_cuda_graph
+
+    x = torch.zeros(1, device="cuda")
+    graph, _ = capture_cuda_graph(lambda: [x.add_(1) for _ in range(kernels)], warmup=1)
+    return statistics.median(_event_us(graph.replay, 1) for _ in range(200))
+
+
+def kernel_times(run) -> dict[str, float]:
+    """Each kernel's device µs per call (torch.profiler over five eager calls)."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        for _ in range(5):
+            run()
+        torch.cuda.synchronize()
+    return {e.key: round(e.device_time_total / 5, 2) for e in profile.key_averages() if e.device_time_total > 0}
+
+
+def measure(call: Call, device: str) -> dict:
+    """One row: the call, and its times (only ``eager_us`` in a dry run)."""
+    import time
+
+    import torch
+
+    run = runner(call, device)
+    row = {"call": asdict(call)}
+    if device != "cuda":
+        run()  # interpreted: the first call is as slow as the next
+        start = time.perf_counter()
+        run()
+        row["eager_us"] = round((time.perf_counter() - start) * 1e6, 1)
+        return row
+    from .harness.timing import capture_cuda_graph
+
+    for _ in range(3):  # the first calls compile the kernels' variants
+        run()
+    torch.cuda.synchronize()
+    graph, _ = capture_cuda_graph(run, warmup=1)
+    row["replay_us"] = round(statistics.median(_event_us(graph.replay, 1) for _ in range(50)), 2)
+    row["back_to_back_us"] = round(statistics.median(_event_us(graph.replay, 20) for _ in range(10)), 2)
+    row["kernels_us"] = kernel_times(run)
+    return row
+
+
+def run_rows(device: str, only: list[str] | None = None) -> dict:
+    """Every row (those whose names hold one of ``only``'s words), printed as they come."""
+    from .harness import env
+
+    load = env.load_average()
+    rows = []
+    chosen = [c for c in calls() if not only or any(word in c.name for word in only)]
+    if device != "cuda":
+        chosen = [dry_shape(c) for c in chosen[:2] + chosen[-1:]]
+    doc = report.header("measurement: the GPU model's calls (bench/gpu_model.py), CUDA-graph replays and kernel times", device, load)
+    doc["inputs"] = INPUTS
+    if device == "cuda":
+        doc["graph_replay_us"] = {str(n): round(graph_replay_us(n), 2) for n in (1, 4)}
+        print(f"graph replay of 1 / 4 one-element kernels: {doc['graph_replay_us']['1']} / {doc['graph_replay_us']['4']} us between events")
+    for call in chosen:
+        try:
+            row = measure(call, device)
+        except Exception as error:  # one failing row must not cost the others
+            row = {"call": asdict(call), "error": f"{type(error).__name__}: {error}"}
+        rows.append(row)
+        print(row_line(row), flush=True)
+    doc["rows"] = rows
+    return doc
+
+
+def row_line(row: dict) -> str:
+    name = row["call"]["name"]
+    if "error" in row:
+        return f"row | {name}: FAILED {row['error']}"
+    if "eager_us" in row:
+        return f"row | {name}: eager (interpreted) {row['eager_us']:.0f} us"
+    kernels = ", ".join(f"{k} {v:.1f}" for k, v in row["kernels_us"].items())
+    return f"row | {name}: replay {row['replay_us']:.1f} us, back to back {row['back_to_back_us']:.1f} us | kernels: {kernels}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured beside the model
+
+
+def _kernel_name(launch: str) -> str:
+    """The compiled kernel's name for a model launch (``cutoff:search`` is a phase of ``cutoff``)."""
+    return launch.split(":")[0] + "_kernel"
+
+
+def compare(measured: dict, model: dict) -> str:
+    """A Markdown table: each measured call beside the model's estimate of it, whole and per kernel."""
+    estimates = {r["call"]["name"]: r for r in model["results"]}
+    head = ["call", "model replayed µs", "measured µs", "measured / model", "per kernel: model → measured µs"]
+    lines = []
+    for row in measured["rows"]:
+        estimate = estimates.get(row["call"]["name"])
+        if estimate is None or "kernels_us" not in row:
+            continue
+        # Back to back where measured (the device time a queued replay takes), else one replay.
+        time_us, how = (row["back_to_back_us"], "back to back") if row.get("back_to_back_us") else (row["replay_us"], "one replay")
+        modelled: dict[str, float] = {}
+        for launch in estimate["launches"]:
+            name = _kernel_name(launch["name"])
+            modelled[name] = modelled.get(name, 0.0) + launch["time_us"]
+        kernels = "; ".join(f"{name.removesuffix('_kernel')} {modelled.get(name, 0):.1f} → {us:.1f}" for name, us in row["kernels_us"].items())
+        ratio = time_us / estimate["replayed_us"]
+        lines.append([row["call"]["name"], f"{estimate['replayed_us']:.1f}", f"{time_us:.1f} ({how})", f"{ratio:.2f}", kernels])
+    return report.markdown_table(head, lines)
+
+
+def newest_model(triton_version: str | None) -> Path:
+    """The newest ``gpu-model-*.json`` estimated for ``triton_version`` (any version if None)."""
+    import json
+
+    found = []
+    for path in report.RESULTS_DIR.glob("gpu-model-*.json"):
+        doc = json.loads(path.read_text())
+        if triton_version is None or str(doc.get("versions", {}).get("triton")) == triton_version:
+            found.append((doc.get("date", ""), path.name, path))
+    if not found:
+        raise SystemExit(f"no gpu-model-*.json for triton {triton_version} in {report.RESULTS_DIR}")
+    return max(found)[2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_rows", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="CPU, small shapes, Triton interpreted")
+    parser.add_argument("--only", nargs="*", default=None, help="only the calls whose names contain one of these words")
+    parser.add_argument("--out", type=Path, default=report.RESULTS_DIR, help="folder for gpu-rows-<device>-<date>.json")
+    parser.add_argument("--compare", type=Path, default=None, help="a gpu-rows JSON to set beside the model (runs nothing)")
+    parser.add_argument("--model", type=Path, default=None, help="the gpu-model JSON to compare with (default: newest for its Triton)")
+    args = parser.parse_args(argv)
+    if args.compare:
+        measured = json.loads(args.compare.read_text())
+        model_path = args.model or newest_model(measured["versions"].get("triton"))
+        print(f"{args.compare.name} (measured) beside {model_path.name} (ESTIMATE)\n")
+        print(compare(measured, json.loads(model_path.read_text())))
+        return 0
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"
+    device = "cpu" if args.dry_run else "cuda"
+    doc = run_rows(device, args.only)
+    from .harness import env
+
+    path = report.write_json(doc, report.result_path(args.out, "gpu-rows", doc["date"], env.device_slug(device), "dry-run" if args.dry_run else None))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
