@@ -15,8 +15,12 @@ The inputs, stated in the file: target logits ``3 * randn``, draft logits the ta
 tokens raised by 20, which then hold about 99 % of the mass; the whole-line rows' lines are flat
 (``0.2 * randn``) so that neither top-k 1000 nor top-p 0.99 stops among the candidates.
 
+:data:`VARIANTS` then times a few calls again with other launch geometries (same inputs, same
+result), for choices the model cannot make.
+
 ``--compare MEASURED.json [--model MODEL.json]`` sets a measurement beside the model's estimate
-of the same calls (its newest ``gpu-model-*.json`` for the measured Triton version by default).
+of the same calls (its newest ``gpu-model-*.json`` for the measured Triton version by default),
+and each geometry variant beside its call's default.
 ``--dry-run`` times the rows eagerly on CPU at small shapes with Triton interpreted (a rehearsal).
 """
 
@@ -35,6 +39,23 @@ from .harness import report
 TREE_PARENTS = [-1, 0, 0, 1, 2, 3, -1, 6]  # the model's tree: 8 nodes, 4 deep
 INPUTS = ("target 3*randn, draft = target + randn; lines the candidates settle: four tokens raised by 20 (~99 % of the mass); "
           "whole-line rows: flat lines, 0.2*randn")
+
+
+# Launch geometries measured beside the default on the same inputs (the launcher's geometry
+# overrides, which never change a result): the rows per statistics tile of a filtered call and the
+# parts a line is read in (stats_tile, stats_parts: 65536 bf16 or 32768 fp32 values is the 32-row
+# tile that spilled at 255 registers, the default until 8-row tiles), and the race's ids per step at
+# B=1 (more programs for one row). The model cannot rank these: it under-estimated the spilling
+# tile 3x. A lent GPU does.
+VARIANTS = [
+    ("B=64 K=8 bf16 T=0.7 top-k 50 top-p 0.9", {"stats_tile": 65536, "stats_parts": 1}),
+    ("B=64 K=8 bf16 T=0.7 top-k 50 top-p 0.9", {"stats_tile": 32768, "stats_parts": 1}),
+    ("B=64 K=8 bf16 T=0.7 top-k 50 top-p 0.9", {"stats_tile": 16384, "stats_parts": 2}),
+    ("B=1 K=4 fp32 T=0.7 top-k 50 top-p 0.9", {"stats_tile": 32768, "stats_parts": 4}),
+    ("B=1 K=4 fp32 T=0.7 top-k 50 top-p 0.9", {"stats_tile": 8192, "stats_parts": 8}),
+    ("B=1 K=4 V=128256 fp32", {"race_block": 128}),
+    ("B=1 K=4 V=128256 fp32", {"race_block": 64}),
+]
 
 
 def calls() -> list[Call]:
@@ -81,12 +102,20 @@ def inputs(call: Call, device: str, seed: int = 0) -> dict:
     return {"args": args, "kwargs": kwargs}
 
 
-def runner(call: Call, device: str):
-    """A no-argument function making ``call`` on its inputs."""
+def runner(call: Call, device: str, geometry: dict | None = None):
+    """A no-argument function making ``call`` on its inputs (a chain call with ``geometry``: the
+    Triton launcher's own entry with those overrides)."""
     import specdec_ext
 
     made = inputs(call, device)
     a, kw = made["args"], made["kwargs"]
+    if geometry:
+        from specdec_ext import _triton_backend
+        from specdec_ext._params import validate_verify
+
+        args = validate_verify(a["target"], a["draft"], a["tokens"], temperature=kw.get("temperature", 1.0), top_k=kw.get("top_k"),
+                               top_p=kw.get("top_p"), num_draft_tokens=None, generator=None, check=False, seeds=kw["seeds"])
+        return lambda: _triton_backend.verify(args, 0, **geometry)
     if call.method == "tree":
         return lambda: specdec_ext.verify_tree(a["target"], a["draft"], a["tokens"], a["parents"], **kw)
     return lambda: specdec_ext.verify(a["target"], a["draft"], a["tokens"], **kw)
@@ -128,14 +157,14 @@ def kernel_times(run) -> dict[str, float]:
     return {e.key: round(e.device_time_total / 5, 2) for e in profile.key_averages() if e.device_time_total > 0}
 
 
-def measure(call: Call, device: str) -> dict:
-    """One row: the call, and its times (only ``eager_us`` in a dry run)."""
+def measure(call: Call, device: str, geometry: dict | None = None) -> dict:
+    """One row: the call (and its geometry), and its times (only ``eager_us`` in a dry run)."""
     import time
 
     import torch
 
-    run = runner(call, device)
-    row = {"call": asdict(call)}
+    run = runner(call, device, geometry)
+    row = {"call": asdict(call)} | ({"geometry": geometry} if geometry else {})
     if device != "cuda":
         run()  # interpreted: the first call is as slow as the next
         start = time.perf_counter()
@@ -168,11 +197,15 @@ def run_rows(device: str, only: list[str] | None = None) -> dict:
     if device == "cuda":
         doc["graph_replay_us"] = {str(n): round(graph_replay_us(n), 2) for n in (1, 4)}
         print(f"graph replay of 1 / 4 one-element kernels: {doc['graph_replay_us']['1']} / {doc['graph_replay_us']['4']} us between events")
-    for call in chosen:
+    by_name = {c.name: c for c in calls()}
+    variants = [(by_name[name], geometry) for name, geometry in VARIANTS if not only or any(word in name for word in only)]
+    if device != "cuda":
+        variants = [(dry_shape(call), geometry) for call, geometry in variants[-1:]]
+    for call, geometry in [(c, None) for c in chosen] + variants:
         try:
-            row = measure(call, device)
+            row = measure(call, device, geometry)
         except Exception as error:  # one failing row must not cost the others
-            row = {"call": asdict(call), "error": f"{type(error).__name__}: {error}"}
+            row = {"call": asdict(call), "geometry": geometry, "error": f"{type(error).__name__}: {error}"}
         rows.append(row)
         print(row_line(row), flush=True)
     doc["rows"] = rows
@@ -180,7 +213,7 @@ def run_rows(device: str, only: list[str] | None = None) -> dict:
 
 
 def row_line(row: dict) -> str:
-    name = row["call"]["name"]
+    name = row["call"]["name"] + (f" [{', '.join(f'{k}={v}' for k, v in row['geometry'].items())}]" if row.get("geometry") else "")
     if "error" in row:
         return f"row | {name}: FAILED {row['error']}"
     if "eager_us" in row:
@@ -205,7 +238,7 @@ def compare(measured: dict, model: dict) -> str:
     lines = []
     for row in measured["rows"]:
         estimate = estimates.get(row["call"]["name"])
-        if estimate is None or "kernels_us" not in row:
+        if estimate is None or "kernels_us" not in row or row.get("geometry"):
             continue
         # Back to back where measured (the device time a queued replay takes), else one replay.
         time_us, how = (row["back_to_back_us"], "back to back") if row.get("back_to_back_us") else (row["replay_us"], "one replay")
@@ -217,6 +250,22 @@ def compare(measured: dict, model: dict) -> str:
         ratio = time_us / estimate["replayed_us"]
         lines.append([row["call"]["name"], f"{estimate['replayed_us']:.1f}", f"{time_us:.1f} ({how})", f"{ratio:.2f}", kernels])
     return report.markdown_table(head, lines)
+
+
+def variants_table(measured: dict) -> str:
+    """A Markdown table: each geometry variant beside the default geometry's row of the same call."""
+    default = {r["call"]["name"]: r for r in measured["rows"] if not r.get("geometry") and "kernels_us" in r}
+    lines = []
+    for row in measured["rows"]:
+        base = default.get(row["call"]["name"])
+        if not row.get("geometry") or base is None or "kernels_us" not in row:
+            continue
+        key = "back_to_back_us" if row.get("back_to_back_us") and base.get("back_to_back_us") else "replay_us"
+        kernels = "; ".join(f"{name.removesuffix('_kernel')} {base['kernels_us'].get(name, 0):.1f} → {us:.1f}" for name, us in row["kernels_us"].items())
+        geometry = ", ".join(f"{k}={v}" for k, v in row["geometry"].items())
+        lines.append([row["call"]["name"], geometry, f"{base[key]:.1f}", f"{row[key]:.1f}", f"{row[key] / base[key]:.2f}", kernels])
+    head = ["call", "geometry", "default µs", "variant µs", "variant / default", "per kernel: default → variant µs"]
+    return report.markdown_table(head, lines) if lines else ""
 
 
 def newest_model(triton_version: str | None) -> Path:
@@ -248,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         model_path = args.model or newest_model(measured["versions"].get("triton"))
         print(f"{args.compare.name} (measured) beside {model_path.name} (ESTIMATE)\n")
         print(compare(measured, json.loads(model_path.read_text())))
+        if variants := variants_table(measured):
+            print(f"\nLaunch geometries beside the default (measured):\n\n{variants}")
         return 0
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"

@@ -33,15 +33,18 @@ from ._results import VerifyResult
 
 # Line statistics: values per tile (one block reduction each) and warps per program. A thread
 # holds TILE / (32 * warps) values; 16-byte loads give each row of the tile 4 (fp32) or 8 (16-bit)
-# consecutive values per thread. A filtered call's tiles have FILTERED_STATS_ROWS rows: the lanes
-# of a line over its parts (each lane keeps its top three values for the candidates, stats.py)
-# are then about 2048 to 4096 whatever the batch size, which keeps the values above the line's
-# floor to a few hundred (a tile of 16-bit values with 16 rows would take the registers of two
-# CTAs per SM and the batch's lines in twice the programs: slower, bench/gpu_model.py).
+# consecutive values per thread. A filtered call's parts are sized in blocks of FILTERED_PART_ROWS
+# rows: the lanes of a line over its parts (each lane keeps its top three values for the
+# candidates, stats.py) are then about 2048 to 4096 whatever the batch size, which keeps the values
+# above the line's floor to a few hundred. Its tiles, one loop step each, have FILTERED_STATS_ROWS
+# rows: 32-row steps of 16-bit values compiled to 255 registers with a 600-byte stack (spilled in
+# the loop, one CTA per SM), and that launch measured 2.8x the unfiltered one on an H200
+# (bench/results/gpu-rows-nvidia-h200-2026-12-04.json); 8-row steps take 128 registers, no stack.
 STATS_TILE = 8192
 STATS_WARPS = 8
 STATS_PROGRAMS_PER_SM = 16
-FILTERED_STATS_ROWS = 32
+FILTERED_STATS_ROWS = 8
+FILTERED_PART_ROWS = 32
 # The race: ids per loop step and warps per program on a GPU (one warp: the walk's reductions over
 # positions stay in the warp, no block barriers); programs per multiprocessor wanted at any batch
 # size (chunks per row = that many programs over B, at most one per tile).
@@ -285,12 +288,17 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
     batch, k, vocab = args.batch, args.num_positions, args.vocab
     has_draft = args.draft_logits is not None and k > 0
     lines = batch * (k + 1) + (batch * k if has_draft else 0)
-    stats_tile = geo.stats_tile or (FILTERED_STATS_ROWS * _lanes(args.target_logits.dtype, 1 << 30)[0] if args.filtered else STATS_TILE)
+    if args.filtered and geo.stats_tile is None:
+        stats_tile = FILTERED_STATS_ROWS * _lanes(args.target_logits.dtype, 1 << 30)[0]
+        step = FILTERED_PART_ROWS // FILTERED_STATS_ROWS  # tiles per block of FILTERED_PART_ROWS rows
+    else:
+        stats_tile, step = geo.stats_tile or STATS_TILE, 1
     tiles = _cdiv(vocab, stats_tile)  # statistics tiles per line, and partial slots per line
+    blocks = _cdiv(tiles, step)
     if geo.interpret:
-        tiles_per_part = 1
+        tiles_per_part = step
     else:  # enough programs to fill the device several times over, then longer ones
-        tiles_per_part = max(1, min(tiles, _cdiv(lines * tiles, STATS_PROGRAMS_PER_SM * geo.multiprocessors)))
+        tiles_per_part = step * max(1, min(blocks, _cdiv(lines * blocks, STATS_PROGRAMS_PER_SM * geo.multiprocessors)))
     if geo.stats_parts is not None:
         tiles_per_part = _cdiv(tiles, geo.stats_parts)
     race_tiles = _cdiv(vocab, geo.race_block)

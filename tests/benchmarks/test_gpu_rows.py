@@ -80,3 +80,29 @@ def test_the_first_suite_log_maps_to_the_models_calls():
                                                 "block B=1 K=4 V=128256 fp32"]
     assert rows[0]["call"]["search_fraction"] == 1.0 and rows[0]["replay_us"] == 2388.2
     assert rows[0]["kernels_us"] == {"line_stats_kernel": 273.0, "cutoff_kernel": 2057.4} and rows[1]["kernels_us"] == {"block_walk_kernel": 3.6}
+
+
+def test_geometry_variants_name_rows_and_valid_geometries():
+    from specdec_ext import _triton_backend
+
+    names = {call.name for call in gpu_rows.calls()}
+    for name, geometry in gpu_rows.VARIANTS:
+        assert name in names
+        _triton_backend.geometry(torch.device("meta"), sm_count=132, **geometry)  # raises on a bad override
+
+
+def test_a_geometry_variant_gives_the_default_calls_tokens():
+    """Another statistics tile and more parts read the lines differently, with the same result."""
+    call = Call("bf16 filtered", 2, 3, 3000, "bf16", temperature=0.7, top_k=50, top_p=0.9)
+    default = gpu_rows.runner(call, "cpu")()
+    tokens, accepted, _, _ = gpu_rows.runner(call, "cpu", {"stats_tile": 1024, "stats_parts": 2})()
+    assert torch.equal(tokens, default.tokens) and torch.equal(accepted, default.num_accepted)
+
+
+def test_variants_table_sets_each_geometry_beside_the_default():
+    measured = {"rows": [{"call": {"name": "row"}, "replay_us": 30.0, "back_to_back_us": 20.0, "kernels_us": {"line_stats_kernel": 12.0}},
+                         {"call": {"name": "row"}, "geometry": {"stats_tile": 16384}, "replay_us": 25.0, "back_to_back_us": 15.0,
+                          "kernels_us": {"line_stats_kernel": 7.0}}]}
+    table = gpu_rows.variants_table(measured).splitlines()
+    assert table[2] == "| row | stats_tile=16384 | 20.0 | 15.0 | 0.75 | line_stats 12.0 → 7.0 |"
+    assert gpu_rows.variants_table({"rows": measured["rows"][:1]}) == ""
