@@ -51,3 +51,26 @@ def test_a_search_items_tail_is_counted_with_and_without_the_sort():
 def test_only_the_gathers_share_of_the_passes_pays_for_the_sort(gather_share, expected):
     call = gpu_model.Call("x", 64, 8, 128256, "bf16", top_p=0.99, search_fraction=1.0, search_passes=2.0, search_gather_share=gather_share)
     assert gpu_model.search_tail(_item_loop(), call) == pytest.approx(expected)
+
+
+# A tile loop (0x10-0x50) that keeps two values on the stack (STL / LDL.LU every trip), as a build
+# at the register limit does, then a store.
+_SPILLING = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0020*/                   STL [R1+0x8], R4 ;
+        /*0030*/                   FMNMX R6, R6, R5, !PT ;
+        /*0040*/                   LDL.LU R4, [R1+0x8] ;
+        /*0050*/               @P0 BRA 0x10 ;
+        /*0060*/                   STG.E desc[UR4][R2.64], R6 ;
+        /*0070*/                   EXIT ;
+        /*0080*/                   BRA 0x80 ;
+"""
+
+
+def test_a_stack_frame_counts_as_spilled_only_where_a_tile_loop_uses_it():
+    """A frame the innermost loop reads and writes is a spill; one the loop never touches (the
+    division's CALL saves values there) is not, whatever its size."""
+    assert gpu_model.analyse(_SPILLING, "REG:255 STACK:600 SHARED:0 LOCAL:0").spill_bytes == 600
+    assert gpu_model.analyse(_SASS, "REG:128 STACK:48 SHARED:0 LOCAL:0").spill_bytes == 0
+    assert gpu_model.analyse(_SPILLING, "REG:255 STACK:0 SHARED:0 LOCAL:16").spill_bytes == 16
