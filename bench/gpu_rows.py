@@ -183,17 +183,20 @@ def measure(call: Call, device: str, geometry: dict | None = None) -> dict:
     return row
 
 
-def run_rows(device: str, only: list[str] | None = None) -> dict:
-    """Every row (those whose names hold one of ``only``'s words), printed as they come."""
+def run_rows(device: str, only: list[str] | None = None, out_dir: Path | None = None) -> dict:
+    """Every row (those whose names hold one of ``only``'s words), printed as they come; with
+    ``out_dir``, the file rewritten after each row (a run stopped at a time limit keeps its rows)."""
     from .harness import env
 
     load = env.load_average()
-    rows = []
+    rows: list[dict] = []
     chosen = [c for c in calls() if not only or any(word in c.name for word in only)]
     if device != "cuda":
         chosen = [dry_shape(c) for c in chosen[:2] + chosen[-1:]]
     doc = report.header("measurement: the GPU model's calls (bench/gpu_model.py), CUDA-graph replays and kernel times", device, load)
     doc["inputs"] = INPUTS
+    doc["rows"] = rows
+    path = out_dir and report.result_path(out_dir, "gpu-rows", doc["date"], env.device_slug(device), None if device == "cuda" else "dry-run")
     if device == "cuda":
         doc["graph_replay_us"] = {str(n): round(graph_replay_us(n), 2) for n in (1, 4)}
         print(f"graph replay of 1 / 4 one-element kernels: {doc['graph_replay_us']['1']} / {doc['graph_replay_us']['4']} us between events")
@@ -208,7 +211,10 @@ def run_rows(device: str, only: list[str] | None = None) -> dict:
             row = {"call": asdict(call), "geometry": geometry, "error": f"{type(error).__name__}: {error}"}
         rows.append(row)
         print(row_line(row), flush=True)
-    doc["rows"] = rows
+        if path:
+            report.write_json(doc, path)
+    if path:
+        print(f"wrote {path}")
     return doc
 
 
@@ -303,11 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"
     device = "cpu" if args.dry_run else "cuda"
-    doc = run_rows(device, args.only)
-    from .harness import env
-
-    path = report.write_json(doc, report.result_path(args.out, "gpu-rows", doc["date"], env.device_slug(device), "dry-run" if args.dry_run else None))
-    print(f"wrote {path}")
+    run_rows(device, args.only, args.out)
     return 0
 
 

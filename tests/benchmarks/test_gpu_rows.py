@@ -28,7 +28,7 @@ def test_inputs_put_the_top_p_cut_where_the_row_says():
     assert (probs.topk(64, dim=-1).values.sum(-1) < 0.05).all()
 
 
-@pytest.mark.parametrize("call", [Call("bf16 filtered", 2, 3, 3000, "bf16", temperature=0.7, top_k=50, top_p=0.9),
+@pytest.mark.parametrize("call", [Call("bf16 filtered", 1, 2, 3000, "bf16", temperature=0.7, top_k=50, top_p=0.9),
                                   Call("tree", 1, 8, 3000, "fp32", method="tree", siblings="without_replacement", tree_depth=4),
                                   Call("block one-hot", 1, 4, 3000, "fp32", draft="one-hot", method="block")])
 def test_a_row_makes_the_call_and_matches_eager(call):
@@ -93,7 +93,7 @@ def test_geometry_variants_name_rows_and_valid_geometries():
 
 def test_a_geometry_variant_gives_the_default_calls_tokens():
     """Another statistics tile and more parts read the lines differently, with the same result."""
-    call = Call("bf16 filtered", 2, 3, 3000, "bf16", temperature=0.7, top_k=50, top_p=0.9)
+    call = Call("bf16 filtered", 1, 2, 3000, "bf16", temperature=0.7, top_k=50, top_p=0.9)
     default = gpu_rows.runner(call, "cpu")()
     tokens, accepted, _, _ = gpu_rows.runner(call, "cpu", {"stats_tile": 1024, "stats_parts": 2})()
     assert torch.equal(tokens, default.tokens) and torch.equal(accepted, default.num_accepted)
