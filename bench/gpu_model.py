@@ -342,13 +342,17 @@ def analyse(sass: str, resources: str) -> KernelCode:
     registers, shared, local = (int(usage.group(k)) for k in (1, 2, 3)) if usage else (0, 0, 0)
     # Registers spilled by ptxas go to the stack frame (LOCAL counts local arrays only): a 255-register
     # build with a 600-byte frame spilled in its loop and measured 3x its estimate on an H200. A
-    # frame also holds values kept across the out-of-line division's CALL, or a few in a work-item
-    # loop or a long sort (one access in ~2000 instructions), so it counts only where an innermost
-    # loop (a tile loop, run per value) accesses it at least once per 64 instructions (the spilling
-    # statistics loop: once per 19).
+    # frame also holds values kept across the out-of-line division's CALL, a few in a work item's
+    # loop, a long sort (one access in ~2000 instructions) or a spin-wait (strong loads only), so
+    # it counts only where a tile loop (innermost, reading values with plain loads) accesses it at
+    # least once per 64 instructions (the spilling statistics loop: once per 19).
     stack = re.search(r"STACK:(\d+)", resources)
     parents = {loop.parent for loop in loops}
-    if stack and any(loop.start not in parents and 64 * (loop.has("STL") + loop.has("LDL")) >= loop.instructions for loop in loops):
+
+    def tile_loop(loop: Loop) -> bool:
+        return loop.start not in parents and any(op.startswith("LDG") and "STRONG" not in op for op in loop.by_opcode)
+
+    if stack and any(tile_loop(loop) and 64 * (loop.has("STL") + loop.has("LDL")) >= loop.instructions for loop in loops):
         local += int(stack.group(1))
     outside = cold | in_loops
     phases = {}

@@ -70,7 +70,10 @@ _SPILLING = """
 
 def test_a_stack_frame_counts_as_spilled_only_where_a_tile_loop_uses_it():
     """A frame the innermost loop reads and writes is a spill; one the loop never touches (the
-    division's CALL saves values there) is not, whatever its size."""
+    division's CALL saves values there) is not, whatever its size, nor one a spin-wait (strong
+    loads only) reloads from."""
     assert gpu_model.analyse(_SPILLING, "REG:255 STACK:600 SHARED:0 LOCAL:0").spill_bytes == 600
+    spin = _SPILLING.replace("LDG.E.128 R4", "LDG.E.STRONG.GPU R4")
+    assert gpu_model.analyse(spin, "REG:128 STACK:416 SHARED:0 LOCAL:0").spill_bytes == 0
     assert gpu_model.analyse(_SASS, "REG:128 STACK:48 SHARED:0 LOCAL:0").spill_bytes == 0
     assert gpu_model.analyse(_SPILLING, "REG:255 STACK:0 SHARED:0 LOCAL:16").spill_bytes == 16
