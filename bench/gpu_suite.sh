@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The one-call GPU suite: the GPU model's calls measured launch by launch, compiled-Triton
 # correctness on CUDA, the microbenchmark grid, the end-to-end benchmark (bench/e2e.py, when
-# present) and the CPU test suite, most valuable first, all inside one time budget. Results go to $OUT (8 files at most, no sub-folders); a summary
-# table is printed last.
+# present) and the CPU test suite, most valuable first, all inside one time budget. Results go to
+# $OUT (8 files at most, no sub-folders); a summary table is printed last.
 #
 #   OUT=/path bash bench/gpu_suite.sh     # on the GPU machine (9 minutes: run it with a 600 s limit)
 #   bash bench/gpu_suite.sh --dry-run     # rehearsal on CPU with tiny shapes (same as CPU_SMOKE=1)
 #
 # Environment: OUT (default: a new folder in /tmp), PYTHON (default python3), SUITE_BUDGET_S (540:
-# under a 10-minute call with a margin; on a fresh machine compiling the kernels takes minutes), BUILD_CPP=1 (build the C++ CPU op first: ~1-2 min, not
-# needed for the CUDA stages), MICRO_ARGS (extra arguments for `python -m bench`), E2E_ARGS
-# (arguments for `python -m bench.e2e` instead of `--device <dev> --out <dir>`), E2E_LIMIT_S (60).
+# under a 10-minute call with a margin; on a fresh machine compiling the kernels takes minutes),
+# BUILD_CPP=1 (build the C++ CPU op first: ~1-2 min, not needed for the CUDA stages), MICRO_ARGS
+# (extra arguments for `python -m bench`), E2E_ARGS (arguments for `python -m bench.e2e` instead of
+# `--device <dev> --out <dir>`), E2E_LIMIT_S (60).
 #
 # No `set -e` on purpose: each stage runs under `timeout`, a failure is recorded and the next stage
 # still runs, and the summary is printed whatever happened (EXIT trap).
@@ -24,7 +25,7 @@ DRY=${CPU_SMOKE:-0}
 for arg in "$@"; do
   case "$arg" in
     --dry-run | --cpu-smoke) DRY=1 ;;
-    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg (try --help)" >&2; exit 2 ;;
   esac
 done
