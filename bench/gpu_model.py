@@ -556,6 +556,8 @@ LOOP_KINDS = {
     "greedy tile": "statistics tiles of a greedy line: 0 (the modelled rows sample)",
     "sampled tile": "statistics tiles of a sampled line: the line's tiles over its parts (phase 0; phase 2 for the searched lines only)",
     "candidate tile": "statistics tiles of a filtered line with its top three per lane: the line's tiles over its parts (phase 1)",
+    "raw key count block": "a 16-bit line under a top-k above HISTOGRAM_TOP_K: its part read again (from L2) and counted in 256 bins of its raw keys' "
+                           "high byte (the search's first pass), 2 * T_LANES values a step",
     "residual race tile": "race tiles of a rejected row: the vocabulary over the row's chunks (every row rejects, ASSUMPTIONS)",
     "bonus race tile": "race tiles of an accepted row: 0 (every row rejects)",
     "zero-residual race (rare)": "the finalising program's race on p when every residual is zero: 0 (rounding corner)",
@@ -613,12 +615,14 @@ def loop_kinds(kernel: str, code: KernelCode) -> list[str | None]:
             kinds[index[id(loop)]] = label
 
     if kernel == "line_stats":
-        groups: dict = {"greedy tile": [], "sampled tile": [], "candidate tile": []}
+        groups: dict = {"greedy tile": [], "sampled tile": [], "candidate tile": [], "raw key count block": []}
         for loop in code.loops:
             if not loop.has("LDG") or loop.parent is not None:
                 continue
             ex2 = loop.has("MUFU.EX2")
-            if not ex2 or loop.has("IMNMX") or loop.has("VIMNMX"):
+            if not ex2 and (loop.has("ATOMS") or loop.has("VOTE")):
+                groups["raw key count block"].append(loop)  # a histogram's shared atomics (Triton 3.9) or ballots (3.6)
+            elif not ex2 or loop.has("IMNMX") or loop.has("VIMNMX"):
                 groups["greedy tile"].append(loop)  # the argmax keeps an index (integer min); raw sums only with logprobs
             elif loop.has("FMNMX") >= 3 * ex2:
                 groups["candidate tile"].append(loop)  # five min / max per value for the top three
@@ -791,7 +795,7 @@ SEARCH_FIELDS = ("search_exact_share", "search_value_share", "search_value_count
 
 def _search_trips(passes: list[list[dict]]) -> dict:
     """Call fields from select_search's passes of each searched line."""
-    every = [q for line in passes for q in line]
+    every = [q for line in passes for q in line if not q["statistics"]]  # (a pass the statistics launch counted reads no line)
     if not every:
         return {"search_passes": 0.0}
     share = lambda stages: round(sum(q["stage"] in stages for q in every) / len(every), 4)  # noqa: E731
@@ -827,8 +831,13 @@ def _work(launch, call: Call, phase: str) -> dict:
         # Per line: its whole tiles unmasked, its ragged last tile masked, spread over its parts.
         whole, ragged = call.vocab // tile / parts, (1 if call.vocab % tile else 0) / parts
         kind = "candidate tile" if c["PHASE"] == 1 else "sampled tile"
+        # A 16-bit line under a large top-k also counts its raw keys (the whole-line search's first pass).
+        loops = {kind: (whole, tile), kind + " (masked)": (ragged, tile)}
+        if c["PHASE"] == 1 and call.itemsize == 2 and call.top_k > c["HISTOGRAM_TOP_K"]:
+            block = 2 * c["T_LANES"]
+            loops |= {"raw key count block": (call.vocab // block / parts, block), "raw key count block (masked)": ((1 if call.vocab % block else 0) / parts, block)}
         return {
-            "loops": {kind: (whole, tile), kind + " (masked)": (ragged, tile)}, "programs_used": programs_used,
+            "loops": loops, "programs_used": programs_used,
             "bytes": lines * call.vocab * call.itemsize + lines * 4,
             # the tiles' loads (issued together), then the partials' and candidates' stores
             "rounds": ["dram", "l2", "l2"],
@@ -1283,6 +1292,12 @@ def _raw_window(first_bin: int, last_bin: int, t0: float, scale, inv_t, row_max:
     return first, bool(low <= low_edge and high >= min(high_edge, f32(row_max)) and _order_key(low) >= k_key and apart)
 
 
+def _histogram_top_k() -> int:
+    from specdec_ext._triton_backend import HISTOGRAM_TOP_K
+
+    return HISTOGRAM_TOP_K
+
+
 def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = None, gather: int = 2048, raw=None) -> dict:
     """select.py's whole-line search on one float32 line (a numpy vector), pass by pass: the cut
     (an order key), the kept mass (fixed point) and, per pass, its stage and the fraction of the
@@ -1323,7 +1338,9 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         above_mass = int(weights[line_keys > hi].sum())
         # (a top-k pass whose top bin spans several keys cannot end the search: it counts, no mass)
         counts_only = stage in (1, 7) and (hi - lo) & ((1 << shift) - 1) != 0
-        passes.append({"stage": stage, "binned": float(inside.sum()) / values.size, "counts_only": counts_only})
+        # (a 16-bit line's first top-k pass under a top-k above HISTOGRAM_TOP_K: the statistics launch's counts)
+        statistics = stage == 7 and lo == -32768 and hi == 32767 and not passes and top_k > _histogram_top_k()
+        passes.append({"stage": stage, "binned": float(inside.sum()) / values.size, "counts_only": counts_only, "statistics": statistics})
         next_stage = 0
         if stage in (4, 5):
             gathered = np.sort(keys[inside])[::-1]
@@ -1538,7 +1555,8 @@ def _measured(options) -> dict:
     newest stored measurement of bench/results/gpu-model-*.json."""
     if options.measure:
         print("measuring the data-dependent trips on LM logits (candidate_outcome, every line)")
-        return measure_trips() | {"measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
+        # (the time of day too: of two measurements the same day, the later is the newer)
+        return measure_trips() | {"measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")}
     # The newest measurement (by its date; a file that measured itself before one that copied it).
     found = []
     for path in RESULTS_DIR.glob("gpu-model-*.json"):

@@ -73,6 +73,10 @@ SELECT_PASSES = SELECT_TOP_K_PASSES + SELECT_TOP_P_PASSES
 # histogram counts, which a gather pass does not use; a power of two, sorted whole).
 SEARCH_STATE = 8
 SELECT_GATHER = 2048
+# A 16-bit line under a top-k above this, which its candidates are unlikely to settle, has its raw
+# keys counted by the statistics launch (256 bins of their high byte, zeroed by the threshold item
+# that reads them): its whole-line search starts at its second pass, and the line is read once less.
+HISTOGRAM_TOP_K = 256
 
 
 def gather_slots(select_chunks: int, most: int = SELECT_GATHER) -> int:
@@ -225,12 +229,13 @@ class Geometry(NamedTuple):
     select_tile: int
     select_programs: int
     select_gather: int  # at most SELECT_GATHER key slots per gather (gather_slots)
+    histogram_top_k: int  # HISTOGRAM_TOP_K (2**31: no line's raw keys are counted by the statistics launch)
 
 
 def geometry(
     device: torch.device, *, race_chunks: int | None = None, race_block: int | None = None, stats_tile: int | None = None, stats_parts: int | None = None,
     line_slots: int | None = None, sort: int | None = None, select_chunk: int | None = None, select_programs: int | None = None,
-    select_gather: int | None = None, sm_count: int | None = None,
+    select_gather: int | None = None, histogram_top_k: int | None = None, sm_count: int | None = None,
 ) -> Geometry:
     """The geometry a call on ``device`` uses (arguments override it: tests cover several chunks per
     row, ragged tiles and each way of the candidates on small vocabularies; the model sets sm_count)."""
@@ -256,6 +261,7 @@ def geometry(
         # The interpreter runs programs one after another: the first takes every work item.
         select_programs=select_programs or (3 if interpret else CUTOFF_PROGRAMS_PER_SM * sm_count),
         select_gather=select_gather or SELECT_GATHER,
+        histogram_top_k=HISTOGRAM_TOP_K if histogram_top_k is None else histogram_top_k,
     )
 
 
@@ -325,7 +331,7 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
     return {
         "has_draft": has_draft, "lines": lines, "stats_tile": stats_tile, "tiles": tiles, "tiles_per_part": tiles_per_part, "chunks": chunks,
         "tiles_per_chunk": tiles_per_chunk, "filtered": args.filtered, "select_chunks": select_chunks,
-        "sizes": Sizes(floats, ints, padded(batch) + (padded(searched) + CUTOFF_CONTROL if searched else 0)),
+        "sizes": Sizes(floats, ints, padded(batch) + (padded(searched) + padded(CUTOFF_CONTROL) + searched * 256 if searched else 0)),
     }
 
 
@@ -389,6 +395,7 @@ class Buffers(NamedTuple):
     search_mass: torch.Tensor  # (lines, select chunks, SELECT_BINS + 1) int64 histograms (fixed-point masses)
     search_counters: torch.Tensor  # (lines,) int32 arrival counters, 0 between launches
     search_list: torch.Tensor  # (lines,) int32: the lines handed to the whole-line search
+    histograms: torch.Tensor  # (lines, 256) int32 raw-key counts, 0 between launches (stats.py, thresholds.py)
     searching: torch.Tensor  # (1,) int32: how many
     cutoff_control: torch.Tensor  # (CUTOFF_CONTROL,) int32 counters of the cut-offs launch, 0 between launches
 
@@ -427,6 +434,7 @@ def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tens
         # The race's counters come first (one per row), the search's after them, then the cut-offs launch's.
         search_counters=counters[race_counters : race_counters + searched],
         cutoff_control=counters[race_counters + _ALIGN * _cdiv(searched, _ALIGN) :][: CUTOFF_CONTROL if searched else 0],
+        histograms=counters[race_counters + _ALIGN * _cdiv(searched, _ALIGN) + _ALIGN * _cdiv(CUTOFF_CONTROL, _ALIGN) :][: searched * 256],
     )
     if len(_BUFFERS) > 64:
         _BUFFERS.clear()
@@ -519,7 +527,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
     # The per-call arguments are read from the call; everything else is bound here, once (a
     # decoding loop builds these tuples every step).
     has_draft = sh.has_draft
-    stats_fixed = (b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz, b.cand, b.cand_count, b.cand_floor, b.searching)
+    stats_fixed = (b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz, b.cand, b.cand_count, b.cand_floor, b.searching, b.histograms)
     stats_tail = (b.gathered, *sh.shape_args, sh.tok_stride, tiles_per_part)
 
     def stats_arguments(a: VerifyArgs, key: int, o: Outputs) -> tuple:
@@ -529,11 +537,16 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
 
     def line_stats(phase: int) -> Template:
         """The statistics launch: phase 0 of an unfiltered call, phase 1 of a filtered one (with
-        the candidates)."""
+        the candidates). A filtered one of 16-bit lines without log-probabilities is capped at 128
+        registers (two programs per multiprocessor): ptxas gives its candidate loop up to 177
+        uncapped, from a build that also holds the raw-key counts, and needs no more (no spill at
+        128 with Triton 3.6 or 3.9: tests/support/triton_compile_check.py)."""
+        sixteen = args.target_logits.dtype.itemsize == 2 or (has_draft and args.draft_logits.dtype.itemsize == 2)
+        cap = {"maxnreg": 128} if phase == 1 and sixteen and args.logprobs == LOGPROBS_NONE else {}
         return Template(
             "line_stats", k.line_stats_kernel, (lines, sh.t_parts), stats_arguments,
             {"PARTS": tiles, "HAS_DRAFT": sh.has_draft, "CHECK": args.check, "PHASE": phase, "LOGPROBS": args.logprobs, "LINE_SLOTS": geo.line_slots,
-             "T_LANES": t_lanes, "T_ROWS": t_rows, "D_LANES": d_lanes, "D_ROWS": d_rows},
+             "T_LANES": t_lanes, "T_ROWS": t_rows, "D_LANES": d_lanes, "D_ROWS": d_rows, "HISTOGRAM_TOP_K": geo.histogram_top_k, **cap},
             STATS_WARPS,
         )
 
@@ -548,7 +561,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
     programs = max(1, min(lines * sc, geo.select_programs))
     cutoff_fixed = (b.tau, b.part_m, b.part_z, b.search, b.search_f, b.search_progress, b.search_count, b.search_mass, b.search_counters,
                     b.cutoff_control, b.searching, b.search_list)
-    cutoff_tail = (b.cand, b.cand_count, b.cand_floor, b.sort, *sh.shape_args, sh.t_parts, sh.d_parts)
+    cutoff_tail = (b.cand, b.cand_count, b.cand_floor, b.sort, b.histograms, *sh.shape_args, sh.t_parts, sh.d_parts)
 
     def cutoff_arguments(a: VerifyArgs, key: int, o: Outputs) -> tuple:
         target = a.target_logits
@@ -558,7 +571,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
         "cutoff", k.cutoff_kernel, (programs,), cutoff_arguments,
         {"HAS_DRAFT": sh.has_draft, "PARTS": tiles, "PP": _next_power_of_2(tiles), "LINE_SLOTS": geo.line_slots, "SORT": geo.sort,
          "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES,
-         "GATHER": gather_slots(sc, geo.select_gather), "maxnreg": 128},
+         "GATHER": gather_slots(sc, geo.select_gather), "HISTOGRAM_TOP_K": geo.histogram_top_k, "maxnreg": 128},
         CUTOFF_WARPS,
     )
     return [line_stats(1), cutoff]
@@ -991,7 +1004,7 @@ def launches_for(args: VerifyArgs, base_key: int = 0, **geometry_overrides) -> l
     if device.type == "meta":
         floats = torch.empty(layout["sizes"].floats, dtype=torch.float32, device=device)
         ints = torch.empty(layout["sizes"].ints, dtype=torch.int32, device=device)
-        counters = torch.empty(max(args.batch, 1), dtype=torch.int32, device=device)
+        counters = torch.empty(max(layout["sizes"].counters, 1), dtype=torch.int32, device=device)
     else:
         ws = workspace(device)
         ws.reserve(layout["sizes"])

@@ -127,3 +127,17 @@ def order_key(s):
 def key_to_float(key):
     bits = tl.where(key >= 0, key, key ^ 0x7FFFFFFF).to(tl.int32)
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def raw_key(x, BF16: tl.constexpr):
+    """int32 key with the order of 16-bit floats ``x`` (bf16 or fp16) in [-32768, 32767], from
+    their bits (-0.0 just below +0.0: the two scale to one value, which the search allows for).
+    A bf16's bits are the high half of its float32's, whose order key is at hand (no 16-bit
+    extraction)."""
+    if BF16:
+        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+        return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF) >> 16
+    else:
+        bits = x.to(tl.int16, bitcast=True).to(tl.int32)
+        return tl.where(bits >= 0, bits, bits ^ 0x7FFF)

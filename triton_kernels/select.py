@@ -31,7 +31,10 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    values than slots, narrows the bracket it was drawn from (stage 2's interval), and stage 3
    finishes the search.
 7. top-k of a bf16 or fp16 line: stage 1 over the raw keys of its logits' bits (``raw_key``),
-   whose order is the scaled values': 256 bins of the high byte, then single keys. The cut is
+   whose order is the scaled values': 256 bins of the high byte, then single keys. Under a top-k
+   above HISTOGRAM_TOP_K the statistics launch counted the high bytes as it read the line
+   (stats.py) and the threshold item takes the first pass's decision from those counts
+   (thresholds.py): the search starts at the single keys, one read of the line fewer. The cut is
    then the scaled value of its raw key, unless the raw key below scales to the same value (-0.0
    below +0.0, or an underflow or overflow merged them): one pass of stage 1 over that single
    scaled key then counts the kept set whole.
@@ -59,7 +62,7 @@ check the kernel takes them).
 import triton
 import triton.language as tl
 
-from .random import exp, key_to_float, order_key
+from .random import exp, key_to_float, order_key, raw_key
 from .stats import line_of
 
 # Masses are summed in fixed point: exp(s - line max) <= 1 times 2**40, as int64 (exact for every
@@ -109,20 +112,6 @@ def top_p_stage(lo, hi):
     """The stage a top-p search over [lo, hi] starts in: 2 (value bins, then a gather) over a
     finite floor and a wide interval, 3 (exact key bins) otherwise, 0 when [lo, hi] is one key."""
     return tl.where(lo >= hi, 0, tl.where((lo > -2139095041) & (hi - lo >= 65536), 2, 3))
-
-
-@triton.jit
-def raw_key(x, BF16: tl.constexpr):
-    """int32 key with the order of 16-bit floats ``x`` (bf16 or fp16) in [-32768, 32767], from
-    their bits (-0.0 just below +0.0: the two scale to one value, which the search allows for).
-    A bf16's bits are the high half of its float32's, whose order key is at hand (no 16-bit
-    extraction)."""
-    if BF16:
-        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
-        return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF) >> 16
-    else:
-        bits = x.to(tl.int16, bitcast=True).to(tl.int32)
-        return tl.where(bits >= 0, bits, bits ^ 0x7FFF)
 
 
 @triton.jit

@@ -30,12 +30,18 @@ or second entry of its lane: those entries (at most the part's quota of slots) g
 workspace with F. When more would, F rises to the largest second value (then only first entries
 are above it), and past that to the part max (no entry). cutoffs.py's threshold items take the
 line floor T = max F over the parts: the entries above T are then *every* value of the line above T.
+
+Raw-key counts (PHASE 1, a bf16 or fp16 line under a top-k above HISTOGRAM_TOP_K, which the
+candidates are unlikely to settle): the part, read again from L2 after its candidates, counted in
+256 bins of its raw keys' high byte and added into the line's counts (global atomics, one per
+non-empty bin). They are the whole-line search's first top-k pass (select.py's stage 7), which
+the threshold item then takes from them instead of reading the line (thresholds.py).
 """
 
 import triton
 import triton.language as tl
 
-from .random import exp, order_key
+from .random import exp, order_key, raw_key
 
 
 @triton.jit
@@ -63,6 +69,13 @@ def filter_of(line, lines_t, K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft
     used = tl.where(is_draft, pos < num_draft, pos <= num_draft)
     active = (temperature > 0) & used & (use_k | use_p)
     return row, pos, is_draft, width, inv_t, top_k, top_p, use_k, use_p, active
+
+
+@triton.jit
+def histogrammed(use_k, top_k, HISTOGRAM_TOP_K: tl.constexpr):
+    """Whether a filtered line's statistics also count its raw keys (a 16-bit line's): a top-k the
+    candidates are unlikely to settle, whose whole-line search would start with that count."""
+    return use_k & (top_k > HISTOGRAM_TOP_K)
 
 
 @triton.jit
@@ -167,6 +180,32 @@ def _candidate_tiles(base, first, last, width, lanes, inv_t, lane_max, lane_sum,
 
 
 @triton.jit
+def _raw_key_blocks(base, start, end, width, inv_t, counts, MASKED: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    for block in range(start, end, BLOCK):
+        if MASKED:
+            x = tl.load(base + block + offsets, mask=block + offsets < width, other=float("-inf"))
+        else:
+            x = tl.load(base + block + offsets)
+        key = raw_key(x, base.dtype.element_ty == tl.bfloat16)
+        # No mask on the histogram (a masked one branches per value): skipped values go to bin 0.
+        counts += tl.histogram(tl.where(x.to(tl.float32) * inv_t > float("-inf"), (key >> 8) + 128, 0), 256)
+    return counts
+
+
+@triton.jit
+def _raw_key_counts(base, start, end, width, inv_t, BLOCK: tl.constexpr):
+    """A 16-bit line's values [start, end) counted in 256 bins of their raw keys' high byte, BLOCK
+    values a step, whole blocks unmasked (its own loop after the candidates', which it would
+    crowd: the part is read again, from L2). The values the search skips (-inf once scaled) go to
+    bin 0, whose count no decision reads (thresholds.py: bin 0 qualifies whatever it holds)."""
+    end = tl.minimum(end, width)
+    whole = start + (end - start) // BLOCK * BLOCK
+    counts = _raw_key_blocks(base, start, whole, width, inv_t, tl.zeros((256,), tl.int32), False, BLOCK)
+    return _raw_key_blocks(base, whole, end, width, inv_t, counts, True, BLOCK)
+
+
+@triton.jit
 def _store_candidates(t1, t2, t3, line, part, quota, cand_ptr, cand_count_ptr, cand_floor_ptr, PARTS: tl.constexpr, LINE_SLOTS: tl.constexpr):
     """The part's candidates (see the module docstring): the entries above its floor in slots
     [part * quota, part * quota + count) of the line's LINE_SLOTS, the count, the floor's order key
@@ -190,14 +229,15 @@ def _store_candidates(t1, t2, t3, line, part, quota, cand_ptr, cand_count_ptr, c
 
 @triton.jit
 def _part(
-    base, first, last, width, inv_t, greedy, candidates, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
-    cand_ptr, cand_count_ptr, cand_floor_ptr,
+    base, first, last, width, inv_t, greedy, candidates, histogram, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
+    cand_ptr, cand_count_ptr, cand_floor_ptr, hist_ptr,
     CANDIDATES: tl.constexpr, GREEDY_SUMS: tl.constexpr, RAW_STATS: tl.constexpr, LANES: tl.constexpr, ROWS: tl.constexpr,
     PARTS: tl.constexpr, LINE_SLOTS: tl.constexpr,
 ):
     """Statistics of tiles [first, last) of one line into partial slot ``out``: whole tiles
     unmasked, the line's ragged last tile masked; with ``candidates`` (a runtime flag, only
-    compiled in with CANDIDATES) also the part's candidates."""
+    compiled in with CANDIDATES) also the part's candidates, and with ``histogram`` (a 16-bit line
+    only) the part's raw-key histogram added into the line's."""
     rows = tl.arange(0, ROWS)
     lanes = tl.arange(0, LANES)
     block = rows[:, None] * LANES + lanes[None, :]
@@ -248,6 +288,11 @@ def _part(
             part_max, part_sum = _combine(raw_max, raw_sum)
             tl.store(part_rm_ptr + out, part_max)
             tl.store(part_rz_ptr + out, part_sum)
+        if CANDIDATES:
+            if base.dtype.element_ty.primitive_bitwidth == 16:
+                if histogram:  # (last: nothing of the statistics is live across its loop)
+                    counts = _raw_key_counts(base, first * (ROWS * LANES), last * (ROWS * LANES), width, inv_t, 2 * LANES)
+                    tl.atomic_add(hist_ptr + line.to(tl.int64) * 256 + tl.arange(0, 256), counts, mask=counts > 0, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["batch", "tiles_per_part"])
@@ -267,6 +312,7 @@ def line_stats_kernel(
     cand_count_ptr,  # (lines, PARTS) int32 out (PHASE 1): candidates of each part
     cand_floor_ptr,  # (lines, PARTS, 2) int32 out (PHASE 1): order keys of the part's floor and level-two floor
     searching_ptr,  # (1,) int32 out (PHASE 1): 0, the count of lines cutoff_kernel hands to the whole-line search
+    hist_ptr,  # (lines, 256) int32, 0 on entry (PHASE 1): a 16-bit line's raw-key high-byte counts where top-k > HISTOGRAM_TOP_K (added)
     tokens_ptr,  # (B, K) int32 / int64 draft tokens
     gathered_ptr,  # (lines,) float32 out: each draft position's line's raw logit at its draft token
     batch,
@@ -289,6 +335,7 @@ def line_stats_kernel(
     T_ROWS: tl.constexpr,
     D_LANES: tl.constexpr,
     D_ROWS: tl.constexpr,
+    HISTOGRAM_TOP_K: tl.constexpr,  # a filtered line with top-k above it gets its histogram (the whole-line search's first pass)
 ):
     line = tl.program_id(0)
     part = tl.program_id(1)
@@ -300,11 +347,13 @@ def line_stats_kernel(
     greedy = temperature == 0
     inv_t = tl.math.div_rn(1.0, tl.where(temperature > 0, temperature, 1.0))
     candidates = line < 0  # False, as a runtime value
+    histogram = candidates
     if PHASE == 1:
         if (line == 0) & (part == 0):
             tl.store(searching_ptr, 0)  # cutoff_kernel, launched next, counts from here
-        _, _, _, _, _, _, _, _, _, active = filter_of(line, lines_t, K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, V, Vd)
+        _, _, _, _, _, top_k, _, use_k, _, active = filter_of(line, lines_t, K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, V, Vd)
         candidates = active
+        histogram = active & histogrammed(use_k, top_k, HISTOGRAM_TOP_K)
     out = line.to(tl.int64) * PARTS + part
     first = part * tiles_per_part
     # The draft token of this position (clamped as the race clamps it), for the gather below.
@@ -323,8 +372,8 @@ def line_stats_kernel(
                 mine = (token >= first * (D_LANES * D_ROWS)) & (token < last * (D_LANES * D_ROWS))
                 at_token = tl.load(d_base + token, mask=mine, other=0.0).to(tl.float32)
                 quota = LINE_SLOTS // tl.cdiv(line_tiles, tiles_per_part)
-                _part(d_base, first, last, Vd, inv_t, greedy, candidates, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr,
-                      part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
+                _part(d_base, first, last, Vd, inv_t, greedy, candidates, histogram, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr,
+                      part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, hist_ptr,
                       PHASE == 1, False, False, D_LANES, D_ROWS, PARTS, LINE_SLOTS)
                 tl.store(gathered_ptr + line, at_token, mask=mine)
     else:
@@ -337,7 +386,7 @@ def line_stats_kernel(
             mine = (pos < num_draft) & (token >= first * (T_LANES * T_ROWS)) & (token < last * (T_LANES * T_ROWS))
             at_token = tl.load(t_base + token, mask=mine, other=0.0).to(tl.float32)
             quota = LINE_SLOTS // tl.cdiv(line_tiles, tiles_per_part)
-            _part(t_base, first, last, V, inv_t, greedy, candidates, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr,
-                  part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
+            _part(t_base, first, last, V, inv_t, greedy, candidates, histogram, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr,
+                  part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, hist_ptr,
                   PHASE == 1, LOGPROBS != 0, LOGPROBS == 2, T_LANES, T_ROWS, PARTS, LINE_SLOTS)
             tl.store(gathered_ptr + line, at_token, mask=mine)

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .random import exp, key_to_float, order_key
 from .select import pick, top_p_floor, top_p_stage
-from .stats import filter_of
+from .stats import filter_of, histogrammed
 
 # -2**31, the smallest order key, is written as a literal: a module-level constant is a plain int to
 # the interpreter but must be a tl.constexpr object to the compiler, and no one spelling suits both.
@@ -131,14 +131,18 @@ def _line_threshold(
 @triton.jit
 def threshold_line(
     line, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
-    temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
+    temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, hist_ptr,
     batch, K, V, Vd, t_parts, d_parts,
-    PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr,
+    PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, T16: tl.constexpr, D16: tl.constexpr,
+    HISTOGRAM_TOP_K: tl.constexpr,
 ):
     """The cut-off of one line from its candidates (cutoffs.py's first work items): tau and, when
     the candidates settle it, the line's statistics; otherwise a search state, the line appended
     to the whole-line search list (which writes its statistics when the search ends). The outputs
-    are described at cutoff_kernel's arguments."""
+    are described at cutoff_kernel's arguments. A 16-bit line (T16, D16: the target's, the
+    draft's logits are bf16 or fp16) whose statistics counted its raw keys (``histogrammed``)
+    takes the counts, leaving zeros: a top-k search then starts as its first pass over them
+    would leave it (select.py's stage 7), and the line is read once less."""
     row, pos, is_draft, width, inv_t, top_k, top_p, use_k, use_p, active = filter_of(
         line, batch * (K + 1), K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, V, Vd
     )
@@ -161,15 +165,31 @@ def threshold_line(
     # Top-p over the whole line: value bins then a gather, or exact key bins (select.py).
     top_p_start = top_p_stage(lo, max_key)
     stage = tl.where(stage == 2, tl.where(top_p_start == 0, 3, top_p_start), stage)
+    hi = max_key
+    path = stage * 0  # no pass yet
+    if active & histogrammed(use_k, top_k, HISTOGRAM_TOP_K) & tl.where(is_draft, D16, T16):
+        bins = tl.arange(0, 256)
+        counts = tl.load(hist_ptr + line.to(tl.int64) * 256 + bins, cache_modifier=".cg")
+        tl.store(hist_ptr + line.to(tl.int64) * 256 + bins, tl.zeros((256,), tl.int32))  # for the next call (and graph replay)
+        if stage == 1:
+            # The first top-k pass over the raw keys (select.py's stage 7 from [-32768, 32767], bins
+            # of 256 keys), from the statistics' counts: the cut lies in the highest bin whose
+            # count from there up reaches k (bin 0 qualifies), and the next pass takes its keys.
+            count_from = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0) + counts
+            best = tl.max(tl.where(count_from >= top_k, bins, 0), axis=0)
+            stage = stage * 0 + 7
+            lo = best.to(tl.int64) * 256 - 32768
+            hi = lo + 255
+            path = path + 7  # recorded as that pass would record itself
     tl.store(state, stage)
     if stage != 0:
         # The order of the list does not matter: each line's search is the same whichever
         # programs take its chunks.
         tl.store(search_list_ptr + tl.atomic_add(searching_ptr, 1, sem="relaxed"), line)
         tl.store(state + 1, lo.to(tl.int32))  # lo: at or below the cut
-        tl.store(state + 2, max_key.to(tl.int32))  # hi: the line max
+        tl.store(state + 2, hi.to(tl.int32))  # hi: the line max (a raw key's after the counts)
         tl.store(state + 3, -2147483648)  # the top-k key (none yet)
-        tl.store(state + 7, 0)  # no pass yet
+        tl.store(state + 7, path)  # the passes taken (4 bits each)
         tl.store(state_f_ptr + line.to(tl.int64) * 2, row_max)
         tl.store(state_f_ptr + line.to(tl.int64) * 2 + 1, carried)
         tl.store(progress_ptr + line, 0)  # no search pass finished yet

@@ -481,6 +481,57 @@ def _search_state_offset(args, gather: int) -> int:
     return bufs.search.storage_offset()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_statistics_count_the_raw_keys_that_start_a_top_k_search(dtype):
+    """A filtered 16-bit line under a top-k above HISTOGRAM_TOP_K has its raw keys counted by the
+    statistics launch (two parts per line, a ragged last tile; stats.py): the counts of the search's
+    first pass, the values it skips in bin 0, whose count nothing reads. The cut-offs launch starts
+    the search from them, leaves zeros, and finds the reference's cut; planted counts that move the
+    bin of the cut give another cut (the launch reads them)."""
+    from bench.gpu_model import _raw_keys
+
+    g = torch.Generator().manual_seed(3)
+    logits = 4 * torch.randn(2, 2, 700, generator=g)
+    logits[0, 0, :60] = float("-inf")
+    target = logits.to(dtype)
+    top_k = torch.tensor([300, _triton_backend.HISTOGRAM_TOP_K])  # row 1: at the limit, not counted
+    args = _params.validate_verify(target, None, torch.zeros(2, 1, dtype=torch.int64), generator=None, check=False, temperature=0.9,
+                                   top_k=top_k, top_p=None, num_draft_tokens=None)
+    geometry = _SEARCHED | {"line_slots": 64, "sort": 64}
+
+    def run(planted=None):
+        stats, cutoff = _triton_backend.launches_for(args, 0, **geometry)[:2]
+        geo = _triton_backend.geometry(target.device, **geometry)
+        layout = _triton_backend._layout(_triton_backend.prepare(args), geo)
+        ws = _triton_backend.workspace(target.device)
+        counts = _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch, geo.line_slots, geo.sort).histograms.view(-1, 256)
+        for launch in (stats, cutoff):
+            constexprs = {name: value for name, value in launch.constexprs.items() if name != "maxnreg"}
+            if launch is cutoff:
+                counted = counts.clone()
+                if planted is not None:
+                    counts[0] = planted
+            launch.kernel[launch.grid](*launch.args, **constexprs)
+        assert int(counts.abs().sum()) == 0  # left for the next call
+        tau = _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch, geo.line_slots, geo.sort).tau[:4].clone()
+        return counted, tau
+
+    counted, tau = run()
+    keys = torch.from_numpy(_raw_keys(target.reshape(4, 700).view(torch.int16).numpy()))
+    finite = (target.reshape(4, 700).float() * (1 / 0.9)) > float("-inf")
+    for line in range(4):
+        want = torch.bincount((keys[line][finite[line]] >> 8) + 128, minlength=256).int()
+        if line < 2:
+            assert torch.equal(counted[line, 1:], want[1:]), line
+        else:
+            assert int(counted[line].abs().sum()) == 0
+    assert torch.equal(tau, _reference_thresholds(args))
+    assert torch.equal(_triton_thresholds(args, **geometry, histogram_top_k=2**31)[0], tau)  # the first pass over the line instead
+    planted = torch.zeros(256, dtype=torch.int32)
+    planted[255] = 1000  # "every value in the top bin": the search then looks for the cut there
+    assert not torch.equal(run(planted)[1], tau)
+
+
 @pytest.mark.parametrize("programs", [1, 2, 7])
 def test_whole_line_search_does_not_depend_on_the_number_of_programs(programs):
     """The cut-offs launch's work items go to whichever program draws their ticket, so the cuts do not
