@@ -211,15 +211,16 @@ def basic_blocks(body: list[Instruction]) -> tuple[list[list[Instruction]], list
     return blocks, edges
 
 
-def longest_path(body: list[Instruction], cold: set[int]) -> int:
+def longest_path(body: list[Instruction], cold: set[int], counted=lambda instruction: True) -> int:
     """Instructions on the longest path from entry to exit through the main body, the addresses in
     ``cold`` (slow paths, loop bodies) weighing nothing and the back edges a depth-first search finds
     dropped: what one program executes at most outside its loops (an if/else counts its longer
-    branch, not both)."""
+    branch, not both). ``counted``: the instructions that count (all; the barriers for the most a
+    program meets)."""
     if not body:
         return 0
     found, edges = basic_blocks(body)
-    blocks = [sum(1 for i in block if i.address not in cold) for block in found]
+    blocks = [sum(1 for i in block if i.address not in cold and counted(i)) for block in found]
     # Depth-first search from the entry: an edge to a block on the stack closes a loop.
     state = [0] * len(blocks)  # 0 new, 1 on the stack, 2 done
     forward = [[] for _ in blocks]
@@ -267,12 +268,30 @@ class KernelCode:
     path: int  # longest entry-to-exit path outside the loops (see longest_path)
     straight: int  # main-body instructions outside every loop
     straight_by_pipe: dict
-    barriers_outside_loops: int
+    barriers_outside_loops: int  # on the path with the most of them (one copy of an if / else)
     opcode_counts: dict = field(default_factory=dict)
     # Phases of a kernel that first works on its own items, then waits (an acquire: the first
     # L1 invalidation, CCTL.IVALL) and works on items that depend on other programs' (the cut-offs
     # kernel): (path outside loops, barriers outside loops) of the code before and from that point.
     phases: dict = field(default_factory=dict)
+    body: list = field(default_factory=list, repr=False)  # the main body's instructions (path_skipping)
+    outside: set = field(default_factory=set, repr=False)  # the addresses longest_path weighs nothing: slow paths, loop bodies
+
+
+def path_skipping(code: KernelCode, loops: list[Loop]) -> tuple[int, int]:
+    """(longest path, barriers) outside the loops of a program whose uniform branches around
+    ``loops`` skip them (a statistics program of a line that does not count its keys): around each,
+    the outermost predicated forward branch before it whose target lies past it and whose skipped
+    code holds no other loop, what it skips weighing nothing; (code.path, its barriers) when none."""
+    skipped: set[int] = set()
+    others = [loop for loop in code.loops if loop not in loops]
+    for loop in loops:
+        around = [i for i in code.body if i.base == "BRA" and i.predicated and i.address < loop.start and (_branch_target(i) or 0) > loop.end
+                  and not any(i.address < other.start < _branch_target(i) for other in others)]
+        if around:
+            branch = min(around, key=lambda i: i.address)  # (the outermost)
+            skipped |= {i.address for i in code.body if branch.address < i.address < _branch_target(branch)}
+    return longest_path(code.body, code.outside | skipped), longest_path(code.body, code.outside | skipped, _barrier)
 
 
 def _mix(instructions: list[Instruction]) -> tuple[dict, dict]:
@@ -303,6 +322,10 @@ def sorted_blocks(body: list[Instruction]) -> set[int]:
     a search item's tail compiles to)."""
     blocks, _ = basic_blocks(body)
     return {i.address for block in blocks if any(i.base == "ISETP" and ".XOR" in i.opcode for i in block) for i in block}
+
+
+def _barrier(instruction: Instruction) -> bool:
+    return instruction.base == "BAR"
 
 
 def analyse(sass: str, resources: str) -> KernelCode:
@@ -358,10 +381,10 @@ def analyse(sass: str, resources: str) -> KernelCode:
     phases = {}
     if wait is not None:
         for name, part in (("before_wait", [i for i in body if i.address < wait]), ("from_wait", [i for i in body if i.address >= wait])):
-            phases[name] = (longest_path(part, outside), sum(1 for i in straight if i.base == "BAR" and (i.address < wait) == (name == "before_wait")))
+            phases[name] = (longest_path(part, outside), longest_path(part, outside, _barrier))
     return KernelCode(
-        registers, local, shared, len(body), loops, longest_path(body, outside), len(straight), straight_pipes, sum(1 for i in straight if i.base == "BAR"),
-        dict(Counter(i.opcode for i in hot)), phases,
+        registers, local, shared, len(body), loops, longest_path(body, outside), len(straight), straight_pipes, longest_path(body, outside, _barrier),
+        dict(Counter(i.opcode for i in hot)), phases, body, outside,
     )
 
 
@@ -556,8 +579,8 @@ LOOP_KINDS = {
     "greedy tile": "statistics tiles of a greedy line: 0 (the modelled rows sample)",
     "sampled tile": "statistics tiles of a sampled line: the line's tiles over its parts (phase 0; phase 2 for the searched lines only)",
     "candidate tile": "statistics tiles of a filtered line with its top three per lane: the line's tiles over its parts (phase 1)",
-    "raw key count block": "a 16-bit line under a top-k above HISTOGRAM_TOP_K: its part read again (from L2) and counted in 256 bins of its raw keys' "
-                           "high byte (the search's first pass), 2 * T_LANES values a step",
+    "key count block": "a line under a top-k above HISTOGRAM_TOP_K: its part read again (from L2) and counted in the 256 bins of the search's first pass "
+                       "(a 16-bit line's raw keys' high byte, a float32 line's order keys'), 2 * T_LANES values a step",
     "residual race tile": "race tiles of a rejected row: the vocabulary over the row's chunks (every row rejects, ASSUMPTIONS)",
     "bonus race tile": "race tiles of an accepted row: 0 (every row rejects)",
     "zero-residual race (rare)": "the finalising program's race on p when every residual is zero: 0 (rounding corner)",
@@ -615,13 +638,13 @@ def loop_kinds(kernel: str, code: KernelCode) -> list[str | None]:
             kinds[index[id(loop)]] = label
 
     if kernel == "line_stats":
-        groups: dict = {"greedy tile": [], "sampled tile": [], "candidate tile": [], "raw key count block": []}
+        groups: dict = {"greedy tile": [], "sampled tile": [], "candidate tile": [], "key count block": []}
         for loop in code.loops:
             if not loop.has("LDG") or loop.parent is not None:
                 continue
             ex2 = loop.has("MUFU.EX2")
             if not ex2 and (loop.has("ATOMS") or loop.has("VOTE")):
-                groups["raw key count block"].append(loop)  # a histogram's shared atomics (Triton 3.9) or ballots (3.6)
+                groups["key count block"].append(loop)  # a histogram's shared atomics (Triton 3.9) or ballots (3.6)
             elif not ex2 or loop.has("IMNMX") or loop.has("VIMNMX"):
                 groups["greedy tile"].append(loop)  # the argmax keeps an index (integer min); raw sums only with logprobs
             elif loop.has("FMNMX") >= 3 * ex2:
@@ -768,21 +791,36 @@ def _tree_work(launch, call: Call, phase: str) -> dict:
     }
 
 
+def candidate_geometry(call: Call) -> tuple[int, int, int, int, int]:
+    """(parts, lanes, rows, tiles per part, line slots) of the statistics launch of ``call``'s filtered
+    form (candidate_outcome's arguments, with SORT)."""
+    filtered = call if call.filtered else replace(call, top_k=50)
+    stats = next(launch for launch in launches(filtered, ASSUMPTIONS["multiprocessors"]) if launch.name == "line_stats")
+    c = stats.constexprs
+    return stats.grid[1], c["T_LANES"], c["T_ROWS"], stats.args[-1], c["LINE_SLOTS"]
+
+
 def synthetic_search(call: Call, lines: int = 4) -> dict:
     """What select.py's search takes (select_search, pass by pass) on ``lines`` synthetic flat
     lines: standard normal logits at the call's vocabulary (rounded to its 16-bit dtype), scaled by
-    1 / temperature, under its top-k / top-p. The Call fields of the whole-line fallback rows."""
+    1 / temperature, under its top-k / top-p, with the candidates' floor of its statistics launch.
+    The Call fields of the whole-line fallback rows."""
     import numpy as np
     import torch
 
+    from specdec_ext._triton_backend import SORT
+
     rng = np.random.default_rng(0)
+    geometry = candidate_geometry(call)
     passes = []
     for _ in range(lines):
         values = rng.standard_normal(call.vocab).astype(np.float32)
         if call.dtype in ("bf16", "fp16"):
             inv_t = np.float32(1.0) / np.float32(call.temperature)
             line = torch.from_numpy(values).to(torch.bfloat16 if call.dtype == "bf16" else torch.float16)
-            passes.append(select_search(line.float().numpy() * inv_t, call.top_k, call.top_p, raw=(line.view(torch.int16).numpy(), call.dtype, inv_t))["passes"])
+            scaled = line.float().numpy() * inv_t
+            floor_key = candidate_outcome(scaled, *geometry, SORT, call.top_k, call.top_p)["floor_key"]
+            passes.append(select_search(scaled, call.top_k, call.top_p, raw=(line.view(torch.int16).numpy(), call.dtype, inv_t), floor_key=floor_key)["passes"])
         else:
             passes.append(select_search(values / np.float32(call.temperature), call.top_k, call.top_p)["passes"])
     return _search_trips(passes)
@@ -802,8 +840,8 @@ def _search_trips(passes: list[list[dict]]) -> dict:
     return {"search_passes": round(len(every) / len(passes), 3), "search_exact_share": share((3,)), "search_value_share": share((2, 6)),
             "search_value_count_share": share((2,)), "search_gather_share": share((4, 5)), "search_window_share": share((5,)),
             "search_count_share": round(sum(q["counts_only"] and q["stage"] == 1 for q in every) / len(every), 4),
-            "search_raw_count_share": round(sum(q["counts_only"] and q["stage"] == 7 for q in every) / len(every), 4),
-            "search_raw_share": round(sum(not q["counts_only"] and q["stage"] in (7, 8) for q in every) / len(every), 4),
+            "search_raw_count_share": round(sum((q["counts_only"] or q["mass_known"]) and q["stage"] == 7 for q in every) / len(every), 4),
+            "search_raw_share": round(sum(not q["counts_only"] and not q["mass_known"] and q["stage"] in (7, 8) for q in every) / len(every), 4),
             "search_atomics": round(sum(q["binned"] for q in every if q["stage"] in (3, 4, 5)) / len(every), 4)}
 
 
@@ -831,11 +869,11 @@ def _work(launch, call: Call, phase: str) -> dict:
         # Per line: its whole tiles unmasked, its ragged last tile masked, spread over its parts.
         whole, ragged = call.vocab // tile / parts, (1 if call.vocab % tile else 0) / parts
         kind = "candidate tile" if c["PHASE"] == 1 else "sampled tile"
-        # A 16-bit line under a large top-k also counts its raw keys (the whole-line search's first pass).
+        # A line under a large top-k also counts its keys in the bins of the whole-line search's first pass.
         loops = {kind: (whole, tile), kind + " (masked)": (ragged, tile)}
-        if c["PHASE"] == 1 and call.itemsize == 2 and call.top_k > c["HISTOGRAM_TOP_K"]:
+        if c["PHASE"] == 1 and c["HISTOGRAM_TOP_K"] < call.top_k < call.vocab:  # (histogrammed: a top-k that cuts, above HISTOGRAM_TOP_K)
             block = 2 * c["T_LANES"]
-            loops |= {"raw key count block": (call.vocab // block / parts, block), "raw key count block (masked)": ((1 if call.vocab % block else 0) / parts, block)}
+            loops |= {"key count block": (call.vocab // block / parts, block), "key count block (masked)": ((1 if call.vocab % block else 0) / parts, block)}
         return {
             "loops": loops, "programs_used": programs_used,
             "bytes": lines * call.vocab * call.itemsize + lines * 4,
@@ -950,6 +988,9 @@ def estimate_launch(launch, call: Call, phase: str | None = None) -> LaunchEstim
     path, barriers = code.path, code.barriers_outside_loops
     if phase.endswith(("cutoff", "cutoff:search")) and code.phases:
         path, barriers = code.phases["before_wait" if phase.endswith("cutoff") else "from_wait"]
+    counting = [entry for entry in loops if entry[1] and entry[1].startswith("key count block")]
+    if counting and not any(trips for _, _, trips, _ in counting):
+        path, barriers = path_skipping(code, [loop for loop, _, _, _ in counting])  # (its lines do not count their keys: the branch skips it all)
     per_warp = path + sum(loop.instructions * trips for loop, _, trips, _ in loops)
     # The pipes of what runs outside the loops: the straight-line mix, scaled to the path.
     scale = path / code.straight if code.straight else 0.0
@@ -1137,7 +1178,8 @@ def candidate_outcome(scaled, parts: int, lanes: int, rows: int, tiles_per_part:
     floor = max(floors)
     above = np.sort(entries[entries > floor])[::-1]
     if above.size > sort:
-        above = np.sort(entries[entries > max(floors2)])[::-1]
+        floor = max(floors2)
+        above = np.sort(entries[entries > floor])[::-1]
     fits = above.size <= sort
     finite = scaled[np.isfinite(scaled)]
     use_k = 0 < top_k < vocab
@@ -1145,11 +1187,12 @@ def candidate_outcome(scaled, parts: int, lanes: int, rows: int, tiles_per_part:
     if resolved and top_p < 1 and not use_k:
         weights = np.exp(above.astype(np.float64) - finite.max())
         resolved = weights.sum() >= top_p * np.exp(finite.astype(np.float64) - finite.max()).sum()
-    return {"resolved": bool(resolved), "above_floor": int(above.size) if fits else -1, "levels": levels}
+    # (floor_key: the order key of the floor every value above which is a candidate, None when they do not fit the sort)
+    return {"resolved": bool(resolved), "above_floor": int(above.size) if fits else -1, "levels": levels, "floor_key": _order_key(floor) if fits else None}
 
 
 def _fixed_weights(values, row_max):
-    """select.py's _fixed_mass: exp(s - max) in units of 2**-40 (float32 steps, as the interpreter)."""
+    """select.py's fixed_mass: exp(s - max) in units of 2**-40 (float32 steps, as the interpreter)."""
     import numpy as np
 
     with np.errstate(invalid="ignore", over="ignore"):
@@ -1298,19 +1341,23 @@ def _histogram_top_k() -> int:
     return HISTOGRAM_TOP_K
 
 
-def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = None, gather: int = 2048, raw=None) -> dict:
+def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = None, gather: int = 2048, raw=None, floor_key: int | None = None) -> dict:
     """select.py's whole-line search on one float32 line (a numpy vector), pass by pass: the cut
     (an order key), the kept mass (fixed point) and, per pass, its stage and the fraction of the
     line's values it bins or gathers (stage 3 adds each binned one's mass by a global atomic).
     ``line_mass``: the statistics' mass of the line (default: its float64 sum). ``raw``: a 16-bit
     line's (bits as int16, "bf16" or "fp16", float32 1 / temperature), ``scaled`` being its values
-    times that: its top-k runs over the bits' keys (stage 7), its top-p through a raw window (stage 8)."""
+    times that: its top-k runs over the bits' keys (stage 7), its top-p through a raw window (stage 8).
+    ``floor_key``: the candidates' floor (candidate_outcome's: every value above it is one; None
+    when they do not fit the sort), which tells whether the threshold item sums the mass above a
+    raw window from them (thresholds.py): that window's pass then only counts."""
     import numpy as np
 
     f32, bins_n = np.float32, 256
     values = np.asarray(scaled, dtype=f32)
     finite = values > -np.inf
     s_all = values[finite]
+    skipped = values.size - s_all.size
     keys = _order_keys(s_all)
     raw_keys = _raw_keys(raw[0])[finite] if raw is not None else None
     row_max = float(s_all.max())
@@ -1336,11 +1383,21 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         shift = max((hi - lo).bit_length(), 8) - 8
         inside = (line_keys >= lo) & (line_keys <= hi)
         above_mass = int(weights[line_keys > hi].sum())
+        # (the first top-k pass under a top-k above HISTOGRAM_TOP_K: the statistics launch's counts, a 16-bit
+        # line's of its raw keys' high byte, a float32 line's in bins of 2**24 keys from -2**31; no mass)
+        statistics = not passes and top_k > _histogram_top_k() and (stage == 7 and lo == -32768 and hi == 32767 or stage == 1 and lo == -(2**31))
+        if statistics and stage == 1:
+            shift = 24
         # (a top-k pass whose top bin spans several keys cannot end the search: it counts, no mass)
-        counts_only = stage in (1, 7) and (hi - lo) & ((1 << shift) - 1) != 0
-        # (a 16-bit line's first top-k pass under a top-k above HISTOGRAM_TOP_K: the statistics launch's counts)
-        statistics = stage == 7 and lo == -32768 and hi == 32767 and not passes and top_k > _histogram_top_k()
-        passes.append({"stage": stage, "binned": float(inside.sum()) / values.size, "counts_only": counts_only, "statistics": statistics})
+        counts_only = statistics or stage in (1, 7) and (hi - lo) & ((1 << shift) - 1) != 0
+        # (the pass over single raw keys after the statistics' counts only counts when the candidates hold every
+        # value above its keys: the threshold item sums their mass; it ends the search all the same)
+        mass_known = False
+        if stage == 7 and passes and passes[-1]["statistics"]:
+            at_hi, low_above = (_raw_scaled(min(key, 32767), raw[1], raw[2]) for key in (hi, hi + 1))
+            mass_known = hi >= 32767 or floor_key is not None and at_hi < low_above and _order_key(low_above) > floor_key
+        passes.append({"stage": stage, "binned": float(inside.sum()) / values.size, "counts_only": counts_only, "statistics": statistics,
+                       "mass_known": mass_known})
         next_stage = 0
         if stage in (4, 5):
             gathered = np.sort(keys[inside])[::-1]
@@ -1416,6 +1473,8 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
             b = (line_keys[inside] - lo) >> shift
             np.add.at(counts, b, 1)
             counts[bins_n] = (line_keys > hi).sum()
+            if statistics:  # (the statistics count the values the search skips, -inf once scaled, in bin 0)
+                counts[0] += skipped
             if stage in (3, 7):  # (stage 7's bins of one key: the kernel's count times the key's weight, the same sum)
                 np.add.at(masses, b, weights[inside])
             masses[bins_n] = above_mass
@@ -1429,7 +1488,7 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
             best = int(slots[ok].max()) if ok.any() else 0
             lo, hi = lo + (best << shift), min(hi, lo + (best << shift) + (1 << shift) - 1)
             kept = int(mass_from[best])
-            done = lo >= hi
+            done = lo >= hi and not statistics  # (counts alone cannot end it: a pass over the one key then sums its mass)
             next_stage = 0 if done else stage
             if stage in (1, 7):
                 strict = True
@@ -1510,24 +1569,22 @@ def measure_trips() -> dict:
         vocab = logits.shape[-1]
         for label, shape in (("B=64 K=8 bf16", _B64), ("B=1 K=4 fp32", _B1)):
             call = Call(label, **(shape | {"vocab": vocab}), top_k=50)
-            stats = next(launch for launch in launches(call, ASSUMPTIONS["multiprocessors"]) if launch.name == "line_stats")
-            c = stats.constexprs
-            parts, tiles_per_part = stats.grid[1], stats.args[-1]
+            parts, lanes, rows, tiles_per_part, line_slots = candidate_geometry(call)
             # A bf16 call's lines of bf16 logits: their top-k over raw keys (select_search's raw)
             raw16 = shape["dtype"] == "bf16" and torch.equal(logits.to(torch.bfloat16).float(), logits)
             for temperature, top_k, top_p in MEASURE_SETTINGS:
                 inv_t = np.float32(1.0) / np.float32(temperature)
                 scaled = logits * torch.tensor(inv_t) if raw16 else logits / temperature
                 bits = logits.to(torch.bfloat16).view(torch.int16).numpy() if raw16 else None
-                outcomes = [candidate_outcome(line.numpy(), parts, c["T_LANES"], c["T_ROWS"], tiles_per_part, c["LINE_SLOTS"], _triton_backend.SORT,
-                                              top_k, top_p) for line in scaled]
+                outcomes = [candidate_outcome(line.numpy(), parts, lanes, rows, tiles_per_part, line_slots, _triton_backend.SORT, top_k, top_p)
+                            for line in scaled]
                 resolved = np.array([o["resolved"] for o in outcomes])
                 tau = filter_thresholds(scaled, torch.full((len(scaled),), top_k), torch.full((len(scaled),), top_p))
                 passes, differs = [], 0
                 for n, (line, cut, outcome) in enumerate(zip(scaled, tau.tolist(), outcomes, strict=True)):
                     if outcome["resolved"]:
                         continue
-                    search = select_search(line.numpy(), top_k, top_p, raw=(bits[n], "bf16", inv_t) if raw16 else None)
+                    search = select_search(line.numpy(), top_k, top_p, raw=(bits[n], "bf16", inv_t) if raw16 else None, floor_key=outcome["floor_key"])
                     if search["cut"] != fixed_point_cut(line.numpy(), top_k, top_p):
                         raise AssertionError(f"select_search's cut {search['cut']} is not the fixed-point masses' {fixed_point_cut(line.numpy(), top_k, top_p)}")
                     differs += search["cut"] != _order_key(cut)
@@ -1535,7 +1592,7 @@ def measure_trips() -> dict:
                 trips = _search_trips(passes)
                 above = np.array([o["above_floor"] for o in outcomes])
                 found.append({
-                    "source": source, "geometry": f"{label} ({parts} statistics parts of {tiles_per_part} tiles x {c['T_ROWS']} rows x {c['T_LANES']} lanes)",
+                    "source": source, "geometry": f"{label} ({parts} statistics parts of {tiles_per_part} tiles x {rows} rows x {lanes} lanes)",
                     "temperature": temperature, "top_k": top_k, "top_p": top_p, "lines": len(outcomes),
                     "resolved_fraction": round(float(resolved.mean()), 4), "search_fraction": round(1 - float(resolved.mean()), 4),
                     "search_passes_mean": trips["search_passes"], "searched_cuts_unlike_the_float_reference": differs,

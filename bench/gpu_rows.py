@@ -46,7 +46,7 @@ INPUTS = ("target 3*randn, draft = target + randn; lines the candidates settle: 
 # parts a line is read in (stats_tile, stats_parts: 65536 bf16 or 32768 fp32 values is the 32-row
 # tile that spilled at 255 registers, the default until 8-row tiles), and the race's ids per step at
 # B=1 (more programs for one row); and a top-k 1000 search's first pass over the line instead of
-# from the statistics launch's raw-key counts (histogram_top_k). The model cannot rank these: it
+# from the statistics launch's key counts (histogram_top_k). The model cannot rank these: it
 # under-estimated the spilling tile 3x. A lent GPU does.
 VARIANTS = [
     ("B=64 K=8 bf16 T=0.7 top-k 50 top-p 0.9", {"stats_tile": 65536, "stats_parts": 1}),
@@ -56,8 +56,9 @@ VARIANTS = [
     ("B=1 K=4 fp32 T=0.7 top-k 50 top-p 0.9", {"stats_tile": 8192, "stats_parts": 8}),
     ("B=1 K=4 V=128256 fp32", {"race_block": 128}),
     ("B=1 K=4 V=128256 fp32", {"race_block": 64}),
-    # the search's first top-k pass over the line, not from the statistics launch's raw-key counts
+    # the search's first top-k pass over the line, not from the statistics launch's key counts
     ("B=64 K=8 bf16 top-k 1000 (whole-line search)", {"histogram_top_k": 2**31}),
+    ("B=1 K=4 fp32 top-k 1000 (whole-line search)", {"histogram_top_k": 2**31}),
 ]
 
 

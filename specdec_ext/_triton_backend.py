@@ -395,7 +395,7 @@ class Buffers(NamedTuple):
     search_mass: torch.Tensor  # (lines, select chunks, SELECT_BINS + 1) int64 histograms (fixed-point masses)
     search_counters: torch.Tensor  # (lines,) int32 arrival counters, 0 between launches
     search_list: torch.Tensor  # (lines,) int32: the lines handed to the whole-line search
-    histograms: torch.Tensor  # (lines, 256) int32 raw-key counts, 0 between launches (stats.py, thresholds.py)
+    histograms: torch.Tensor  # (lines, 256) int32 first-pass key counts, 0 between launches (stats.py, thresholds.py)
     searching: torch.Tensor  # (1,) int32: how many
     cutoff_control: torch.Tensor  # (CUTOFF_CONTROL,) int32 counters of the cut-offs launch, 0 between launches
 
@@ -539,7 +539,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
         """The statistics launch: phase 0 of an unfiltered call, phase 1 of a filtered one (with
         the candidates). A filtered one of 16-bit lines without log-probabilities is capped at 128
         registers (two programs per multiprocessor): ptxas gives its candidate loop up to 177
-        uncapped, from a build that also holds the raw-key counts, and needs no more (no spill at
+        uncapped, from a build that also holds the first-pass key counts, and needs no more (no spill at
         128 with Triton 3.6 or 3.9: tests/support/triton_compile_check.py)."""
         sixteen = args.target_logits.dtype.itemsize == 2 or (has_draft and args.draft_logits.dtype.itemsize == 2)
         cap = {"maxnreg": 128} if phase == 1 and sixteen and args.logprobs == LOGPROBS_NONE else {}

@@ -50,8 +50,8 @@ def cutoff_items(
         threshold_line(
             ticket, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
             temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, hist_ptr,
-            batch, K, V, Vd, t_parts, d_parts, PARTS, PP, LINE_SLOTS, SORT, target_ptr.dtype.element_ty.primitive_bitwidth == 16,
-            draft_ptr.dtype.element_ty.primitive_bitwidth == 16, HISTOGRAM_TOP_K,
+            batch, K, V, Vd, t_parts, d_parts, PARTS, PP, LINE_SLOTS, SORT, target_ptr.dtype.element_ty, draft_ptr.dtype.element_ty, HISTOGRAM_TOP_K,
+            GATHER,
         )
         tl.debug_barrier()  # every thread's stores precede the release
         tl.atomic_add(control_ptr + 1, 1, sem="release", scope="gpu")
@@ -125,7 +125,7 @@ def cutoff_kernel(
     cand_count_ptr,  # (lines, PARTS) int32
     cand_floor_ptr,  # (lines, PARTS, 2) int32
     sort_ptr,  # (lines, SORT) int32 workspace: a line's candidates packed for the sort
-    hist_ptr,  # (lines, 256) int32: the statistics' raw-key counts of a histogrammed line (stats.py), left 0
+    hist_ptr,  # (lines, 256) int32: the statistics' first-pass key counts of a histogrammed line (stats.py), left 0
     batch,
     K,
     V,
@@ -147,7 +147,7 @@ def cutoff_kernel(
     BINS: tl.constexpr,  # histogram bins per pass: the interval narrows BINS-fold
     PASSES: tl.constexpr,  # search passes that end any line (top-k, then top-p)
     GATHER: tl.constexpr,  # key slots of a line's gather (a power of two: sorted whole)
-    HISTOGRAM_TOP_K: tl.constexpr,  # the statistics counted the raw keys of 16-bit lines with top-k above it
+    HISTOGRAM_TOP_K: tl.constexpr,  # the statistics counted the first top-k pass of lines with top-k above it
 ):
     cutoff_items(
         target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,

@@ -16,6 +16,9 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    bin is one key can end the search; it alone also sums the fixed-point mass above hi (the kept
    set's normaliser, and top-p's budget inside the top-k set). The others decide by counts.
    Once the values at or above lo number at most GATHER, the next pass gathers them (stage 4).
+   Under a top-k above HISTOGRAM_TOP_K the statistics launch counted the first pass, in bins of
+   2**24 keys from -2**31, as it read the line (stats.py); the threshold item takes that pass's
+   decision from the counts (thresholds.py) and the search starts at the second, one read fewer.
 2. top-p, first pass: the values in [lo, hi] counted in BINS bins uniform in value (lo is a floor
    no cut lies under, ``top_p_floor``; hi the line max). Each bin's mass, estimated at its middle,
    places the cut to within a bin or two; the widest run of bins around it whose values fit half
@@ -34,8 +37,10 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    whose order is the scaled values': 256 bins of the high byte, then single keys. Under a top-k
    above HISTOGRAM_TOP_K the statistics launch counted the high bytes as it read the line
    (stats.py) and the threshold item takes the first pass's decision from those counts
-   (thresholds.py): the search starts at the single keys, one read of the line fewer. The cut is
-   then the scaled value of its raw key, unless the raw key below scales to the same value (-0.0
+   (thresholds.py): the search starts at the single keys, one read of the line fewer; that pass
+   only counts when the candidates hold every value above its keys (the threshold item sums
+   their mass from them, the integers the pass would add). The cut is then the scaled value of
+   its raw key, unless the raw key below scales to the same value (-0.0
    below +0.0, or an underflow or overflow merged them): one pass of stage 1 over that single
    scaled key then counts the kept set whole.
 8. top-p of a bf16 or fp16 line, after a value-bin pass: a window of 256 single raw keys over the
@@ -77,7 +82,7 @@ from .stats import line_of
 
 
 @triton.jit
-def _fixed_mass(s, row_max):
+def fixed_mass(s, row_max):
     """exp(s - row_max) in units of 2**-40, 0 for -inf and NaN."""
     return tl.where(s > float("-inf"), exp(s - row_max) * 1099511627776.0, 0.0).to(tl.int64)
 
@@ -162,7 +167,7 @@ def _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, t0, scal
         if ABOVE > 0:
             above_count += above.to(tl.int32)
         if (ABOVE > 1) | MASSES:
-            mass = _fixed_mass(s, row_max)
+            mass = fixed_mass(s, row_max)
             above_mass += tl.where(above, mass, 0)
             if MASSES:
                 tl.atomic_add(mass_ptr + bins, mass, mask=inside, sem="relaxed")
@@ -201,7 +206,7 @@ def _gather(base, first, span, width, inv_t, row_max, lo, hi, gathered_ptr, keys
         slot = tl.atomic_add(counter, 1, mask=inside, sem="relaxed")
         tl.store(keys_ptr + slot, key, mask=inside & (slot < GATHER))
         if ABOVE:
-            above_mass += tl.where(above, _fixed_mass(s, row_max), 0)
+            above_mass += tl.where(above, fixed_mass(s, row_max), 0)
     return tl.sum(above_mass, axis=0)
 
 
@@ -236,10 +241,10 @@ def _narrow(counts, masses, lo, hi, shift, row_max, stage, budget, top_k, inv_t,
     slots = tl.arange(0, 2 * BINS)
     is_above = slots == BINS
     first = lo + (slots.to(tl.int64) << shift)
-    w_first = _fixed_mass(key_to_float(first.to(tl.int32)), row_max)
+    w_first = fixed_mass(key_to_float(first.to(tl.int32)), row_max)
     if RAW16:
         raw_first = tl.minimum(tl.maximum(first, -32768), 32767)  # (slots past the window: any key)
-        w_first = tl.where((stage == 7) | (stage == 8), _fixed_mass(raw_scaled(raw_first, inv_t, DTYPE), row_max), w_first)
+        w_first = tl.where((stage == 7) | (stage == 8), fixed_mass(raw_scaled(raw_first, inv_t, DTYPE), row_max), w_first)
     bin_mass = tl.where((stage == 3) | is_above, masses, counts.to(tl.int64) * w_first)
     count_from = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0) + counts
     mass_from = tl.sum(bin_mass, axis=0) - tl.cumsum(bin_mass, axis=0) + bin_mass
@@ -269,8 +274,8 @@ def _cut_bins(counts, above_mass, t0, scale, row_max, budget, BINS: tl.constexpr
     counts come in 2 * BINS slots, the value bins first."""
     slots = tl.arange(0, 2 * BINS)
     in_bins = slots < BINS
-    low = tl.where(in_bins, counts.to(tl.int64) * _fixed_mass(t0 + tl.math.div_rn(slots.to(tl.float32), scale), row_max), 0)
-    high = tl.where(in_bins, counts.to(tl.int64) * _fixed_mass(t0 + tl.math.div_rn((slots + 1).to(tl.float32), scale), row_max), 0)
+    low = tl.where(in_bins, counts.to(tl.int64) * fixed_mass(t0 + tl.math.div_rn(slots.to(tl.float32), scale), row_max), 0)
+    high = tl.where(in_bins, counts.to(tl.int64) * fixed_mass(t0 + tl.math.div_rn((slots + 1).to(tl.float32), scale), row_max), 0)
     low_from = tl.sum(low, axis=0) - tl.cumsum(low, axis=0) + low + above_mass
     high_from = tl.sum(high, axis=0) - tl.cumsum(high, axis=0) + high + above_mass
     first = tl.max(tl.where(_reaches(low_from, budget) & in_bins, slots, 0), axis=0)
@@ -325,7 +330,7 @@ def _plan(counts, above_mass, t0, scale, row_max, budget, BINS: tl.constexpr, GA
     in 2 * BINS slots, the value bins first.)"""
     slots = tl.arange(0, 2 * BINS)
     middle = t0 + (slots.to(tl.float32) + 0.5) / scale
-    estimate = tl.where(slots < BINS, counts.to(tl.float64) * _fixed_mass(middle, row_max).to(tl.float64), 0.0)
+    estimate = tl.where(slots < BINS, counts.to(tl.float64) * fixed_mass(middle, row_max).to(tl.float64), 0.0)
     from_here = tl.sum(estimate, axis=0) - tl.cumsum(estimate, axis=0) + estimate + above_mass.to(tl.float64)
     cut_bin = tl.max(tl.where((from_here * 9.094947017729282e-13 >= budget.to(tl.float64)) & (slots < BINS), slots, 0), axis=0)
     # The values within each distance of the cut's bin: both sides' bins at that distance, summed up.
@@ -346,7 +351,7 @@ def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budge
     holds the cut (the mass above it below the budget, with the window's reaching it)."""
     slot = tl.arange(0, GATHER)
     keys = tl.sort(tl.load(keys_ptr + slot, mask=slot < n, other=-2147483648, cache_modifier=".cg"), descending=True)
-    weights = _fixed_mass(key_to_float(keys), row_max)  # 0 for the empty slots (NaN keys)
+    weights = fixed_mass(key_to_float(keys), row_max)  # 0 for the empty slots (NaN keys)
     k_key = tl.full((), -2147483648, tl.int32)
     if stage == 4:
         k_key = pick(keys, top_k - 1, GATHER, -2147483648)
@@ -406,6 +411,13 @@ def _select_pass(
         stage = tl.where(raw_start, 7, stage)
         lo = tl.where(raw_start, -32768, lo)
         hi = tl.where(raw_start, 32767, hi)
+        # The mass above a stage-7 interval when the threshold item summed it from the candidates
+        # (thresholds.py; words 4 and 5, -1 when not): the pass over its single keys then only counts.
+        known_mass = (tl.load(state + 5, cache_modifier=".cg").to(tl.int64) << 32) | (tl.load(state + 4, cache_modifier=".cg").to(tl.int64) & 0xFFFFFFFF)
+        known = (stage == 7) & (known_mass >= 0)
+    else:
+        known_mass = lo * 0 - 1
+        known = stage < 0  # False, as a runtime value
     shift = _shift(lo, hi)
     t0 = key_to_float(lo.to(tl.int32))
     scale = BINS / (key_to_float(hi.to(tl.int32)) - t0)  # value bins over [lo, hi] (stages 2 and 6)
@@ -429,10 +441,10 @@ def _select_pass(
         elif stage == 6:
             counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own,
                                                          TILE, BINS, False, True, 2)
-        elif _top_k_may_end(lo, hi, shift):  # top-k (stage 1, or 7 over raw keys) that can end the search, or a raw window (8)
+        elif _top_k_may_end(lo, hi, shift) & (known == 0):  # top-k (stage 1, or 7 over raw keys) that can end the search, or a raw window (8)
             counts, above_count, above_mass = _key_histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, (stage == 7) | (stage == 8),
                                                              TILE, BINS, 2, RAW16)
-        else:  # top-k key bins that cannot end the search: the counts decide, no mass is read
+        else:  # top-k key bins that cannot end the search, or whose mass above is known: the counts decide, no mass is read
             counts, above_count, above_mass = _key_histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, stage == 7, TILE, BINS, 1,
                                                              RAW16)
         tl.store(part_count_ptr + own + tl.arange(0, BINS), counts)
@@ -456,6 +468,7 @@ def _select_pass(
             present = chunks[:, None] < arrivals
             line_counts += tl.sum(tl.load(part_count_ptr + every, mask=present & with_counts[None, :], other=0, cache_modifier=".cg"), axis=0)
             line_masses += tl.sum(tl.load(part_mass_ptr + every, mask=present & with_masses[None, :], other=0, cache_modifier=".cg"), axis=0)
+        line_masses = tl.where((slots == BINS) & known, known_mass, line_masses)
         # The pass as the line's path records it: its stage, 7 for top-k key bins that only counted.
         # (Stage 7's passes as stage 1's: the line's dtype tells them apart; stage 8 as 8.)
         recorded = tl.where((stage == 1) | (stage == 7), tl.where(_top_k_may_end(lo, hi, shift), 1, 7), stage)

@@ -31,11 +31,12 @@ workspace with F. When more would, F rises to the largest second value (then onl
 are above it), and past that to the part max (no entry). cutoffs.py's threshold items take the
 line floor T = max F over the parts: the entries above T are then *every* value of the line above T.
 
-Raw-key counts (PHASE 1, a bf16 or fp16 line under a top-k above HISTOGRAM_TOP_K, which the
-candidates are unlikely to settle): the part, read again from L2 after its candidates, counted in
-256 bins of its raw keys' high byte and added into the line's counts (global atomics, one per
-non-empty bin). They are the whole-line search's first top-k pass (select.py's stage 7), which
-the threshold item then takes from them instead of reading the line (thresholds.py).
+Key counts (PHASE 1, a line under a top-k above HISTOGRAM_TOP_K, which the candidates are
+unlikely to settle): the part, read again from L2 after its candidates, counted in the 256 bins of
+the whole-line search's first top-k pass (select.py) and added into the line's counts (global
+atomics, one per non-empty bin): a 16-bit line's raw keys' high byte (stage 7), a float32 line's
+scaled values' order keys' high byte (stage 1 in bins of 2**24 keys). The threshold item then
+takes that pass's decision from them instead of reading the line (thresholds.py).
 """
 
 import triton
@@ -73,8 +74,9 @@ def filter_of(line, lines_t, K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft
 
 @triton.jit
 def histogrammed(use_k, top_k, HISTOGRAM_TOP_K: tl.constexpr):
-    """Whether a filtered line's statistics also count its raw keys (a 16-bit line's): a top-k the
-    candidates are unlikely to settle, whose whole-line search would start with that count."""
+    """Whether a filtered line's statistics also count its keys in the search's first top-k pass's
+    bins: a top-k the candidates are unlikely to settle, whose whole-line search would start with
+    that count."""
     return use_k & (top_k > HISTOGRAM_TOP_K)
 
 
@@ -180,29 +182,41 @@ def _candidate_tiles(base, first, last, width, lanes, inv_t, lane_max, lane_sum,
 
 
 @triton.jit
-def _raw_key_blocks(base, start, end, width, inv_t, counts, MASKED: tl.constexpr, BLOCK: tl.constexpr):
+def first_pass_bin(x, inv_t):
+    """The bin of the whole-line search's first top-k pass holding each logit of ``x`` (its line's
+    dtype): a 16-bit logit's raw key's high byte, else its scaled value's order key's (bins of
+    2**24 keys from -2**31); the values the search skips (-inf once scaled, NaN) in bin 0, whose
+    count no decision reads (thresholds.py: bin 0 qualifies whatever it holds)."""
+    s = x.to(tl.float32) * inv_t
+    if x.dtype.primitive_bitwidth == 16:
+        bins = (raw_key(x, x.dtype == tl.bfloat16) >> 8) + 128
+    else:
+        bins = (order_key(s) >> 24) + 128
+    return tl.where(s > float("-inf"), bins, 0)
+
+
+@triton.jit
+def _key_count_blocks(base, start, end, width, inv_t, counts, MASKED: tl.constexpr, BLOCK: tl.constexpr):
     offsets = tl.arange(0, BLOCK)
     for block in range(start, end, BLOCK):
         if MASKED:
             x = tl.load(base + block + offsets, mask=block + offsets < width, other=float("-inf"))
         else:
             x = tl.load(base + block + offsets)
-        key = raw_key(x, base.dtype.element_ty == tl.bfloat16)
         # No mask on the histogram (a masked one branches per value): skipped values go to bin 0.
-        counts += tl.histogram(tl.where(x.to(tl.float32) * inv_t > float("-inf"), (key >> 8) + 128, 0), 256)
+        counts += tl.histogram(first_pass_bin(x, inv_t), 256)
     return counts
 
 
 @triton.jit
-def _raw_key_counts(base, start, end, width, inv_t, BLOCK: tl.constexpr):
-    """A 16-bit line's values [start, end) counted in 256 bins of their raw keys' high byte, BLOCK
-    values a step, whole blocks unmasked (its own loop after the candidates', which it would
-    crowd: the part is read again, from L2). The values the search skips (-inf once scaled) go to
-    bin 0, whose count no decision reads (thresholds.py: bin 0 qualifies whatever it holds)."""
+def _key_counts(base, start, end, width, inv_t, BLOCK: tl.constexpr):
+    """A line's values [start, end) counted in the 256 bins of its search's first top-k pass
+    (``first_pass_bin``), BLOCK values a step, whole blocks unmasked (its own loop after the
+    candidates', which it would crowd: the part is read again, from L2)."""
     end = tl.minimum(end, width)
     whole = start + (end - start) // BLOCK * BLOCK
-    counts = _raw_key_blocks(base, start, whole, width, inv_t, tl.zeros((256,), tl.int32), False, BLOCK)
-    return _raw_key_blocks(base, whole, end, width, inv_t, counts, True, BLOCK)
+    counts = _key_count_blocks(base, start, whole, width, inv_t, tl.zeros((256,), tl.int32), False, BLOCK)
+    return _key_count_blocks(base, whole, end, width, inv_t, counts, True, BLOCK)
 
 
 @triton.jit
@@ -236,8 +250,8 @@ def _part(
 ):
     """Statistics of tiles [first, last) of one line into partial slot ``out``: whole tiles
     unmasked, the line's ragged last tile masked; with ``candidates`` (a runtime flag, only
-    compiled in with CANDIDATES) also the part's candidates, and with ``histogram`` (a 16-bit line
-    only) the part's raw-key histogram added into the line's."""
+    compiled in with CANDIDATES) also the part's candidates, and with ``histogram`` the part's
+    first-pass key counts added into the line's."""
     rows = tl.arange(0, ROWS)
     lanes = tl.arange(0, LANES)
     block = rows[:, None] * LANES + lanes[None, :]
@@ -289,10 +303,9 @@ def _part(
             tl.store(part_rm_ptr + out, part_max)
             tl.store(part_rz_ptr + out, part_sum)
         if CANDIDATES:
-            if base.dtype.element_ty.primitive_bitwidth == 16:
-                if histogram:  # (last: nothing of the statistics is live across its loop)
-                    counts = _raw_key_counts(base, first * (ROWS * LANES), last * (ROWS * LANES), width, inv_t, 2 * LANES)
-                    tl.atomic_add(hist_ptr + line.to(tl.int64) * 256 + tl.arange(0, 256), counts, mask=counts > 0, sem="relaxed")
+            if histogram:  # (last: nothing of the statistics is live across its loop)
+                counts = _key_counts(base, first * (ROWS * LANES), last * (ROWS * LANES), width, inv_t, 2 * LANES)
+                tl.atomic_add(hist_ptr + line.to(tl.int64) * 256 + tl.arange(0, 256), counts, mask=counts > 0, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["batch", "tiles_per_part"])
@@ -312,7 +325,7 @@ def line_stats_kernel(
     cand_count_ptr,  # (lines, PARTS) int32 out (PHASE 1): candidates of each part
     cand_floor_ptr,  # (lines, PARTS, 2) int32 out (PHASE 1): order keys of the part's floor and level-two floor
     searching_ptr,  # (1,) int32 out (PHASE 1): 0, the count of lines cutoff_kernel hands to the whole-line search
-    hist_ptr,  # (lines, 256) int32, 0 on entry (PHASE 1): a 16-bit line's raw-key high-byte counts where top-k > HISTOGRAM_TOP_K (added)
+    hist_ptr,  # (lines, 256) int32, 0 on entry (PHASE 1): a line's first-pass key counts where top-k > HISTOGRAM_TOP_K (added)
     tokens_ptr,  # (B, K) int32 / int64 draft tokens
     gathered_ptr,  # (lines,) float32 out: each draft position's line's raw logit at its draft token
     batch,

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .random import exp, key_to_float, order_key
-from .select import pick, top_p_floor, top_p_stage
+from .select import fixed_mass, pick, raw_scaled, top_p_floor, top_p_stage
 from .stats import filter_of, histogrammed
 
 # -2**31, the smallest order key, is written as a literal: a module-level constant is a plain int to
@@ -71,8 +71,8 @@ def _line_threshold(
     line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
     PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr,
 ):
-    """(tau, resolved, m, z, stage, max_key, carried, lo) of one active line (see the module
-    docstring). When the cut lies among the sorted candidates (resolved) every kept value is one,
+    """(tau, resolved, m, z, stage, max_key, carried, lo, and the sorted candidates: keys, count,
+    floor) of one active line (see the module docstring). When the cut lies among the sorted candidates (resolved) every kept value is one,
     so z = sum over the kept set of exp(s - m) comes from them; z is NaN for a line with NaN / +inf
     values or an empty one (the race blanks such a row). Otherwise stage (1: top-k, 2: top-p),
     carried (the top-p budget) and lo (the key the search starts from) start the whole-line search
@@ -125,7 +125,36 @@ def _line_threshold(
     stage = tl.where(bad, 0, stage)  # a line with NaN / +inf values or none finite: no search (the race blanks its row)
     tau = tl.where(tau_key == -2147483648, float("-inf"), key_to_float(tau_key.to(tl.int32)))
     normaliser = tl.sum(tl.where(keys >= tau_key, weights, 0.0), axis=0)
-    return tau, resolved & (bad == 0), row_max, tl.where(bad, float("nan"), normaliser), stage, max_key, carried, lo
+    return tau, resolved & (bad == 0), row_max, tl.where(bad, float("nan"), normaliser), stage, max_key, carried, lo, keys, count, floor
+
+
+@triton.jit
+def _raw_value(key, inv_t, is_draft, TDTYPE: tl.constexpr, DDTYPE: tl.constexpr):
+    """The scaled value of raw key ``key`` in a 16-bit line: of the draft's dtype when ``is_draft``,
+    else of the target's."""
+    value = inv_t * 0.0
+    if TDTYPE.primitive_bitwidth == 16:
+        value = raw_scaled(key, inv_t, TDTYPE)
+    if DDTYPE.primitive_bitwidth == 16:
+        value = tl.where(is_draft, raw_scaled(key, inv_t, DDTYPE), value)
+    return value
+
+
+@triton.jit
+def _mass_above_window(keys, count, floor, hi, inv_t, row_max, is_draft, TDTYPE: tl.constexpr, DDTYPE: tl.constexpr, SORT: tl.constexpr):
+    """The fixed-point mass of a 16-bit line's values with raw key above ``hi``, from its sorted
+    candidates (the ``count`` keys above ``floor``), or -1 when they may not hold every such value.
+    They do when the lowest value above hi, raw key hi + 1's, lies above the floor (every value
+    above it is a candidate) and strictly above hi's own (a candidate's value then tells whether
+    its raw key is above hi). The weights are the integers the search's pass would sum
+    (select.py's fixed_mass of the same scaled values), so the sum is the same, in any order."""
+    top = hi >= 32767
+    low_above = _raw_value(tl.minimum(hi + 1, 32767), inv_t, is_draft, TDTYPE, DDTYPE)
+    first_key = order_key(low_above).to(tl.int64)
+    index = tl.arange(0, SORT)
+    mass = tl.sum(tl.where((index < count) & (keys.to(tl.int64) >= first_key), fixed_mass(key_to_float(keys), row_max), 0), axis=0)
+    covered = (count >= 0) & (_raw_value(hi, inv_t, is_draft, TDTYPE, DDTYPE) < low_above) & (first_key > floor)
+    return tl.where(top, 0, tl.where(covered, mass, -1))
 
 
 @triton.jit
@@ -133,16 +162,20 @@ def threshold_line(
     line, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, hist_ptr,
     batch, K, V, Vd, t_parts, d_parts,
-    PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, T16: tl.constexpr, D16: tl.constexpr,
-    HISTOGRAM_TOP_K: tl.constexpr,
+    PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, TDTYPE: tl.constexpr, DDTYPE: tl.constexpr,
+    HISTOGRAM_TOP_K: tl.constexpr, GATHER: tl.constexpr,
 ):
     """The cut-off of one line from its candidates (cutoffs.py's first work items): tau and, when
     the candidates settle it, the line's statistics; otherwise a search state, the line appended
     to the whole-line search list (which writes its statistics when the search ends). The outputs
-    are described at cutoff_kernel's arguments. A 16-bit line (T16, D16: the target's, the
-    draft's logits are bf16 or fp16) whose statistics counted its raw keys (``histogrammed``)
-    takes the counts, leaving zeros: a top-k search then starts as its first pass over them
-    would leave it (select.py's stage 7), and the line is read once less."""
+    are described at cutoff_kernel's arguments. A line whose statistics counted its keys
+    (``histogrammed``: TDTYPE, DDTYPE are the target's and the draft's logits' dtypes) takes the
+    counts, leaving zeros: a top-k search then starts as its first pass would leave it, and the
+    line is read once less. A 16-bit line's second pass, over single raw keys, then only counts
+    when the candidates hold every value above its keys: their mass, which that pass would sum,
+    comes from them (``_mass_above_window``, in the state's words 4 and 5; -1 otherwise)."""
+    T16: tl.constexpr = TDTYPE.primitive_bitwidth == 16
+    D16: tl.constexpr = DDTYPE.primitive_bitwidth == 16
     row, pos, is_draft, width, inv_t, top_k, top_p, use_k, use_p, active = filter_of(
         line, batch * (K + 1), K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, V, Vd
     )
@@ -155,32 +188,46 @@ def threshold_line(
     max_key = tl.full((), -2147483648, tl.int64)
     carried = 0.0
     lo = tl.full((), -2147483648, tl.int64)
+    hi = max_key
+    path = stage * 0  # no pass yet
+    known_mass = tl.full((), -1, tl.int64)  # not known
+    state = state_ptr + line.to(tl.int64) * 8
     if active:
-        tau, resolved, row_max, normaliser, stage, max_key, carried, lo = _line_threshold(
+        tau, resolved, row_max, normaliser, stage, max_key, carried, lo, keys, count, floor = _line_threshold(
             line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
             PARTS, PP, LINE_SLOTS, SORT,
         )
+        hi = max_key
+        if histogrammed(use_k, top_k, HISTOGRAM_TOP_K):
+            bins = tl.arange(0, 256)
+            counts = tl.load(hist_ptr + line.to(tl.int64) * 256 + bins, cache_modifier=".cg")
+            tl.store(hist_ptr + line.to(tl.int64) * 256 + bins, tl.zeros((256,), tl.int32))  # for the next call (and graph replay)
+            if stage == 1:
+                # The search's first top-k pass (select.py), from the statistics' counts: the cut
+                # lies in the highest bin whose count from there up reaches k (bin 0 qualifies),
+                # and the next pass takes that bin's keys. A 16-bit line's bins are its raw keys'
+                # high byte (stage 7 from [-32768, 32767]), a float32 line's 2**24 order keys from
+                # -2**31 (stage 1 over [-2**31, the line max]; a gather next when the values from
+                # the bin up fit).
+                count_from = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0) + counts
+                best = tl.max(tl.where(count_from >= top_k, bins, 0), axis=0)
+                path = path + 7  # recorded as that pass would record itself (a pass that only counted)
+                if tl.where(is_draft, D16, T16):
+                    stage = stage * 0 + 7
+                    lo = best.to(tl.int64) * 256 - 32768
+                    hi = lo + 255
+                    known_mass = _mass_above_window(keys, count, floor, hi, inv_t, row_max, is_draft, TDTYPE, DDTYPE, SORT)
+                else:
+                    lo = (best.to(tl.int64) << 24) - 2147483648
+                    hi = tl.minimum(lo + 16777215, max_key)
+                    if pick(count_from, best, 256, 0) <= GATHER:
+                        stage = stage * 0 + 4
+                        hi = max_key
+                        tl.store(state + 6, 0)  # the gather's slot counter
     tl.store(tau_ptr + line, tau)
-    state = state_ptr + line.to(tl.int64) * 8
     # Top-p over the whole line: value bins then a gather, or exact key bins (select.py).
     top_p_start = top_p_stage(lo, max_key)
     stage = tl.where(stage == 2, tl.where(top_p_start == 0, 3, top_p_start), stage)
-    hi = max_key
-    path = stage * 0  # no pass yet
-    if active & histogrammed(use_k, top_k, HISTOGRAM_TOP_K) & tl.where(is_draft, D16, T16):
-        bins = tl.arange(0, 256)
-        counts = tl.load(hist_ptr + line.to(tl.int64) * 256 + bins, cache_modifier=".cg")
-        tl.store(hist_ptr + line.to(tl.int64) * 256 + bins, tl.zeros((256,), tl.int32))  # for the next call (and graph replay)
-        if stage == 1:
-            # The first top-k pass over the raw keys (select.py's stage 7 from [-32768, 32767], bins
-            # of 256 keys), from the statistics' counts: the cut lies in the highest bin whose
-            # count from there up reaches k (bin 0 qualifies), and the next pass takes its keys.
-            count_from = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0) + counts
-            best = tl.max(tl.where(count_from >= top_k, bins, 0), axis=0)
-            stage = stage * 0 + 7
-            lo = best.to(tl.int64) * 256 - 32768
-            hi = lo + 255
-            path = path + 7  # recorded as that pass would record itself
     tl.store(state, stage)
     if stage != 0:
         # The order of the list does not matter: each line's search is the same whichever
@@ -189,6 +236,8 @@ def threshold_line(
         tl.store(state + 1, lo.to(tl.int32))  # lo: at or below the cut
         tl.store(state + 2, hi.to(tl.int32))  # hi: the line max (a raw key's after the counts)
         tl.store(state + 3, -2147483648)  # the top-k key (none yet)
+        tl.store(state + 4, known_mass.to(tl.int32))  # the mass above a raw window (top-p's bracket later)
+        tl.store(state + 5, (known_mass >> 32).to(tl.int32))
         tl.store(state + 7, path)  # the passes taken (4 bits each)
         tl.store(state_f_ptr + line.to(tl.int64) * 2, row_max)
         tl.store(state_f_ptr + line.to(tl.int64) * 2 + 1, carried)

@@ -466,7 +466,7 @@ def cut_walk_kernel(
     cand_count_ptr,  # (lines, PARTS) int32
     cand_floor_ptr,  # (lines, PARTS, 2) int32
     sort_ptr,  # (lines, SORT) int32 workspace
-    hist_ptr,  # (lines, 256) int32: the statistics' raw-key counts (cutoffs.py), left 0
+    hist_ptr,  # (lines, 256) int32: the statistics' first-pass key counts (cutoffs.py), left 0
     batch, K, V, Vd,  # sizes
     t_stride_b, t_stride_k, d_stride_b, d_stride_k,  # strides, in elements
     t_parts, d_parts,  # statistics partials of a target (draft) line

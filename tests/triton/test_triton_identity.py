@@ -315,6 +315,11 @@ def _search_line(seed: int) -> torch.Tensor:
     return torch.round(line * 8) / 8 if seed % 7 == 0 else line
 
 
+def _capped_line() -> torch.Tensor:
+    """600 logits: 308 normal ones below 0.0 and 292 tied at 0.0, the line max."""
+    return torch.clamp(3 * torch.randn(600, generator=torch.Generator().manual_seed(6)), max=0.0)
+
+
 # Too few candidate slots to settle any cut: every line goes to the whole-line search (128-value chunks).
 _SEARCHED = _PARTS | {"line_slots": 16, "sort": 16, "select_chunk": 128}
 
@@ -337,6 +342,12 @@ _SEARCH_PATHS = [
     # the mass above (the others only count) and ends top-k; top-p inside the tied top-k set.
     (-1, 100, 0.5, 16, [1]),
     (-1, 200, 0.9, 16, [1, 1, 1, 1, 2, 5]),  # ... and does not end it (fewer than k tied at the top)
+    # A top-k above HISTOGRAM_TOP_K: the statistics launch counted the first pass (bins of 2**24
+    # keys), a gather or key bins take the second; at a max of 0.0 (its bin's first key) the cut's
+    # bin is that one key, and one pass over it counts the kept set and sums its mass.
+    (1, 300, 0.97, 512, [1, 4]),
+    ("capped", 280, 1.0, 16, [1, 1]),
+    ("capped", 280, 0.9, 16, [1, 1]),
 ]
 
 
@@ -349,8 +360,8 @@ def test_whole_line_search_takes_the_modelled_passes(seed, top_k, top_p, gather,
     from bench.gpu_model import select_search
     from specdec_ext._params import inverse_temperature
 
-    temperature = 1.0 if seed < 0 else 0.9
-    target = _search_line(seed).reshape(1, 1, 600)
+    temperature = 1.0 if seed == "capped" or seed < 0 else 0.9
+    target = (_capped_line() if seed == "capped" else _search_line(seed)).reshape(1, 1, 600)
     args = _params.validate_verify(target, None, torch.zeros(1, 0, dtype=torch.int64), generator=None, check=False, temperature=temperature,
                                    top_k=top_k, top_p=top_p, num_draft_tokens=None)
     got, resolved = _triton_thresholds(args, **_SEARCHED, select_gather=gather)
@@ -472,23 +483,24 @@ def test_whole_line_search_through_raw_windows_gives_the_reference_tokens(dtype)
         assert_same(_triton_backend.verify(args, 3, **_SEARCHED, select_gather=16), verify_eager(args, 3))  # (16 slots: windows, not gathers)
 
 
-def _search_state_offset(args, gather: int) -> int:
+def _search_state_offset(args, gather: int, **geometry) -> int:
     """Where line 0's search state lies in the integer workspace."""
-    geo = _triton_backend.geometry(args.target_logits.device, **_SEARCHED, select_gather=gather)
+    geo = _triton_backend.geometry(args.target_logits.device, **(_SEARCHED | geometry), select_gather=gather)
     layout = _triton_backend._layout(_triton_backend.prepare(args), geo)
     ws = _triton_backend.workspace(args.target_logits.device)
     bufs = _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch, geo.line_slots, geo.sort)
     return bufs.search.storage_offset()
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_statistics_count_the_raw_keys_that_start_a_top_k_search(dtype):
-    """A filtered 16-bit line under a top-k above HISTOGRAM_TOP_K has its raw keys counted by the
-    statistics launch (two parts per line, a ragged last tile; stats.py): the counts of the search's
-    first pass, the values it skips in bin 0, whose count nothing reads. The cut-offs launch starts
-    the search from them, leaves zeros, and finds the reference's cut; planted counts that move the
-    bin of the cut give another cut (the launch reads them)."""
-    from bench.gpu_model import _raw_keys
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_statistics_count_the_keys_that_start_a_top_k_search(dtype):
+    """A filtered line under a top-k above HISTOGRAM_TOP_K has its keys counted by the statistics
+    launch (two parts per line, a ragged last tile; stats.py) in the bins of the search's first
+    pass: a 16-bit line's raw keys' high byte, a float32 line's scaled order keys'; the values it
+    skips in bin 0, whose count nothing reads. The cut-offs launch starts the search from them,
+    leaves zeros, and finds the reference's cut; planted counts that move the bin of the cut give
+    another cut (the launch reads them)."""
+    from bench.gpu_model import _order_keys, _raw_keys
 
     g = torch.Generator().manual_seed(3)
     logits = 4 * torch.randn(2, 2, 700, generator=g)
@@ -517,10 +529,14 @@ def test_statistics_count_the_raw_keys_that_start_a_top_k_search(dtype):
         return counted, tau
 
     counted, tau = run()
-    keys = torch.from_numpy(_raw_keys(target.reshape(4, 700).view(torch.int16).numpy()))
-    finite = (target.reshape(4, 700).float() * (1 / 0.9)) > float("-inf")
+    scaled = target.reshape(4, 700).float() * _params.inverse_temperature(torch.tensor([0.9]))
+    if dtype == torch.float32:
+        high_bytes = torch.from_numpy(_order_keys(scaled.numpy())) >> 24
+    else:
+        high_bytes = torch.from_numpy(_raw_keys(target.reshape(4, 700).view(torch.int16).numpy())) >> 8
+    finite = scaled > float("-inf")
     for line in range(4):
-        want = torch.bincount((keys[line][finite[line]] >> 8) + 128, minlength=256).int()
+        want = torch.bincount(high_bytes[line][finite[line]] + 128, minlength=256).int()
         if line < 2:
             assert torch.equal(counted[line, 1:], want[1:]), line
         else:
@@ -530,6 +546,51 @@ def test_statistics_count_the_raw_keys_that_start_a_top_k_search(dtype):
     planted = torch.zeros(256, dtype=torch.int32)
     planted[255] = 1000  # "every value in the top bin": the search then looks for the cut there
     assert not torch.equal(run(planted)[1], tau)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_top_k_search_takes_the_mass_above_its_raw_window_from_the_candidates(dtype):
+    """A 16-bit line's top-k search after the statistics' counts: when the candidates hold every
+    value above the raw window of single keys (a line whose few large values lie apart), the threshold item sums their fixed-point mass
+    (thresholds.py, the state's words 4 and 5) and the window's pass only counts; the kept mass is
+    then the same integers, so the tokens and probabilities are the reference's, top-k alone and
+    with top-p inside it. With too few sort slots to hold the candidates the mass is not known (-1)
+    and the pass sums it, with the same result."""
+    import numpy as np
+
+    from bench.gpu_model import _fixed_weights, _raw_keys, candidate_outcome, select_search
+
+    g = torch.Generator().manual_seed(8)
+    # 670 values near -5 and 30 well above them (20 near 1, 10 near 8), at most two in any lane:
+    # the cut of top-k 300 in the bin of raw keys from -8 to -2, the 30 above its keys candidates.
+    lines = -5 + 0.05 * torch.randn(3, 700, generator=g)
+    spread = torch.arange(0, 690, 23)
+    lines[:, spread[:20]] = 1 + 0.1 * torch.randn(3, 20, generator=g)
+    lines[:, spread[20:]] = 8 + torch.randn(3, 10, generator=g)
+    target, draft = lines[:2].reshape(1, 2, 700).to(dtype), lines[2:].reshape(1, 1, 700).to(dtype)
+    tokens = torch.tensor([[4]])
+    seeds, offsets = _keys(1)
+    scaled = (target[0, 0].float() * _params.inverse_temperature(torch.tensor([0.9]))).numpy()
+    high = _raw_keys(target[0, 0].view(torch.int16).numpy())
+    counts = np.bincount((high >> 8) + 128, minlength=256)
+    best = max(b for b in range(256) if counts[b:].sum() >= 300)
+    above = high > best * 256 - 32768 + 255
+    want = int(_fixed_weights(scaled[above], scaled.max()).sum())
+    for sort, known in ((256, want), (16, -1)):
+        geometry = _SEARCHED | {"line_slots": 256, "sort": sort, "stats_tile": 64, "stats_parts": 1}  # (11 values a lane)
+        for top_p in (None, 0.9):
+            args = _args(target, draft, tokens, seeds=seeds, offsets=offsets, top_k=300, top_p=top_p, return_logprobs="processed", return_accept_probs=True)
+            assert_same(_triton_backend.verify(args, 3, **geometry), verify_eager(args, 3))
+            if top_p is None:  # (top-p's search keeps its bracket in those words)
+                words = _triton_backend.workspace(target.device).ints[_search_state_offset(args, 16, **geometry) + 4 :][:2].long()
+                assert int(words[0] & 0xFFFFFFFF | words[1] << 32) == known, sort
+        # The GPU model's search (select_search, with candidate_outcome's floor) takes the pass that only counts alike.
+        stats = _triton_backend.launches_for(args, 0, **geometry)[0]
+        c = stats.constexprs
+        floor_key = candidate_outcome(scaled, stats.grid[1], c["T_LANES"], c["T_ROWS"], stats.args[-1], c["LINE_SLOTS"], sort, 300, 1.0)["floor_key"]
+        raw = (target[0, 0].view(torch.int16).numpy(), "bf16" if dtype == torch.bfloat16 else "fp16", np.float32(1.0) / np.float32(0.9))
+        modelled = select_search(scaled, 300, 1.0, raw=raw, floor_key=floor_key)["passes"]
+        assert [q["statistics"] for q in modelled] == [True, False] and modelled[1]["mass_known"] == (known >= 0), sort
 
 
 @pytest.mark.parametrize("programs", [1, 2, 7])
