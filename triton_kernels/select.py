@@ -68,6 +68,7 @@ import triton
 import triton.language as tl
 
 from .random import exp, key_to_float, order_key, raw_key
+from .scan import before_here, from_here
 from .stats import line_of
 
 # Masses are summed in fixed point: exp(s - line max) <= 1 times 2**40, as int64 (exact for every
@@ -246,8 +247,8 @@ def _narrow(counts, masses, lo, hi, shift, row_max, stage, budget, top_k, inv_t,
         raw_first = tl.minimum(tl.maximum(first, -32768), 32767)  # (slots past the window: any key)
         w_first = tl.where((stage == 7) | (stage == 8), fixed_mass(raw_scaled(raw_first, inv_t, DTYPE), row_max), w_first)
     bin_mass = tl.where((stage == 3) | is_above, masses, counts.to(tl.int64) * w_first)
-    count_from = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0) + counts
-    mass_from = tl.sum(bin_mass, axis=0) - tl.cumsum(bin_mass, axis=0) + bin_mass
+    count_from = from_here(counts)
+    mass_from = from_here(bin_mass)
     in_window = slots < ((hi - lo) >> shift) + 1
     ok = tl.where((stage == 1) | (stage == 7), count_from >= top_k, _reaches(mass_from, budget)) & in_window
     best = tl.max(tl.where(ok, slots, 0), axis=0)  # bin 0 (lo) qualifies by assumption
@@ -276,8 +277,8 @@ def _cut_bins(counts, above_mass, t0, scale, row_max, budget, BINS: tl.constexpr
     in_bins = slots < BINS
     low = tl.where(in_bins, counts.to(tl.int64) * fixed_mass(t0 + tl.math.div_rn(slots.to(tl.float32), scale), row_max), 0)
     high = tl.where(in_bins, counts.to(tl.int64) * fixed_mass(t0 + tl.math.div_rn((slots + 1).to(tl.float32), scale), row_max), 0)
-    low_from = tl.sum(low, axis=0) - tl.cumsum(low, axis=0) + low + above_mass
-    high_from = tl.sum(high, axis=0) - tl.cumsum(high, axis=0) + high + above_mass
+    low_from = from_here(low) + above_mass
+    high_from = from_here(high) + above_mass
     first = tl.max(tl.where(_reaches(low_from, budget) & in_bins, slots, 0), axis=0)
     last = tl.max(tl.where(_reaches(high_from, budget) & in_bins, slots, 0), axis=0)
     return first, last
@@ -331,8 +332,8 @@ def _plan(counts, above_mass, t0, scale, row_max, budget, BINS: tl.constexpr, GA
     slots = tl.arange(0, 2 * BINS)
     middle = t0 + (slots.to(tl.float32) + 0.5) / scale
     estimate = tl.where(slots < BINS, counts.to(tl.float64) * fixed_mass(middle, row_max).to(tl.float64), 0.0)
-    from_here = tl.sum(estimate, axis=0) - tl.cumsum(estimate, axis=0) + estimate + above_mass.to(tl.float64)
-    cut_bin = tl.max(tl.where((from_here * 9.094947017729282e-13 >= budget.to(tl.float64)) & (slots < BINS), slots, 0), axis=0)
+    estimate_from = from_here(estimate) + above_mass.to(tl.float64)
+    cut_bin = tl.max(tl.where((estimate_from * 9.094947017729282e-13 >= budget.to(tl.float64)) & (slots < BINS), slots, 0), axis=0)
     # The values within each distance of the cut's bin: both sides' bins at that distance, summed up.
     down = cut_bin - slots
     up = cut_bin + slots
@@ -361,7 +362,7 @@ def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budge
         weights = kept
     # The mass strictly before each sorted key; the cut is the last key whose mass before it is
     # below the budget (the first of a run of ties has the mass above the tied value).
-    before = above_mass + tl.cumsum(weights, axis=0) - weights
+    before = above_mass + before_here(weights)
     below = (~_reaches(before, budget)) & (slot < n)
     keep = tl.sum(below.to(tl.int32), axis=0)
     cut = pick(keys, tl.maximum(keep, 1) - 1, GATHER, -2147483648)

@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from .random import exp, order_key, raw_key
+from .scan import before_here
 
 
 @triton.jit
@@ -232,7 +233,7 @@ def _store_candidates(t1, t2, t3, line, part, quota, cand_ptr, cand_count_ptr, c
     keep1 = t1 > floor
     keep2 = t2 > floor  # never above the floor once it is the largest second entry or more
     kept = keep1.to(tl.int32) + keep2.to(tl.int32)
-    slot = line.to(tl.int64) * LINE_SLOTS + part * quota + tl.cumsum(kept, axis=0) - kept
+    slot = line.to(tl.int64) * LINE_SLOTS + part * quota + before_here(kept)
     tl.store(cand_ptr + slot, t1, mask=keep1)
     tl.store(cand_ptr + slot + keep1.to(tl.int32), t2, mask=keep2)
     out = line.to(tl.int64) * PARTS + part

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .random import exp, key_to_float, order_key
+from .scan import before_here, from_here
 from .select import fixed_mass, pick, raw_scaled, top_p_floor, top_p_stage
 from .stats import filter_of, histogrammed
 
@@ -58,7 +59,7 @@ def _sorted_candidates(
         above = keys > floor
         count = tl.sum(above.to(tl.int32), axis=0)
     fits = count <= SORT
-    place = tl.cumsum(above.to(tl.int32), axis=0) - above.to(tl.int32)
+    place = before_here(above.to(tl.int32))
     tl.store(sort_ptr + line64 * SORT + place, keys, mask=above & (place < SORT))
     tl.debug_barrier()  # every thread's stores precede the loads below
     packed = tl.arange(0, SORT)
@@ -72,11 +73,11 @@ def _line_threshold(
     PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr,
 ):
     """(tau, resolved, m, z, stage, max_key, carried, lo, and the sorted candidates: keys, count,
-    floor) of one active line (see the module docstring). When the cut lies among the sorted candidates (resolved) every kept value is one,
-    so z = sum over the kept set of exp(s - m) comes from them; z is NaN for a line with NaN / +inf
-    values or an empty one (the race blanks such a row). Otherwise stage (1: top-k, 2: top-p),
-    carried (the top-p budget) and lo (the key the search starts from) start the whole-line search
-    (select.py)."""
+    floor) of one active line (see the module docstring). When the cut lies among the sorted
+    candidates (resolved) every kept value is one, so z = sum over the kept set of exp(s - m) comes
+    from them; z is NaN for a line with NaN / +inf values or an empty one (the race blanks such a
+    row). Otherwise stage (1: top-k, 2: top-p), carried (the top-p budget) and lo (the key the
+    search starts from) start the whole-line search (select.py)."""
     # The line's max and mass (relative to its max), from the statistics partials.
     part = tl.arange(0, PP)
     present = part < parts
@@ -111,7 +112,7 @@ def _line_threshold(
         inside = tl.where(keys >= k_key, weights, 0.0)
         kept_mass = tl.where(use_k, tl.sum(inside, axis=0), line_mass)
         budget = top_p * kept_mass
-        before = tl.cumsum(inside, axis=0) - inside
+        before = before_here(inside)
         # The cut is among the candidates when their whole mass reaches the budget (the first value
         # below the floor has that mass before it); a settled top-k set is all candidates.
         resolved = (count >= 0) & (use_k | (tl.sum(inside, axis=0) >= budget))
@@ -209,7 +210,7 @@ def threshold_line(
                 # high byte (stage 7 from [-32768, 32767]), a float32 line's 2**24 order keys from
                 # -2**31 (stage 1 over [-2**31, the line max]; a gather next when the values from
                 # the bin up fit).
-                count_from = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0) + counts
+                count_from = from_here(counts)
                 best = tl.max(tl.where(count_from >= top_k, bins, 0), axis=0)
                 path = path + 7  # recorded as that pass would record itself (a pass that only counted)
                 if tl.where(is_draft, D16, T16):
