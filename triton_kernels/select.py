@@ -40,9 +40,9 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    (thresholds.py): the search starts at the single keys, one read of the line fewer; that pass
    only counts when the candidates hold every value above its keys (the threshold item sums
    their mass from them, the integers the pass would add). The cut is then the scaled value of
-   its raw key, unless the raw key below scales to the same value (-0.0
-   below +0.0, or an underflow or overflow merged them): one pass of stage 1 over that single
-   scaled key then counts the kept set whole.
+   its raw key, unless the raw key below scales to the same value (-0.0 below +0.0, or an
+   underflow or overflow merged them): one pass of stage 1 over that single scaled key then
+   counts the kept set whole.
 8. top-p of a bf16 or fp16 line, after a value-bin pass: a window of 256 single raw keys over the
    bins that can hold the cut (``_cut_bins``: bounds on each bin's mass from the weights at its
    edges) when it covers them (``_raw_window``), else, unless a gather reaches further, over the
