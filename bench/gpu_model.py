@@ -580,7 +580,8 @@ LOOP_KINDS = {
     "sampled tile": "statistics tiles of a sampled line: the line's tiles over its parts (phase 0; phase 2 for the searched lines only)",
     "candidate tile": "statistics tiles of a filtered line with its top three per lane: the line's tiles over its parts (phase 1)",
     "key count block": "a line under a top-k above HISTOGRAM_TOP_K: its part read again (from L2) and counted in the 256 bins of the search's first pass "
-                       "(a 16-bit line's raw keys' high byte, a float32 line's order keys'), 2 * T_LANES values a step",
+                       "(a 16-bit line's raw keys' high byte, a float32 line's order keys'; with KEY_WINDOW a 16-bit part's top window's 255 single "
+                       "raw keys in 256 more), 2 * T_LANES values a step",
     "residual race tile": "race tiles of a rejected row: the vocabulary over the row's chunks (every row rejects, ASSUMPTIONS)",
     "bonus race tile": "race tiles of an accepted row: 0 (every row rejects)",
     "zero-residual race (rare)": "the finalising program's race on p when every residual is zero: 0 (rounding corner)",
@@ -800,6 +801,16 @@ def candidate_geometry(call: Call) -> tuple[int, int, int, int, int]:
     return stats.grid[1], c["T_LANES"], c["T_ROWS"], stats.args[-1], c["LINE_SLOTS"]
 
 
+def window_part(call: Call) -> int | None:
+    """Values per statistics part of ``call``'s filtered form where its statistics count their top
+    windows (KEY_WINDOW: the Triton that compiles it lowers tl.histogram to shared-memory atomics),
+    else None (select_search's ``window_part``)."""
+    filtered = call if call.filtered else replace(call, top_k=50)
+    stats = next(launch for launch in launches(filtered, ASSUMPTIONS["multiprocessors"]) if launch.name == "line_stats")
+    c = stats.constexprs
+    return stats.args[-1] * c["T_LANES"] * c["T_ROWS"] if c["KEY_WINDOW"] else None
+
+
 def synthetic_search(call: Call, lines: int = 4) -> dict:
     """What select.py's search takes (select_search, pass by pass) on ``lines`` synthetic flat
     lines: standard normal logits at the call's vocabulary (rounded to its 16-bit dtype), scaled by
@@ -812,6 +823,7 @@ def synthetic_search(call: Call, lines: int = 4) -> dict:
 
     rng = np.random.default_rng(0)
     geometry = candidate_geometry(call)
+    part = window_part(call)
     passes = []
     for _ in range(lines):
         values = rng.standard_normal(call.vocab).astype(np.float32)
@@ -820,10 +832,13 @@ def synthetic_search(call: Call, lines: int = 4) -> dict:
             line = torch.from_numpy(values).to(torch.bfloat16 if call.dtype == "bf16" else torch.float16)
             scaled = line.float().numpy() * inv_t
             floor_key = candidate_outcome(scaled, *geometry, SORT, call.top_k, call.top_p)["floor_key"]
-            passes.append(select_search(scaled, call.top_k, call.top_p, raw=(line.view(torch.int16).numpy(), call.dtype, inv_t), floor_key=floor_key)["passes"])
+            passes.append(select_search(scaled, call.top_k, call.top_p, raw=(line.view(torch.int16).numpy(), call.dtype, inv_t), floor_key=floor_key,
+                                        window_part=part)["passes"])
         else:
             passes.append(select_search(values / np.float32(call.temperature), call.top_k, call.top_p)["passes"])
-    return _search_trips(passes)
+    # (a line its statistics' top window settles is never listed for the search)
+    listed = [line for line in passes if line]
+    return {"search_fraction": len(listed) / lines, **_search_trips(listed)} if listed else {"search_fraction": 0.0, "search_passes": 0.0}
 
 
 # The Call fields of a search's passes (_search_trips), as measure_trips records them.
@@ -1335,13 +1350,45 @@ def _raw_window(first_bin: int, last_bin: int, t0: float, scale, inv_t, row_max:
     return first, bool(low <= low_edge and high >= min(high_edge, f32(row_max)) and _order_key(low) >= k_key and apart)
 
 
+def window_outcome(values, keys, part: int, dtype: str, inv_t, top_k: int) -> dict:
+    """What the statistics' top windows (stats.py, thresholds.py) tell of one 16-bit line's top-k:
+    ``values`` its scaled values, ``keys`` their raw keys, ``part`` values per statistics part.
+    Each part counts the single raw keys from two above its scaled max's logit's down 255 keys;
+    the line's window is the 255 keys below the highest of those tops. ``usable``: no part had a
+    value above its window; ``settles``: the window holds at least k values (the cut is then the
+    scaled value of its key ``cut_key``; ``strict`` unless the key below the window scales to that
+    value too, when one pass over that scaled key finds the kept set)."""
+    import numpy as np
+    import torch
+
+    f32 = np.float32
+    finite = values > -np.inf
+    tops = []
+    for start in range(0, values.size, part):
+        seen = values[start : start + part][finite[start : start + part]]
+        top = f32(seen.max()) if seen.size else f32(-np.inf)
+        logit = torch.tensor([float(top / f32(inv_t))], dtype=torch.float32).to(torch.bfloat16 if dtype == "bf16" else torch.float16)
+        tops.append(min(int(_raw_keys(logit.view(torch.int16).numpy())[0]) + 2, 32767))
+        if (keys[start : start + part][finite[start : start + part]] > tops[-1]).any():
+            return {"usable": False, "settles": False}
+    first = max(tops) - 254
+    inside = finite & (keys >= first)
+    if int(inside.sum()) < top_k:
+        return {"usable": True, "settles": False}
+    cut_key = int(np.sort(keys[inside])[::-1][top_k - 1])
+    cut_value = _raw_scaled(cut_key, dtype, inv_t)
+    strict = first <= -32768 or _raw_scaled(max(first - 1, -32768), dtype, inv_t) < cut_value
+    return {"usable": True, "settles": True, "cut_key": cut_key, "cut_value": cut_value, "strict": strict}
+
+
 def _histogram_top_k() -> int:
     from specdec_ext._triton_backend import HISTOGRAM_TOP_K
 
     return HISTOGRAM_TOP_K
 
 
-def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = None, gather: int = 2048, raw=None, floor_key: int | None = None) -> dict:
+def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = None, gather: int = 2048, raw=None, floor_key: int | None = None,
+                  window_part: int | None = None) -> dict:
     """select.py's whole-line search on one float32 line (a numpy vector), pass by pass: the cut
     (an order key), the kept mass (fixed point) and, per pass, its stage and the fraction of the
     line's values it bins or gathers (stage 3 adds each binned one's mass by a global atomic).
@@ -1350,7 +1397,10 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
     times that: its top-k runs over the bits' keys (stage 7), its top-p through a raw window (stage 8).
     ``floor_key``: the candidates' floor (candidate_outcome's: every value above it is one; None
     when they do not fit the sort), which tells whether the threshold item sums the mass above a
-    raw window from them (thresholds.py): that window's pass then only counts."""
+    raw window from them (thresholds.py): that window's pass then only counts. ``window_part``:
+    values per statistics part where they count their top windows (a 16-bit line under a top-k
+    above HISTOGRAM_TOP_K with KEY_WINDOW; ``window_outcome``): a window that holds the cut
+    settles top-k with no pass."""
     import numpy as np
 
     f32, bins_n = np.float32, 256
@@ -1376,6 +1426,22 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         stage = _top_p_stage(lo, hi) or 3
     slots = np.arange(2 * bins_n)
     passes, kept = [], 0
+    counted = True  # (the statistics counted the first top-k pass's bins, under a top-k above HISTOGRAM_TOP_K)
+    if stage == 1 and raw is not None and window_part and top_k > _histogram_top_k():
+        window = window_outcome(values, _raw_keys(raw[0]), window_part, raw[1], raw[2], top_k)
+        counted = window["usable"]
+        if window["settles"]:
+            cut = _order_key(window["cut_value"])
+            lo = hi = cut
+            if window["strict"]:
+                kept_values = s_all >= f32(window["cut_value"])
+                kept = int(weights[kept_values].sum())
+                k_key, stage = cut, 0
+                if use_p:
+                    top_k_mass = float(f32(kept * 2.0**-40))
+                    budget = float(f32(top_p) * f32(top_k_mass))
+                    lo, hi = max(cut, _top_p_floor(row_max, top_k_mass, budget, int(kept_values.sum()))), top
+                    stage = _top_p_stage(lo, hi)
     while stage:
         if raw is not None and stage == 1 and lo == -(2**31):  # a 16-bit line's top-k: over raw keys
             stage, lo, hi = 7, -32768, 32767
@@ -1385,7 +1451,7 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         above_mass = int(weights[line_keys > hi].sum())
         # (the first top-k pass under a top-k above HISTOGRAM_TOP_K: the statistics launch's counts, a 16-bit
         # line's of its raw keys' high byte, a float32 line's in bins of 2**24 keys from -2**31; no mass)
-        statistics = not passes and top_k > _histogram_top_k() and (stage == 7 and lo == -32768 and hi == 32767 or stage == 1 and lo == -(2**31))
+        statistics = not passes and counted and top_k > _histogram_top_k() and (stage == 7 and lo == -32768 and hi == 32767 or stage == 1 and lo == -(2**31))
         if statistics and stage == 1:
             shift = 24
         # (a top-k pass whose top bin spans several keys cannot end the search: it counts, no mass)
@@ -1570,6 +1636,7 @@ def measure_trips() -> dict:
         for label, shape in (("B=64 K=8 bf16", _B64), ("B=1 K=4 fp32", _B1)):
             call = Call(label, **(shape | {"vocab": vocab}), top_k=50)
             parts, lanes, rows, tiles_per_part, line_slots = candidate_geometry(call)
+            part = window_part(call)
             # A bf16 call's lines of bf16 logits: their top-k over raw keys (select_search's raw)
             raw16 = shape["dtype"] == "bf16" and torch.equal(logits.to(torch.bfloat16).float(), logits)
             for temperature, top_k, top_p in MEASURE_SETTINGS:
@@ -1580,14 +1647,19 @@ def measure_trips() -> dict:
                             for line in scaled]
                 resolved = np.array([o["resolved"] for o in outcomes])
                 tau = filter_thresholds(scaled, torch.full((len(scaled),), top_k), torch.full((len(scaled),), top_p))
-                passes, differs = [], 0
+                passes, differs, windowed = [], 0, 0
                 for n, (line, cut, outcome) in enumerate(zip(scaled, tau.tolist(), outcomes, strict=True)):
                     if outcome["resolved"]:
                         continue
-                    search = select_search(line.numpy(), top_k, top_p, raw=(bits[n], "bf16", inv_t) if raw16 else None, floor_key=outcome["floor_key"])
+                    search = select_search(line.numpy(), top_k, top_p, raw=(bits[n], "bf16", inv_t) if raw16 else None, floor_key=outcome["floor_key"],
+                                           window_part=part if raw16 else None)
                     if search["cut"] != fixed_point_cut(line.numpy(), top_k, top_p):
                         raise AssertionError(f"select_search's cut {search['cut']} is not the fixed-point masses' {fixed_point_cut(line.numpy(), top_k, top_p)}")
                     differs += search["cut"] != _order_key(cut)
+                    if not search["passes"]:  # (settled by the statistics' top window: never listed)
+                        windowed += 1
+                        resolved[n] = True
+                        continue
                     passes.append(search["passes"])
                 trips = _search_trips(passes)
                 above = np.array([o["above_floor"] for o in outcomes])
@@ -1595,6 +1667,7 @@ def measure_trips() -> dict:
                     "source": source, "geometry": f"{label} ({parts} statistics parts of {tiles_per_part} tiles x {rows} rows x {lanes} lanes)",
                     "temperature": temperature, "top_k": top_k, "top_p": top_p, "lines": len(outcomes),
                     "resolved_fraction": round(float(resolved.mean()), 4), "search_fraction": round(1 - float(resolved.mean()), 4),
+                    "window_settled_fraction": round(windowed / len(outcomes), 4),
                     "search_passes_mean": trips["search_passes"], "searched_cuts_unlike_the_float_reference": differs,
                     **{name: trips.get(name, 0.0) for name in SEARCH_FIELDS},
                     "values_above_floor": {"median": float(np.median(above)), "p1": float(np.percentile(above, 1)), "overflow_fraction": float(np.mean(above < 0))},

@@ -33,6 +33,8 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from specdec_ext._triton_backend import key_window_default
+
 from .gpu_model import GOAL_CALLS, Call, sweep_calls
 from .harness import report
 
@@ -46,7 +48,8 @@ INPUTS = ("target 3*randn, draft = target + randn; lines the candidates settle: 
 # parts a line is read in (stats_tile, stats_parts: 65536 bf16 or 32768 fp32 values is the 32-row
 # tile that spilled at 255 registers, the default until 8-row tiles), and the race's ids per step at
 # B=1 (more programs for one row); and a top-k 1000 search's first pass over the line instead of
-# from the statistics launch's key counts (histogram_top_k). The model cannot rank these: it
+# from the statistics launch's key counts (histogram_top_k), and with the top windows switched
+# (key_window). The model cannot rank these: it
 # under-estimated the spilling tile 3x. A lent GPU does.
 VARIANTS = [
     ("B=64 K=8 bf16 T=0.7 top-k 50 top-p 0.9", {"stats_tile": 65536, "stats_parts": 1}),
@@ -59,6 +62,9 @@ VARIANTS = [
     # the search's first top-k pass over the line, not from the statistics launch's key counts
     ("B=64 K=8 bf16 top-k 1000 (whole-line search)", {"histogram_top_k": 2**31}),
     ("B=1 K=4 fp32 top-k 1000 (whole-line search)", {"histogram_top_k": 2**31}),
+    # the statistics' top windows switched the other way from this Triton's default (key_window_default:
+    # on where tl.histogram takes shared-memory atomics, 3.9; off on 3.6, whose ballots a 512-bin histogram doubles)
+    ("B=64 K=8 bf16 top-k 1000 (whole-line search)", {"key_window": not key_window_default()}),
 ]
 
 

@@ -79,6 +79,23 @@ SELECT_GATHER = 2048
 HISTOGRAM_TOP_K = 256
 
 
+@cache
+def key_window_default() -> bool:
+    """Whether such a line's statistics also count the single raw keys of each part's top window
+    (a histogram of 512 bins, not 256: stats.py), so that a top-k whose cut lies there needs no
+    search pass. Only where tl.histogram takes one shared-memory atomic a value (Triton 3.9's
+    lowering; 3.6 takes a warp ballot per bit of the bin and a popcount per bin a lane owns,
+    about 88 instructions a value at 256 bins and twice that at 512). Versions between were not
+    compiled here: they keep the 256 bins, the same cuts either way."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = tuple(int(part) for part in version("triton").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return False
+    return found >= (3, 9)
+
+
 def gather_slots(select_chunks: int, most: int = SELECT_GATHER) -> int:
     """GATHER: the largest power of two within ``most`` and a line's histogram counts."""
     room = min(most, select_chunks * (SELECT_BINS + 1))
@@ -230,12 +247,13 @@ class Geometry(NamedTuple):
     select_programs: int
     select_gather: int  # at most SELECT_GATHER key slots per gather (gather_slots)
     histogram_top_k: int  # HISTOGRAM_TOP_K (2**31: no line's raw keys are counted by the statistics launch)
+    key_window: bool  # key_window_default(): histogrammed 16-bit lines' statistics also count their parts' top windows
 
 
 def geometry(
     device: torch.device, *, race_chunks: int | None = None, race_block: int | None = None, stats_tile: int | None = None, stats_parts: int | None = None,
     line_slots: int | None = None, sort: int | None = None, select_chunk: int | None = None, select_programs: int | None = None,
-    select_gather: int | None = None, histogram_top_k: int | None = None, sm_count: int | None = None,
+    select_gather: int | None = None, histogram_top_k: int | None = None, key_window: bool | None = None, sm_count: int | None = None,
 ) -> Geometry:
     """The geometry a call on ``device`` uses (arguments override it: tests cover several chunks per
     row, ragged tiles and each way of the candidates on small vocabularies; the model sets sm_count)."""
@@ -262,6 +280,7 @@ def geometry(
         select_programs=select_programs or (3 if interpret else CUTOFF_PROGRAMS_PER_SM * sm_count),
         select_gather=select_gather or SELECT_GATHER,
         histogram_top_k=HISTOGRAM_TOP_K if histogram_top_k is None else histogram_top_k,
+        key_window=key_window_default() if key_window is None else key_window,
     )
 
 
@@ -327,7 +346,7 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
     histograms = searched * select_chunks * (SELECT_BINS + 1)
     floats = padded(stats, stats, stats, stats, lines, lines, batch * chunks, searched * geo.line_slots, searched * 2)
     ints = padded(stats, batch * chunks, searched * tiles, 2 * searched * tiles, searched * geo.sort, searched * SEARCH_STATE, histograms, 2 * histograms,
-                  searched, 1 if searched else 0, searched)
+                  searched, 1 if searched else 0, searched, searched * tiles * 256)
     return {
         "has_draft": has_draft, "lines": lines, "stats_tile": stats_tile, "tiles": tiles, "tiles_per_part": tiles_per_part, "chunks": chunks,
         "tiles_per_chunk": tiles_per_chunk, "filtered": args.filtered, "select_chunks": select_chunks,
@@ -396,6 +415,7 @@ class Buffers(NamedTuple):
     search_counters: torch.Tensor  # (lines,) int32 arrival counters, 0 between launches
     search_list: torch.Tensor  # (lines,) int32: the lines handed to the whole-line search
     histograms: torch.Tensor  # (lines, 256) int32 first-pass key counts, 0 between launches (stats.py, thresholds.py)
+    windows: torch.Tensor  # (lines, tiles, 256) int32: histogrammed 16-bit lines' parts' top-window counts (stats.py, thresholds.py)
     searching: torch.Tensor  # (1,) int32: how many
     cutoff_control: torch.Tensor  # (CUTOFF_CONTROL,) int32 counters of the cut-offs launch, 0 between launches
 
@@ -430,7 +450,7 @@ def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tens
         sort=take("i", searched * sort),
         search_f=take("f", searched * 2), search=take("i", searched * SEARCH_STATE), search_count=take("i", searched * sc * (SELECT_BINS + 1)),
         search_mass=take("i", 2 * searched * sc * (SELECT_BINS + 1)).view(torch.int64), search_list=take("i", searched),
-        searching=take("i", 1 if searched else 0), search_progress=take("i", searched),
+        searching=take("i", 1 if searched else 0), search_progress=take("i", searched), windows=take("i", searched * tiles * 256),
         # The race's counters come first (one per row), the search's after them, then the cut-offs launch's.
         search_counters=counters[race_counters : race_counters + searched],
         cutoff_control=counters[race_counters + _ALIGN * _cdiv(searched, _ALIGN) :][: CUTOFF_CONTROL if searched else 0],
@@ -527,7 +547,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
     # The per-call arguments are read from the call; everything else is bound here, once (a
     # decoding loop builds these tuples every step).
     has_draft = sh.has_draft
-    stats_fixed = (b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz, b.cand, b.cand_count, b.cand_floor, b.searching, b.histograms)
+    stats_fixed = (b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz, b.cand, b.cand_count, b.cand_floor, b.searching, b.histograms, b.windows)
     stats_tail = (b.gathered, *sh.shape_args, sh.tok_stride, tiles_per_part)
 
     def stats_arguments(a: VerifyArgs, key: int, o: Outputs) -> tuple:
@@ -546,7 +566,8 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
         return Template(
             "line_stats", k.line_stats_kernel, (lines, sh.t_parts), stats_arguments,
             {"PARTS": tiles, "HAS_DRAFT": sh.has_draft, "CHECK": args.check, "PHASE": phase, "LOGPROBS": args.logprobs, "LINE_SLOTS": geo.line_slots,
-             "T_LANES": t_lanes, "T_ROWS": t_rows, "D_LANES": d_lanes, "D_ROWS": d_rows, "HISTOGRAM_TOP_K": geo.histogram_top_k, **cap},
+             "T_LANES": t_lanes, "T_ROWS": t_rows, "D_LANES": d_lanes, "D_ROWS": d_rows, "HISTOGRAM_TOP_K": geo.histogram_top_k,
+             "KEY_WINDOW": geo.key_window, **cap},
             STATS_WARPS,
         )
 
@@ -561,7 +582,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
     programs = max(1, min(lines * sc, geo.select_programs))
     cutoff_fixed = (b.tau, b.part_m, b.part_z, b.search, b.search_f, b.search_progress, b.search_count, b.search_mass, b.search_counters,
                     b.cutoff_control, b.searching, b.search_list)
-    cutoff_tail = (b.cand, b.cand_count, b.cand_floor, b.sort, b.histograms, *sh.shape_args, sh.t_parts, sh.d_parts)
+    cutoff_tail = (b.cand, b.cand_count, b.cand_floor, b.sort, b.histograms, b.windows, *sh.shape_args, sh.t_parts, sh.d_parts)
 
     def cutoff_arguments(a: VerifyArgs, key: int, o: Outputs) -> tuple:
         target = a.target_logits
@@ -571,7 +592,8 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
         "cutoff", k.cutoff_kernel, (programs,), cutoff_arguments,
         {"HAS_DRAFT": sh.has_draft, "PARTS": tiles, "PP": _next_power_of_2(tiles), "LINE_SLOTS": geo.line_slots, "SORT": geo.sort,
          "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES,
-         "GATHER": gather_slots(sc, geo.select_gather), "HISTOGRAM_TOP_K": geo.histogram_top_k, "maxnreg": 128},
+         "GATHER": gather_slots(sc, geo.select_gather), "HISTOGRAM_TOP_K": geo.histogram_top_k, "KEY_WINDOW": geo.key_window,
+         "maxnreg": 128},
         CUTOFF_WARPS,
     )
     return [line_stats(1), cutoff]

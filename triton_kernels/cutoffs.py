@@ -38,9 +38,10 @@ from .thresholds import threshold_line
 def cutoff_items(
     target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
     control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
-    sort_ptr, hist_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
+    sort_ptr, hist_ptr, window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
     HAS_DRAFT: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, NUM_CHUNKS: tl.constexpr,
     CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr, PASSES: tl.constexpr, GATHER: tl.constexpr, HISTOGRAM_TOP_K: tl.constexpr,
+    KEY_WINDOW: tl.constexpr,
 ):
     """The threshold and search items of a program (arguments as cutoff_kernel's); returns
     (the program's first ticket past them, where the items after them start)."""
@@ -49,9 +50,9 @@ def cutoff_items(
     while ticket < lines:
         threshold_line(
             ticket, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
-            temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, hist_ptr,
+            temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, hist_ptr, window_ptr,
             batch, K, V, Vd, t_parts, d_parts, PARTS, PP, LINE_SLOTS, SORT, target_ptr.dtype.element_ty, draft_ptr.dtype.element_ty, HISTOGRAM_TOP_K,
-            GATHER,
+            GATHER, KEY_WINDOW,
         )
         tl.debug_barrier()  # every thread's stores precede the release
         tl.atomic_add(control_ptr + 1, 1, sem="release", scope="gpu")
@@ -126,6 +127,7 @@ def cutoff_kernel(
     cand_floor_ptr,  # (lines, PARTS, 2) int32
     sort_ptr,  # (lines, SORT) int32 workspace: a line's candidates packed for the sort
     hist_ptr,  # (lines, 256) int32: the statistics' first-pass key counts of a histogrammed line (stats.py), left 0
+    window_ptr,  # (lines, PARTS, 256) int32: KEY_WINDOW, such a 16-bit line's parts' top-window counts (stats.py)
     batch,
     K,
     V,
@@ -148,11 +150,12 @@ def cutoff_kernel(
     PASSES: tl.constexpr,  # search passes that end any line (top-k, then top-p)
     GATHER: tl.constexpr,  # key slots of a line's gather (a power of two: sorted whole)
     HISTOGRAM_TOP_K: tl.constexpr,  # the statistics counted the first top-k pass of lines with top-k above it
+    KEY_WINDOW: tl.constexpr,  # and, of such a 16-bit line, the single raw keys of each part's top window
 ):
     cutoff_items(
         target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
         control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
-        sort_ptr, hist_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
-        HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES, GATHER, HISTOGRAM_TOP_K,
+        sort_ptr, hist_ptr, window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
+        HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES, GATHER, HISTOGRAM_TOP_K, KEY_WINDOW,
     )
     cutoff_exit(control_ptr)

@@ -39,7 +39,9 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    (stats.py) and the threshold item takes the first pass's decision from those counts
    (thresholds.py): the search starts at the single keys, one read of the line fewer; that pass
    only counts when the candidates hold every value above its keys (the threshold item sums
-   their mass from them, the integers the pass would add). The cut is then the scaled value of
+   their mass from them, the integers the pass would add). When the statistics also counted the
+   single keys of the line's top window and those hold k values, the threshold item settles the
+   cut itself, with no pass (thresholds.py's _raw_top_k_start). The cut is then the scaled value of
    its raw key, unless the raw key below scales to the same value (-0.0 below +0.0, or an
    underflow or overflow merged them): one pass of stage 1 over that single scaled key then
    counts the kept set whole.
@@ -89,7 +91,7 @@ def fixed_mass(s, row_max):
 
 
 @triton.jit
-def _unfixed(mass):
+def unfixed(mass):
     """A fixed-point mass in units of the max's weight, as float64."""
     return mass.to(tl.float64) * 9.094947017729282e-13
 
@@ -97,7 +99,7 @@ def _unfixed(mass):
 @triton.jit
 def _reaches(mass, budget):
     """Whether a fixed-point mass reaches a budget (float32, in units of the max's weight)."""
-    return _unfixed(mass) >= budget.to(tl.float64)
+    return unfixed(mass) >= budget.to(tl.float64)
 
 
 @triton.jit
@@ -358,7 +360,7 @@ def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budge
         k_key = pick(keys, top_k - 1, GATHER, -2147483648)
         kept = tl.where(keys >= k_key, weights, 0)
         top_k_mass = tl.sum(kept, axis=0)
-        budget = top_p * _unfixed(top_k_mass).to(tl.float32)
+        budget = top_p * unfixed(top_k_mass).to(tl.float32)
         weights = kept
     # The mass strictly before each sorted key; the cut is the last key whose mass before it is
     # below the budget (the first of a run of ties has the mass above the tied value).
@@ -381,7 +383,7 @@ def _end(line64, lo, kept_mass, row_max, tau_ptr, part_m_ptr, part_z_ptr, parts,
     they settle)."""
     tl.store(tau_ptr + line64, tl.where(lo <= -2139095041, float("-inf"), key_to_float(lo.to(tl.int32))))
     part = tl.arange(0, PP)
-    kept = _unfixed(kept_mass).to(tl.float32)
+    kept = unfixed(kept_mass).to(tl.float32)
     tl.store(part_m_ptr + line64 * PARTS + part, tl.where(part == 0, row_max, float("-inf")), mask=part < parts)
     tl.store(part_z_ptr + line64 * PARTS + part, tl.where(part == 0, kept, 0.0), mask=part < parts)
 
@@ -585,7 +587,7 @@ def _select_pass(
                     if use_p & strict:
                         # Top-p inside the top-k set: its budget is top_p times the set's mass,
                         # searched over [k_key, line max] from above the floor no cut lies under.
-                        top_k_mass = _unfixed(kept_mass).to(tl.float32)
+                        top_k_mass = unfixed(kept_mass).to(tl.float32)
                         budget = top_p * top_k_mass
                         kept_count = tl.max(tl.where(slots == best, count_from, 0), axis=0)
                         lo = tl.maximum(lo, top_p_floor(row_max, top_k_mass, budget, kept_count))

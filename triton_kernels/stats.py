@@ -37,6 +37,13 @@ the whole-line search's first top-k pass (select.py) and added into the line's c
 atomics, one per non-empty bin): a 16-bit line's raw keys' high byte (stage 7), a float32 line's
 scaled values' order keys' high byte (stage 1 in bins of 2**24 keys). The threshold item then
 takes that pass's decision from them instead of reading the line (thresholds.py).
+
+Top windows (KEY_WINDOW, such a 16-bit line): the part also counts the 255 single raw keys below
+two above its max's logit (bins 256 .. 510 of one histogram of 512; past them, bin 511), stores
+those counts and that top key as its own (the top -2**31 when bin 511 counted a value), and adds
+them to the high bytes' counts by their keys' high byte. Every value of a raw key has the same
+scaled value, hence the same mass: when the windows hold k values, the threshold item finds the
+top-k cut and the kept set's mass exactly from them, and the line is read no more.
 """
 
 import triton
@@ -183,21 +190,31 @@ def _candidate_tiles(base, first, last, width, lanes, inv_t, lane_max, lane_sum,
 
 
 @triton.jit
-def first_pass_bin(x, inv_t):
+def first_pass_bin(x, inv_t, window_lo, WINDOW: tl.constexpr):
     """The bin of the whole-line search's first top-k pass holding each logit of ``x`` (its line's
     dtype): a 16-bit logit's raw key's high byte, else its scaled value's order key's (bins of
     2**24 keys from -2**31); the values the search skips (-inf once scaled, NaN) in bin 0, whose
-    count no decision reads (thresholds.py: bin 0 qualifies whatever it holds)."""
+    count no decision reads (thresholds.py: bin 0 qualifies whatever it holds). With WINDOW (a
+    16-bit line's part under its top window): the raw keys from ``window_lo`` on in bins
+    256 + (key - window_lo) instead, the keys past window_lo + 254 all in bin 511, and no test per
+    value: -inf (an fp16's in byte 3) and logits 1 / temperature scales to -inf are counted at
+    their own keys, which the threshold item allows for (thresholds.py's _raw_top_k_start)."""
     s = x.to(tl.float32) * inv_t
     if x.dtype.primitive_bitwidth == 16:
-        bins = (raw_key(x, x.dtype == tl.bfloat16) >> 8) + 128
+        key = raw_key(x, x.dtype == tl.bfloat16)
+        bins = (key >> 8) + 128
     else:
         bins = (order_key(s) >> 24) + 128
-    return tl.where(s > float("-inf"), bins, 0)
+    if WINDOW:
+        past = key - window_lo
+        # (& 511: bounds the compiler can see, or tl.histogram tests each bin and branches around it)
+        return tl.where(past >= 0, 256 + tl.minimum(past, 255), bins) & 511
+    else:
+        return tl.where(s > float("-inf"), bins, 0)
 
 
 @triton.jit
-def _key_count_blocks(base, start, end, width, inv_t, counts, MASKED: tl.constexpr, BLOCK: tl.constexpr):
+def _key_count_blocks(base, start, end, width, inv_t, window_lo, counts, WINDOW: tl.constexpr, MASKED: tl.constexpr, BLOCK: tl.constexpr):
     offsets = tl.arange(0, BLOCK)
     for block in range(start, end, BLOCK):
         if MASKED:
@@ -205,19 +222,30 @@ def _key_count_blocks(base, start, end, width, inv_t, counts, MASKED: tl.constex
         else:
             x = tl.load(base + block + offsets)
         # No mask on the histogram (a masked one branches per value): skipped values go to bin 0.
-        counts += tl.histogram(first_pass_bin(x, inv_t), 256)
+        counts += tl.histogram(first_pass_bin(x, inv_t, window_lo, WINDOW), 512 if WINDOW else 256)
     return counts
 
 
 @triton.jit
-def _key_counts(base, start, end, width, inv_t, BLOCK: tl.constexpr):
-    """A line's values [start, end) counted in the 256 bins of its search's first top-k pass
-    (``first_pass_bin``), BLOCK values a step, whole blocks unmasked (its own loop after the
-    candidates', which it would crowd: the part is read again, from L2)."""
+def _key_counts(base, start, end, width, inv_t, window_lo, WINDOW: tl.constexpr, BLOCK: tl.constexpr):
+    """A line's values [start, end) counted in the bins of its search's first top-k pass
+    (``first_pass_bin``; with WINDOW 512 of them, the window's after the 256), BLOCK values a step,
+    whole blocks unmasked (its own loop after the candidates', which it would crowd: the part is
+    read again, from L2)."""
     end = tl.minimum(end, width)
     whole = start + (end - start) // BLOCK * BLOCK
-    counts = _key_count_blocks(base, start, whole, width, inv_t, tl.zeros((256,), tl.int32), False, BLOCK)
-    return _key_count_blocks(base, whole, end, width, inv_t, counts, True, BLOCK)
+    counts = _key_count_blocks(base, start, whole, width, inv_t, window_lo, tl.zeros((512 if WINDOW else 256,), tl.int32), WINDOW, False, BLOCK)
+    return _key_count_blocks(base, whole, end, width, inv_t, window_lo, counts, WINDOW, True, BLOCK)
+
+
+@triton.jit
+def window_top(part_max, inv_t, DTYPE: tl.constexpr):
+    """The raw key a part's top window ends at: two keys above that of the 16-bit logit nearest its
+    scaled max (``part_max / inv_t`` rounded to DTYPE is the max's own logit: the scaling and its
+    inverse are far finer than DTYPE's steps, save where they underflow; bin 511 counts what
+    lies above the window all the same)."""
+    logit = (part_max / inv_t).to(DTYPE)
+    return tl.minimum(raw_key(logit, DTYPE == tl.bfloat16) + 2, 32767)
 
 
 @triton.jit
@@ -245,14 +273,15 @@ def _store_candidates(t1, t2, t3, line, part, quota, cand_ptr, cand_count_ptr, c
 @triton.jit
 def _part(
     base, first, last, width, inv_t, greedy, candidates, histogram, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
-    cand_ptr, cand_count_ptr, cand_floor_ptr, hist_ptr,
+    cand_ptr, cand_count_ptr, cand_floor_ptr, hist_ptr, window_ptr,
     CANDIDATES: tl.constexpr, GREEDY_SUMS: tl.constexpr, RAW_STATS: tl.constexpr, LANES: tl.constexpr, ROWS: tl.constexpr,
-    PARTS: tl.constexpr, LINE_SLOTS: tl.constexpr,
+    PARTS: tl.constexpr, LINE_SLOTS: tl.constexpr, KEY_WINDOW: tl.constexpr,
 ):
     """Statistics of tiles [first, last) of one line into partial slot ``out``: whole tiles
     unmasked, the line's ragged last tile masked; with ``candidates`` (a runtime flag, only
     compiled in with CANDIDATES) also the part's candidates, and with ``histogram`` the part's
-    first-pass key counts added into the line's."""
+    first-pass key counts added into the line's (with KEY_WINDOW, a 16-bit line's top window's
+    counts stored as the part's own)."""
     rows = tl.arange(0, ROWS)
     lanes = tl.arange(0, LANES)
     block = rows[:, None] * LANES + lanes[None, :]
@@ -305,8 +334,23 @@ def _part(
             tl.store(part_rz_ptr + out, part_sum)
         if CANDIDATES:
             if histogram:  # (last: nothing of the statistics is live across its loop)
-                counts = _key_counts(base, first * (ROWS * LANES), last * (ROWS * LANES), width, inv_t, 2 * LANES)
-                tl.atomic_add(hist_ptr + line.to(tl.int64) * 256 + tl.arange(0, 256), counts, mask=counts > 0, sem="relaxed")
+                DTYPE: tl.constexpr = base.dtype.element_ty
+                WINDOW: tl.constexpr = KEY_WINDOW and DTYPE.primitive_bitwidth == 16
+                top = part * 0  # (no window)
+                if WINDOW:
+                    top = window_top(part_max, inv_t, DTYPE)
+                counts = _key_counts(base, first * (ROWS * LANES), last * (ROWS * LANES), width, inv_t, top - 254, WINDOW, 2 * LANES)
+                bins = tl.arange(0, 512 if WINDOW else 256)
+                # Into the line's high bytes' counts: every value the part counted (a window's key
+                # by its high byte), but those above its window, whose high bytes it did not keep.
+                high = tl.where(bins < 256, bins, ((top - 510 + bins) >> 8) + 128)
+                tl.atomic_add(hist_ptr + line.to(tl.int64) * 256 + high, counts, mask=(counts > 0) & (bins < 511), sem="relaxed")
+                if WINDOW:
+                    # The window's counts in the part's own slots, its top key after them: -2**31
+                    # when a value lies above it (then no count of the line's window is known).
+                    above = tl.sum(tl.where(bins == 511, counts, 0), axis=0)
+                    stored = tl.where(bins == 511, tl.where(above == 0, top, -2147483648), counts)
+                    tl.store(window_ptr + out * 256 + bins - 256, stored, mask=bins >= 256)
 
 
 @triton.jit(do_not_specialize=["batch", "tiles_per_part"])
@@ -327,6 +371,7 @@ def line_stats_kernel(
     cand_floor_ptr,  # (lines, PARTS, 2) int32 out (PHASE 1): order keys of the part's floor and level-two floor
     searching_ptr,  # (1,) int32 out (PHASE 1): 0, the count of lines cutoff_kernel hands to the whole-line search
     hist_ptr,  # (lines, 256) int32, 0 on entry (PHASE 1): a line's first-pass key counts where top-k > HISTOGRAM_TOP_K (added)
+    window_ptr,  # (lines, PARTS, 256) int32 out (PHASE 1, KEY_WINDOW): a histogrammed 16-bit line's parts' top-window counts, then top key
     tokens_ptr,  # (B, K) int32 / int64 draft tokens
     gathered_ptr,  # (lines,) float32 out: each draft position's line's raw logit at its draft token
     batch,
@@ -350,6 +395,7 @@ def line_stats_kernel(
     D_LANES: tl.constexpr,
     D_ROWS: tl.constexpr,
     HISTOGRAM_TOP_K: tl.constexpr,  # a filtered line with top-k above it gets its histogram (the whole-line search's first pass)
+    KEY_WINDOW: tl.constexpr,  # such a 16-bit line's parts also count the single raw keys of their top window
 ):
     line = tl.program_id(0)
     part = tl.program_id(1)
@@ -387,8 +433,8 @@ def line_stats_kernel(
                 at_token = tl.load(d_base + token, mask=mine, other=0.0).to(tl.float32)
                 quota = LINE_SLOTS // tl.cdiv(line_tiles, tiles_per_part)
                 _part(d_base, first, last, Vd, inv_t, greedy, candidates, histogram, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr,
-                      part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, hist_ptr,
-                      PHASE == 1, False, False, D_LANES, D_ROWS, PARTS, LINE_SLOTS)
+                      part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, hist_ptr, window_ptr,
+                      PHASE == 1, False, False, D_LANES, D_ROWS, PARTS, LINE_SLOTS, KEY_WINDOW)
                 tl.store(gathered_ptr + line, at_token, mask=mine)
     else:
         line_tiles = tl.cdiv(V, T_LANES * T_ROWS)
@@ -401,6 +447,6 @@ def line_stats_kernel(
             at_token = tl.load(t_base + token, mask=mine, other=0.0).to(tl.float32)
             quota = LINE_SLOTS // tl.cdiv(line_tiles, tiles_per_part)
             _part(t_base, first, last, V, inv_t, greedy, candidates, histogram, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr,
-                  part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, hist_ptr,
-                  PHASE == 1, LOGPROBS != 0, LOGPROBS == 2, T_LANES, T_ROWS, PARTS, LINE_SLOTS)
+                  part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, hist_ptr, window_ptr,
+                  PHASE == 1, LOGPROBS != 0, LOGPROBS == 2, T_LANES, T_ROWS, PARTS, LINE_SLOTS, KEY_WINDOW)
             tl.store(gathered_ptr + line, at_token, mask=mine)

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .random import exp, key_to_float, order_key
 from .scan import before_here, from_here
-from .select import fixed_mass, pick, raw_scaled, top_p_floor, top_p_stage
+from .select import fixed_mass, pick, raw_scaled, top_p_floor, top_p_stage, unfixed
 from .stats import filter_of, histogrammed
 
 # -2**31, the smallest order key, is written as a literal: a module-level constant is a plain int to
@@ -159,12 +159,109 @@ def _mass_above_window(keys, count, floor, hi, inv_t, row_max, is_draft, TDTYPE:
 
 
 @triton.jit
+def _line_window(line, parts, window_ptr, PARTS: tl.constexpr, PP: tl.constexpr):
+    """(counts, first key, usable) of a 16-bit line's top window (stats.py): the counts of raw keys
+    first .. first + 254 in slots 0 .. 254, summed over the line's parts. Part p counted the keys
+    a_p - 254 .. a_p (its top key a_p, stored after them) and had none above a_p, so it counted
+    every key from a_p - 254 up; the line's window ends at the largest a_p, from which every part
+    counted. Not usable when a part had a value above its window (its top key stored as -2**31)."""
+    part = tl.arange(0, PP)
+    present = part < parts
+    own = (line.to(tl.int64) * PARTS + part) * 256
+    tops = tl.load(window_ptr + own + 255, mask=present, other=-32768)
+    usable = tl.max((present & (tops == -2147483648)).to(tl.int32), axis=0) == 0
+    top = tl.max(tl.where(present, tops, -32768), axis=0)
+    slots = tl.arange(0, 256)
+    index = (top - tops)[:, None] + slots[None, :]  # part p's slot of key top - 254 + j
+    # (usable as a vector: the interpreter's masks must not mix a scalar bool in)
+    read = present & ((tl.zeros((PP,), tl.int32) + usable.to(tl.int32)) != 0)
+    counts = tl.sum(tl.load(window_ptr + own[:, None] + index, mask=read[:, None] & (index <= 254), other=0), axis=0)
+    return counts, top - 254, usable
+
+
+@triton.jit
+def _raw_top_k_start(
+    line, counts, top_k, top_p, use_p, inv_t, row_max, max_key, is_draft, parts, window_ptr, keys, count, floor, tau, normaliser, carried,
+    TDTYPE: tl.constexpr, DDTYPE: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, SORT: tl.constexpr, KEY_WINDOW: tl.constexpr,
+):
+    """Where a 16-bit line's top-k goes after its statistics' counts (``counts``, its raw keys' high
+    bytes): (stage, lo, hi, path, known mass, top-k key, resolved, tau, normaliser, budget).
+
+    * With KEY_WINDOW, when its top window holds k values (their counts exact per key): the cut
+      is the scaled value of the highest key whose count from there up reaches k, the kept set
+      every key of the window whose value reaches it, each of mass its count times its weight
+      (select.py's fixed-point weights, the search's own integers). The line is then settled
+      (resolved), or top-p inside that set starts (select.py's stage 7 ending), or, when the key
+      below the window scales to the cut's value too (those values kept, but not counted here),
+      one pass over that scaled key finds the set (stage 1).
+    * Otherwise the counts take the search's first pass: stage 7 over the single raw keys of the
+      cut's byte, whose mass above the candidates may give (``_mass_above_window``).
+    * The counts are not used when a part had a value above its window (its scaled max
+      underflowed): the search then starts from the line.
+
+    With KEY_WINDOW the statistics test no value: -inf (an fp16's in byte 3, with a ragged
+    tile's padding) and logits that 1 / temperature scales to -inf are counted at their own keys,
+    below every value the search counts. A byte only they push over k holds fewer than k values
+    the search counts from there up, and its pass over single keys ends with no finite cut, as
+    the reference's; in the window they weigh nothing, and a cut at their value (fewer than k
+    others) keeps every value, the window's mass being the line's."""
+    bins = tl.arange(0, 256)
+    settles = top_k < 0  # False, as a runtime value
+    usable = top_k > 0  # True, likewise
+    path = top_k.to(tl.int32) * 0 + 7  # recorded as the first pass would record itself (a pass that only counted)
+    if KEY_WINDOW:
+        window, first, usable = _line_window(line, parts, window_ptr, PARTS, PP)
+        values = _raw_value(tl.minimum(tl.maximum(first + bins, -32768), 32767), inv_t, is_draft, TDTYPE, DDTYPE)
+        window_from = from_here(window)
+        settles = usable & (pick(window_from, 0, 256, 0) >= top_k)
+    count_from = from_here(counts)
+    best = tl.max(tl.where(count_from >= top_k, bins, 0), axis=0)
+    lo = best.to(tl.int64) * 256 - 32768
+    hi = lo + 255
+    stage = path * 0 + 7
+    known_mass = _mass_above_window(keys, count, floor, hi, inv_t, row_max, is_draft, TDTYPE, DDTYPE, SORT)
+    k_key = tl.full((), -2147483648, tl.int64)
+    resolved = settles & (top_k < 0)  # False, as a runtime value
+    if KEY_WINDOW:
+        if settles:
+            at = tl.max(tl.where(window_from >= top_k, bins, 0), axis=0)
+            cut_value = _raw_value(first + at, inv_t, is_draft, TDTYPE, DDTYPE)
+            kept = values >= cut_value
+            kept_mass = tl.sum(tl.where(kept, window.to(tl.int64) * fixed_mass(values, row_max), 0), axis=0)
+            k_key = order_key(cut_value).to(tl.int64)
+            path = path * 0  # no pass: the counts are the line's
+            known_mass = known_mass * 0 - 1
+            lo = k_key
+            hi = k_key
+            stage = stage * 0 + 1
+            if (first <= -32768) | (_raw_value(tl.maximum(first - 1, -32768), inv_t, is_draft, TDTYPE, DDTYPE) < cut_value):
+                stage = stage * 0
+                resolved = stage == 0
+                tau = cut_value
+                normaliser = unfixed(kept_mass).to(tl.float32)
+                if use_p:
+                    top_k_mass = normaliser
+                    carried = top_p * top_k_mass
+                    lo = tl.maximum(k_key, top_p_floor(row_max, top_k_mass, carried, tl.sum(tl.where(kept, window, 0), axis=0)))
+                    hi = max_key
+                    stage = top_p_stage(lo, hi)
+                    resolved = stage == 0
+        elif usable == 0:
+            stage = stage * 0 + 1
+            lo = lo * 0 - 2147483648
+            hi = max_key
+            path = path * 0
+            known_mass = known_mass * 0 - 1
+    return stage, lo, hi, path, known_mass, k_key, resolved, tau, normaliser, carried
+
+
+@triton.jit
 def threshold_line(
     line, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
-    temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, hist_ptr,
+    temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, hist_ptr, window_ptr,
     batch, K, V, Vd, t_parts, d_parts,
     PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, TDTYPE: tl.constexpr, DDTYPE: tl.constexpr,
-    HISTOGRAM_TOP_K: tl.constexpr, GATHER: tl.constexpr,
+    HISTOGRAM_TOP_K: tl.constexpr, GATHER: tl.constexpr, KEY_WINDOW: tl.constexpr,
 ):
     """The cut-off of one line from its candidates (cutoffs.py's first work items): tau and, when
     the candidates settle it, the line's statistics; otherwise a search state, the line appended
@@ -174,7 +271,8 @@ def threshold_line(
     counts, leaving zeros: a top-k search then starts as its first pass would leave it, and the
     line is read once less. A 16-bit line's second pass, over single raw keys, then only counts
     when the candidates hold every value above its keys: their mass, which that pass would sum,
-    comes from them (``_mass_above_window``, in the state's words 4 and 5; -1 otherwise)."""
+    comes from them (``_mass_above_window``, in the state's words 4 and 5; -1 otherwise). With
+    KEY_WINDOW its parts' top windows may settle the cut with no pass (``_raw_top_k_start``)."""
     T16: tl.constexpr = TDTYPE.primitive_bitwidth == 16
     D16: tl.constexpr = DDTYPE.primitive_bitwidth == 16
     row, pos, is_draft, width, inv_t, top_k, top_p, use_k, use_p, active = filter_of(
@@ -192,6 +290,7 @@ def threshold_line(
     hi = max_key
     path = stage * 0  # no pass yet
     known_mass = tl.full((), -1, tl.int64)  # not known
+    start_k_key = tl.full((), -2147483648, tl.int64)  # the top-k key (none yet)
     state = state_ptr + line.to(tl.int64) * 8
     if active:
         tau, resolved, row_max, normaliser, stage, max_key, carried, lo, keys, count, floor = _line_threshold(
@@ -214,10 +313,10 @@ def threshold_line(
                 best = tl.max(tl.where(count_from >= top_k, bins, 0), axis=0)
                 path = path + 7  # recorded as that pass would record itself (a pass that only counted)
                 if tl.where(is_draft, D16, T16):
-                    stage = stage * 0 + 7
-                    lo = best.to(tl.int64) * 256 - 32768
-                    hi = lo + 255
-                    known_mass = _mass_above_window(keys, count, floor, hi, inv_t, row_max, is_draft, TDTYPE, DDTYPE, SORT)
+                    stage, lo, hi, path, known_mass, start_k_key, resolved, tau, normaliser, carried = _raw_top_k_start(
+                        line, counts, top_k, top_p, use_p, inv_t, row_max, max_key, is_draft, parts, window_ptr, keys, count, floor, tau, normaliser,
+                        carried, TDTYPE, DDTYPE, PARTS, PP, SORT, KEY_WINDOW,
+                    )
                 else:
                     lo = (best.to(tl.int64) << 24) - 2147483648
                     hi = tl.minimum(lo + 16777215, max_key)
@@ -236,7 +335,7 @@ def threshold_line(
         tl.store(search_list_ptr + tl.atomic_add(searching_ptr, 1, sem="relaxed"), line)
         tl.store(state + 1, lo.to(tl.int32))  # lo: at or below the cut
         tl.store(state + 2, hi.to(tl.int32))  # hi: the line max (a raw key's after the counts)
-        tl.store(state + 3, -2147483648)  # the top-k key (none yet)
+        tl.store(state + 3, start_k_key.to(tl.int32))  # the top-k key (none yet, unless the window settled it)
         tl.store(state + 4, known_mass.to(tl.int32))  # the mass above a raw window (top-p's bracket later)
         tl.store(state + 5, (known_mass >> 32).to(tl.int32))
         tl.store(state + 7, path)  # the passes taken (4 bits each)

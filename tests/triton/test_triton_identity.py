@@ -321,7 +321,8 @@ def _capped_line() -> torch.Tensor:
 
 
 # Too few candidate slots to settle any cut: every line goes to the whole-line search (128-value chunks).
-_SEARCHED = _PARTS | {"line_slots": 16, "sort": 16, "select_chunk": 128}
+# (The statistics' top windows off: these lines' top-k takes the search; the windows' own tests set it.)
+_SEARCHED = _PARTS | {"line_slots": 16, "sort": 16, "select_chunk": 128, "key_window": False}
 
 # (line seed, top-k, top-p, gather slots, the stages of the search's passes: select.py's 1 top-k key
 # bins, 2 top-p value bins, 6 value bins again, 3 exact key bins, 4 / 5 a gather)
@@ -546,6 +547,114 @@ def test_statistics_count_the_keys_that_start_a_top_k_search(dtype):
     planted = torch.zeros(256, dtype=torch.int32)
     planted[255] = 1000  # "every value in the top bin": the search then looks for the cut there
     assert not torch.equal(run(planted)[1], tau)
+
+
+def _window_lines(dtype) -> torch.Tensor:
+    """Three 700-value lines whose top-k 300 lies in the statistics' top windows (2 + N(0, 0.5):
+    every value within two octaves of the max, so a bf16 window of 255 raw keys holds them all),
+    or, fp16 (four times finer keys), below the window."""
+    return (2 + 0.5 * torch.randn(3, 700, generator=torch.Generator().manual_seed(11))).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_statistics_count_each_parts_top_window(dtype):
+    """A 16-bit line under a top-k above HISTOGRAM_TOP_K with the key window: each statistics part
+    stores the counts of the 255 single raw keys up to two above its max's logit's (stats.py), then
+    that top key, and adds every value to the line's high bytes' counts. Two parts per line, a
+    ragged last tile."""
+    from bench.gpu_model import _raw_keys
+
+    target = _window_lines(dtype)[:2].reshape(1, 2, 700)
+    args = _params.validate_verify(target, None, torch.zeros(1, 1, dtype=torch.int64), generator=None, check=False, temperature=0.9,
+                                   top_k=300, top_p=None, num_draft_tokens=None)
+    geometry = _SEARCHED | {"key_window": True}
+    stats = _triton_backend.launches_for(args, 0, **geometry)[0]
+    constexprs = {name: value for name, value in stats.constexprs.items() if name != "maxnreg"}
+    assert constexprs["KEY_WINDOW"]
+    geo = _triton_backend.geometry(target.device, **geometry)
+    layout = _triton_backend._layout(_triton_backend.prepare(args), geo)
+    ws = _triton_backend.workspace(target.device)
+    bufs = _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch, geo.line_slots, geo.sort)
+    bufs.histograms.zero_()
+    stats.kernel[stats.grid](*stats.args, **constexprs)
+    part = stats.args[-1] * constexprs["T_LANES"] * constexprs["T_ROWS"]
+    windows = bufs.windows.view(-1, layout["tiles"], 256)
+    keys = torch.from_numpy(_raw_keys(target.reshape(2, 700).view(torch.int16).numpy()))
+    scaled = target.reshape(2, 700).float() * _params.inverse_temperature(torch.tensor([0.9]))
+    for line in range(2):
+        high = torch.zeros(256, dtype=torch.int32)
+        for p, start in enumerate(range(0, 700, part)):
+            own, values = keys[line, start : start + part], scaled[line, start : start + part]
+            logit = (values.max() / _params.inverse_temperature(torch.tensor([0.9]))).to(dtype)
+            top = int(_raw_keys(logit.view(torch.int16).reshape(1).numpy())[0]) + 2
+            assert int(windows[line, p, 255]) == top and int(own.max()) <= top
+            inside = own >= top - 254
+            assert torch.equal(windows[line, p, :255], torch.bincount(own[inside] - (top - 254), minlength=255).int()), (line, p)
+            high += torch.bincount((own >> 8) + 128, minlength=256).int()
+        low = 4 if dtype == torch.float16 else 1  # (-inf's bin, 3 or 0, also counts the ragged tile's padding)
+        assert torch.equal(bufs.histograms.view(-1, 256)[line, low:], high[low:])
+    bufs.histograms.zero_()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_top_k_in_the_top_window_needs_no_search(dtype):
+    """When the statistics' top windows hold k values of a 16-bit line (bf16 here), its top-k is
+    settled from their exact counts: the line is never listed for the whole-line search, and top-p
+    inside that set starts at its value bins. fp16's finer keys leave the cut below the window: the
+    high bytes' counts start the search as without it. Either way the
+    tokens and probabilities are the reference's, and bench.gpu_model.select_search (with the
+    statistics parts' size) takes the kernel's passes."""
+    import numpy as np
+
+    from bench.gpu_model import select_search
+
+    lines = _window_lines(dtype)
+    target, draft = lines[:2].reshape(1, 2, 700), lines[2:].reshape(1, 1, 700)
+    tokens = torch.tensor([[4]])
+    seeds, offsets = _keys(1)
+    geometry = _SEARCHED | {"key_window": True}
+    stats = _triton_backend.launches_for(_args(target, draft, tokens, top_k=300), 0, **geometry)[0]
+    part = stats.args[-1] * stats.constexprs["T_LANES"] * stats.constexprs["T_ROWS"]
+    inv_t = np.float32(1.0) / np.float32(0.9)
+    for top_p in (None, 0.9):
+        args = _args(target, draft, tokens, seeds=seeds, offsets=offsets, top_k=300, top_p=top_p, return_logprobs="processed", return_accept_probs=True)
+        assert_same(_triton_backend.verify(args, 3, **geometry), verify_eager(args, 3))
+        got, resolved = _triton_thresholds(args, **geometry)
+        assert torch.equal(got, _reference_thresholds(args))
+        path = int(_triton_backend.workspace(target.device).ints[_search_state_offset(args, 16, key_window=True) + 7])
+        line = target[0, 0]
+        raw = (line.view(torch.int16).numpy(), "bf16" if dtype == torch.bfloat16 else "fp16", inv_t)
+        modelled = select_search((line.float() * torch.tensor(inv_t)).numpy(), 300, top_p or 1.0, raw=raw, window_part=part)
+        settled = dtype == torch.bfloat16 and top_p is None
+        assert resolved.tolist() == [int(settled)] * 2
+        assert (modelled["passes"] == []) == settled
+        if not settled:
+            assert [int(d, 16) for d in hex(path)[2:]] == modelled["path"][:7]
+        if dtype == torch.bfloat16:
+            assert modelled["path"][:1] != [7]  # (no pass of the high bytes' counts)
+
+
+def test_top_k_window_gives_way_where_temperature_merges_or_overflows():
+    """The top window's edge cases, token for token (bf16): the raw key below the window scaling to
+    the cut's value (1 / temperature = 1e-10 merges every logit into +-0.0: one pass over that
+    scaled key finds the kept set), and logits that 1 / temperature = 8 scales to -inf, which the
+    statistics count at their own keys (no test per value): with fewer than k others the search
+    keeps every value, as the reference; with more, their byte is below the cut's."""
+    g = torch.Generator().manual_seed(12)
+    # bf16 subnormals, 500 positive and 100 negative: 1e-10 scales them to +0.0 and -0.0, one value
+    bits = torch.randint(1, 61, (600,), generator=g).to(torch.int16)
+    merged = torch.where(torch.arange(600) < 500, bits, bits | -32768).to(torch.int16).view(torch.bfloat16).float()[torch.randperm(600, generator=g)]
+    huge = torch.cat([torch.randn(300, generator=g), torch.full((300,), -6e37)])[torch.randperm(600, generator=g)]
+    seeds, offsets = _keys(1)
+    geometry = _SEARCHED | {"key_window": True}
+    for line, temperature, top_k in ((merged, 1e10, 300), (huge, 0.125, 450), (huge, 0.125, 280)):
+        target = torch.stack([line, line.flip(0)]).to(torch.bfloat16).reshape(1, 2, 600)
+        draft = line.roll(5).to(torch.bfloat16).reshape(1, 1, 600)
+        for top_p in (None, 0.9):
+            args = _args(target, draft, torch.tensor([[2]]), seeds=seeds, offsets=offsets, temperature=temperature, top_k=top_k, top_p=top_p,
+                         return_logprobs="processed", return_accept_probs=True)
+            assert_same(_triton_backend.verify(args, 3, **geometry), verify_eager(args, 3))
+            assert torch.equal(_triton_thresholds(args, **geometry)[0], _reference_thresholds(args))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
