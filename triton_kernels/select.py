@@ -130,18 +130,27 @@ def raw_scaled(key, inv_t, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _tile(base, idx, width, inv_t, lo32, hi32, RAW: tl.constexpr = False):
+def _tile(base, idx, width, inv_t, lo32, hi32, RAW: tl.constexpr = False, t0=0.0, t1=0.0, VALUE: tl.constexpr = False):
     """A tile's scaled values, their order keys (with RAW the keys of the 16-bit logits' bits),
     which finite ones have a key in [lo, hi] and which above hi (keys in 32 bits: key - lo wraps to
-    the right unsigned offset, hi - lo < 2**32)."""
+    the right unsigned offset, hi - lo < 2**32). With VALUE (value bins, whose lo is a finite
+    floor) the same tests on the values, lo's and hi's (t0, t1): the key's order is theirs, -0.0
+    and +0.0 alike, and a finite floor leaves -inf out; no key (zeros)."""
     x = tl.load(base + idx, mask=idx < width, other=float("-inf"))
     s = x.to(tl.float32) * inv_t
-    if RAW:
-        key = raw_key(x, x.dtype == tl.bfloat16)
+    if VALUE:
+        key = idx * 0
+        inside = (s >= t0) & (s <= t1)
+        above = s > t1
     else:
-        key = order_key(s)
-    finite = s > float("-inf")
-    return s, key, finite & (key >= lo32) & (key <= hi32), finite & (key > hi32)
+        if RAW:
+            key = raw_key(x, x.dtype == tl.bfloat16)
+        else:
+            key = order_key(s)
+        finite = s > float("-inf")
+        inside = finite & (key >= lo32) & (key <= hi32)
+        above = finite & (key > hi32)
+    return s, key, inside, above
 
 
 @triton.jit
@@ -159,8 +168,9 @@ def _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, t0, scal
     # The keys above hi, summed per lane: one reduction after the loop, not one per tile.
     above_count = tl.zeros((TILE,), tl.int32)
     above_mass = tl.zeros((TILE,), tl.int64)
+    t_hi = key_to_float(hi.to(tl.int32))  # (value bins: t0 is lo's value)
     for start in range(0, span, TILE):
-        s, key, inside, above = _tile(base, first + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32), RAW)
+        s, key, inside, above = _tile(base, first + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32), RAW, t0, t_hi, VALUE_BINS)
         if VALUE_BINS:
             bins = tl.minimum(tl.maximum(((s - t0) * scale).to(tl.int32), 0), BINS - 1)
         else:
