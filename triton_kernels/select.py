@@ -116,6 +116,17 @@ def top_p_floor(row_max, mass, budget, n):
 
 
 @triton.jit
+def top_p_inside(k_key, kept_mass, kept_count, row_max, top_p, top):
+    """Top-p inside a settled top-k set (fixed-point mass ``kept_mass``, ``kept_count`` values from
+    ``k_key`` up): (budget, lo, hi, stage): top_p times the set's mass, searched over [k_key, the
+    line max ``top``] from above the floor no cut lies under."""
+    top_k_mass = unfixed(kept_mass).to(tl.float32)
+    budget = top_p * top_k_mass
+    lo = tl.maximum(k_key, top_p_floor(row_max, top_k_mass, budget, kept_count))
+    return budget, lo, top, top_p_stage(lo, top)
+
+
+@triton.jit
 def top_p_stage(lo, hi):
     """The stage a top-p search over [lo, hi] starts in: 2 (value bins, then a gather) over a
     finite floor and a wide interval, 3 (exact key bins) otherwise, 0 when [lo, hi] is one key."""
@@ -595,14 +606,8 @@ def _select_pass(
                             next_stage = tl.where(strict, next_stage, 1)
                     k_key = lo
                     if use_p & strict:
-                        # Top-p inside the top-k set: its budget is top_p times the set's mass,
-                        # searched over [k_key, line max] from above the floor no cut lies under.
-                        top_k_mass = unfixed(kept_mass).to(tl.float32)
-                        budget = top_p * top_k_mass
                         kept_count = tl.max(tl.where(slots == best, count_from, 0), axis=0)
-                        lo = tl.maximum(lo, top_p_floor(row_max, top_k_mass, budget, kept_count))
-                        hi = top
-                        next_stage = top_p_stage(lo, hi)
+                        budget, lo, hi, next_stage = top_p_inside(lo, kept_mass, kept_count, row_max, top_p, top)
                 elif (stage == 1) & (tl.max(tl.where(slots == best, count_from, 0), axis=0) <= GATHER):
                     # Few enough values at or above lo: the next pass gathers them all.
                     hi = top

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .random import exp, key_to_float, order_key
 from .scan import before_here, from_here
-from .select import fixed_mass, pick, raw_scaled, top_p_floor, top_p_stage, unfixed
+from .select import fixed_mass, pick, raw_scaled, top_p_floor, top_p_inside, top_p_stage, unfixed
 from .stats import filter_of, histogrammed
 
 # -2**31, the smallest order key, is written as a literal: a module-level constant is a plain int to
@@ -181,11 +181,12 @@ def _line_window(line, parts, window_ptr, PARTS: tl.constexpr, PP: tl.constexpr)
 
 @triton.jit
 def _raw_top_k_start(
-    line, counts, top_k, top_p, use_p, inv_t, row_max, max_key, is_draft, parts, window_ptr, keys, count, floor, tau, normaliser, carried,
+    line, best, top_k, top_p, use_p, inv_t, row_max, max_key, is_draft, parts, window_ptr, keys, count, floor, tau, normaliser, carried,
     TDTYPE: tl.constexpr, DDTYPE: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, SORT: tl.constexpr, KEY_WINDOW: tl.constexpr,
 ):
-    """Where a 16-bit line's top-k goes after its statistics' counts (``counts``, its raw keys' high
-    bytes): (stage, lo, hi, path, known mass, top-k key, resolved, tau, normaliser, budget).
+    """Where a 16-bit line's top-k goes after its statistics' counts (``best``, the highest byte of
+    its raw keys whose count from there up reaches k): (stage, lo, hi, path, known mass, top-k key,
+    resolved, tau, normaliser, budget).
 
     * With KEY_WINDOW, when its top window holds k values (their counts exact per key): the cut
       is the scaled value of the highest key whose count from there up reaches k, the kept set
@@ -214,8 +215,6 @@ def _raw_top_k_start(
         values = _raw_value(tl.minimum(tl.maximum(first + bins, -32768), 32767), inv_t, is_draft, TDTYPE, DDTYPE)
         window_from = from_here(window)
         settles = usable & (pick(window_from, 0, 256, 0) >= top_k)
-    count_from = from_here(counts)
-    best = tl.max(tl.where(count_from >= top_k, bins, 0), axis=0)
     lo = best.to(tl.int64) * 256 - 32768
     hi = lo + 255
     stage = path * 0 + 7
@@ -240,11 +239,7 @@ def _raw_top_k_start(
                 tau = cut_value
                 normaliser = unfixed(kept_mass).to(tl.float32)
                 if use_p:
-                    top_k_mass = normaliser
-                    carried = top_p * top_k_mass
-                    lo = tl.maximum(k_key, top_p_floor(row_max, top_k_mass, carried, tl.sum(tl.where(kept, window, 0), axis=0)))
-                    hi = max_key
-                    stage = top_p_stage(lo, hi)
+                    carried, lo, hi, stage = top_p_inside(k_key, kept_mass, tl.sum(tl.where(kept, window, 0), axis=0), row_max, top_p, max_key)
                     resolved = stage == 0
         elif usable == 0:
             stage = stage * 0 + 1
@@ -314,7 +309,7 @@ def threshold_line(
                 path = path + 7  # recorded as that pass would record itself (a pass that only counted)
                 if tl.where(is_draft, D16, T16):
                     stage, lo, hi, path, known_mass, start_k_key, resolved, tau, normaliser, carried = _raw_top_k_start(
-                        line, counts, top_k, top_p, use_p, inv_t, row_max, max_key, is_draft, parts, window_ptr, keys, count, floor, tau, normaliser,
+                        line, best, top_k, top_p, use_p, inv_t, row_max, max_key, is_draft, parts, window_ptr, keys, count, floor, tau, normaliser,
                         carried, TDTYPE, DDTYPE, PARTS, PP, SORT, KEY_WINDOW,
                     )
                 else:
