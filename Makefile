@@ -10,6 +10,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # (about 10 GB; it imports and its sampler classes run on CPU), which must never reach .venv.
 VLLM_VENV := .venv-vllm
 VLLM_SPEC ?= vllm==0.33.0
+# The torch, torchvision and torchaudio that vllm==0.33.0 requires (its metadata's Requires-Dist).
+VLLM_TORCH_SPEC ?= torch==2.14.0 torchvision==0.29.0 torchaudio==2.11.0
 VLLM_BIN := $(VLLM_VENV)/bin
 # The package is installed there from a copy of the sources, so the C++ extension is compiled against that
 # torch in a build folder of its own (the source tree keeps .venv's library).
@@ -79,10 +81,13 @@ test-clang: setup
 	$(BIN)/python -m pytest -q $(CPP_TESTS) -k "not triton"; status=$$?; cp build/gcc-so/_C.*.so specdec_ext/; exit $$status
 
 # vLLM's environment, then this package built and installed into it, then tests/vllm/ on CPU tensors.
+# Installed in two steps with no pip cache: the wheels one pip command downloads stay on disk until it ends, so
+# torch and its CUDA libraries (vllm's pins) go first and their wheels are gone before vllm's own arrive.
 $(VLLM_VENV)/.vllm-installed:
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_BIN)/pip install --quiet --upgrade pip setuptools wheel ninja
-	$(VLLM_BIN)/pip install --quiet "$(VLLM_SPEC)" "pytest>=8" "scipy>=1.11" "hypothesis>=6.100" "matplotlib>=3.8"
+	$(VLLM_BIN)/pip install --quiet --no-cache-dir --upgrade pip setuptools wheel ninja
+	$(VLLM_BIN)/pip install --quiet --no-cache-dir $(VLLM_TORCH_SPEC)
+	$(VLLM_BIN)/pip install --quiet --no-cache-dir "$(VLLM_SPEC)" "pytest>=8" "scipy>=1.11" "hypothesis>=6.100" "matplotlib>=3.8"
 	touch $@
 
 $(VLLM_VENV)/.installed: $(VLLM_VENV)/.vllm-installed pyproject.toml setup.py README.md $(wildcard csrc/*.cpp csrc/*.h specdec_ext/*.py specdec_ext/*/*.py specdec_ext/*/*/*.py triton_kernels/*.py)
