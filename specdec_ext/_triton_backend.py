@@ -101,7 +101,7 @@ def gather_slots(select_chunks: int, most: int = SELECT_GATHER) -> int:
     room = min(most, select_chunks * (SELECT_BINS + 1))
     return 1 << (room.bit_length() - 1) if room else 1
 SELECT_CHUNK = 8192
-SELECT_TILE = 1024
+SELECT_TILE = 2048
 assert SELECT_BINS ** SELECT_TOP_K_PASSES >= 2**32
 assert SELECT_BINS == 256  # select.py's _shift resolves 8 bits per pass
 # The interpreter runs programs one after another, paying per program and per loop step, not per

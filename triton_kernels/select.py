@@ -91,6 +91,13 @@ def fixed_mass(s, row_max):
 
 
 @triton.jit
+def fixed_mass_where(s, row_max, keep):
+    """fixed_mass(s, row_max) where ``keep`` (finite values: no -inf test), else 0: the exponent is
+    -inf where not kept (the same integers; one float select, not two on the 64-bit integer)."""
+    return (exp(tl.where(keep, s - row_max, float("-inf"))) * 1099511627776.0).to(tl.int64)
+
+
+@triton.jit
 def unfixed(mass):
     """A fixed-point mass in units of the max's weight, as float64."""
     return mass.to(tl.float64) * 9.094947017729282e-13
@@ -141,18 +148,24 @@ def raw_scaled(key, inv_t, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _tile(base, idx, width, inv_t, lo32, hi32, RAW: tl.constexpr = False, t0=0.0, t1=0.0, VALUE: tl.constexpr = False):
+def _tile(base, idx, width, inv_t, lo32, hi32, RAW: tl.constexpr = False, t0=0.0, t1=0.0, VALUE: tl.constexpr = False,
+          TOP: tl.constexpr = False):
     """A tile's scaled values, their order keys (with RAW the keys of the 16-bit logits' bits),
     which finite ones have a key in [lo, hi] and which above hi (keys in 32 bits: key - lo wraps to
     the right unsigned offset, hi - lo < 2**32). With VALUE (value bins, whose lo is a finite
     floor) the same tests on the values, lo's and hi's (t0, t1): the key's order is theirs, -0.0
-    and +0.0 alike, and a finite floor leaves -inf out; no key (zeros)."""
+    and +0.0 alike, and a finite floor leaves -inf out; no key (zeros). TOP: hi is the line max,
+    which no value lies above (VALUE: no test against it)."""
     x = tl.load(base + idx, mask=idx < width, other=float("-inf"))
     s = x.to(tl.float32) * inv_t
     if VALUE:
         key = idx * 0
-        inside = (s >= t0) & (s <= t1)
-        above = s > t1
+        if TOP:
+            inside = s >= t0
+            above = s > float("inf")  # none
+        else:
+            inside = (s >= t0) & (s <= t1)
+            above = s > t1
     else:
         if RAW:
             key = raw_key(x, x.dtype == tl.bfloat16)
@@ -181,7 +194,8 @@ def _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, t0, scal
     above_mass = tl.zeros((TILE,), tl.int64)
     t_hi = key_to_float(hi.to(tl.int32))  # (value bins: t0 is lo's value)
     for start in range(0, span, TILE):
-        s, key, inside, above = _tile(base, first + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32), RAW, t0, t_hi, VALUE_BINS)
+        s, key, inside, above = _tile(base, first + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32), RAW, t0, t_hi, VALUE_BINS,
+                                      ABOVE == 0)
         if VALUE_BINS:
             bins = tl.minimum(tl.maximum(((s - t0) * scale).to(tl.int32), 0), BINS - 1)
         else:
@@ -190,11 +204,12 @@ def _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, t0, scal
         counts += tl.histogram(bins, BINS, mask=inside)
         if ABOVE > 0:
             above_count += above.to(tl.int32)
-        if (ABOVE > 1) | MASSES:
+        if MASSES:
             mass = fixed_mass(s, row_max)
             above_mass += tl.where(above, mass, 0)
-            if MASSES:
-                tl.atomic_add(mass_ptr + bins, mass, mask=inside, sem="relaxed")
+            tl.atomic_add(mass_ptr + bins, mass, mask=inside, sem="relaxed")
+        elif ABOVE > 1:
+            above_mass += fixed_mass_where(s, row_max, above)  # (a value above hi is finite)
     return counts, tl.sum(above_count, axis=0), tl.sum(above_mass, axis=0)
 
 
@@ -230,7 +245,7 @@ def _gather(base, first, span, width, inv_t, row_max, lo, hi, gathered_ptr, keys
         slot = tl.atomic_add(counter, 1, mask=inside, sem="relaxed")
         tl.store(keys_ptr + slot, key, mask=inside & (slot < GATHER))
         if ABOVE:
-            above_mass += tl.where(above, fixed_mass(s, row_max), 0)
+            above_mass += fixed_mass_where(s, row_max, above)  # (a value above hi is finite)
     return tl.sum(above_mass, axis=0)
 
 
