@@ -1,0 +1,78 @@
+"""The whole-line search's per-value tests and weights (triton_kernels/select.py), interpreted on CPU:
+the shortcuts a pass's step takes give what the plain definitions give, on -inf, ties with the
+interval's ends and values far below them. (The passes themselves: test_triton_identity.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec_ext
+from specdec_ext import _triton_backend
+
+pytestmark = pytest.mark.skipif("triton" not in specdec_ext.available_backends("cpu"), reason="triton is not installed")
+
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+select = _triton_backend.kernels().select
+
+N = 64
+
+
+@triton.jit
+def _weights(s_ptr, keep_ptr, out_ptr, row_max, N: tl.constexpr):
+    idx = tl.arange(0, N)
+    s = tl.load(s_ptr + idx)
+    keep = tl.load(keep_ptr + idx) != 0
+    tl.store(out_ptr + idx, select.fixed_mass_where(s, row_max, keep))
+    tl.store(out_ptr + N + idx, tl.where(keep, select.fixed_mass(s, row_max), 0))
+
+
+@triton.jit
+def _tests(x_ptr, out_ptr, t0, t1, N: tl.constexpr):
+    idx = tl.arange(0, N)
+    _, _, inside, above = select._tile(x_ptr, idx, N, 1.0, 0, 0, False, t0, t1, True, True)
+    _, _, plain_inside, plain_above = select._tile(x_ptr, idx, N, 1.0, 0, 0, False, t0, t1, True, False)
+    tl.store(out_ptr + idx, inside.to(tl.int32))
+    tl.store(out_ptr + N + idx, above.to(tl.int32))
+    tl.store(out_ptr + 2 * N + idx, plain_inside.to(tl.int32))
+    tl.store(out_ptr + 3 * N + idx, plain_above.to(tl.int32))
+
+
+def _values() -> torch.Tensor:
+    g = torch.Generator().manual_seed(11)
+    s = 6 * torch.randn(N, generator=g)
+    s[:4] = torch.tensor([float("-inf"), 0.0, -0.0, -200.0])  # -inf, both zeros, a weight that flushes to 0
+    return s
+
+
+def test_the_mass_above_zeroed_in_its_exponent_is_fixed_mass_where_kept():
+    """select.fixed_mass_where (the exponent -inf where a value is not kept) gives fixed_mass's
+    integers where kept and 0 elsewhere: every finite value kept, then every other one."""
+    s = _values()
+    row_max = float(s.max())
+    for keep in (torch.isfinite(s), torch.arange(N) % 2 == 0):
+        keep = keep & torch.isfinite(s)  # (a kept value is finite: a value above an interval)
+        out = torch.zeros(2 * N, dtype=torch.int64)
+        _weights[(1,)](s, keep.to(torch.int32), out, row_max, N=N)
+        assert torch.equal(out[:N], out[N:])
+        assert int(out[:N][keep].count_nonzero()) > N // 4  # (not all zeros)
+    out = torch.zeros(2 * N, dtype=torch.int64)
+    _weights[(1,)](s, torch.zeros(N, dtype=torch.int32), out, row_max, N=N)
+    assert int(out.abs().sum()) == 0
+
+
+def test_a_value_interval_that_ends_at_the_line_max_tests_no_value_against_it():
+    """_tile(TOP=True), the first top-p pass's step over [floor, line max], marks the same values
+    inside as the two-sided test, with values equal to the floor and to the max among them and
+    -inf left out; none is above."""
+    s = _values()
+    t1 = float(s.max())
+    t0 = float(s[torch.isfinite(s)].sort().values[10])  # a floor some values lie under, and one on
+    out = torch.zeros(4 * N, dtype=torch.int32)
+    _tests[(1,)](s, out, t0, t1, N=N)
+    inside, above, plain_inside, plain_above = out.view(4, N)
+    assert torch.equal(inside, plain_inside)
+    assert int(plain_above.sum()) == 0 and int(above.sum()) == 0
+    assert torch.equal(inside.bool(), (s >= t0) & (s <= t1))
+    assert bool(inside[s.argmax()]) and bool(inside[s == t0].all()) and not bool(inside[0])
