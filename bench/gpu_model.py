@@ -445,6 +445,7 @@ class Call:
     search_window_share: float = 0.0
     search_raw_count_share: float = 0.0
     search_raw_share: float = 0.0
+    search_raw_window_share: float = 0.0
     search_atomics: float = 0.0
     # "token" (verify), "block" (verify(method="block")) or "tree" (verify_tree: k is then the
     # number of nodes N, the target and draft logits have N+1 contexts).
@@ -600,8 +601,9 @@ LOOP_KINDS = {
     "histogram tile": "CHUNK / TILE steps per search item of a top-k pass over key bins that can end the search (it sums the mass above)",
     "count histogram tile": "CHUNK / TILE steps per search item of a top-k pass over key bins that only counts (search_count_share, MEASURED)",
     "raw count histogram tile": "CHUNK / TILE steps per search item of a 16-bit line's first top-k pass, over its raw keys (stage 7: search_raw_count_share, MEASURED)",
-    "raw histogram tile": "CHUNK / TILE steps per search item of a 16-bit line's pass over single raw keys: top-k's second (stage 7), a top-p window (stage 8) "
-                          "(search_raw_share, MEASURED)",
+    "raw histogram tile": "CHUNK / TILE steps per search item of a 16-bit line's top-k pass over single raw keys (stage 7: search_raw_share, MEASURED)",
+    "raw window tile": "CHUNK / TILE steps per search item of a 16-bit line's top-p window of single raw keys, which sums the mass above it and reads no "
+                       "count (stage 8: search_raw_window_share, MEASURED)",
     "histogram sum": "the last item of a line's pass sums the chunks' histograms, four chunks per step",
     "context step": "a tree walk's contexts: tree_depth + 1 per row",
     "line check step": "check=True: every context a tree row could use, N + 1 per row",
@@ -736,6 +738,8 @@ def _cutoff_kinds(loops: list[Loop], kinds: list, at: list[int] | None = None) -
                 raw = "raw " if loop.has("FADD") <= loop.has("MUFU") else ""
                 count = "" if loop.has("MUFU") else "count "
                 kinds[n] = f"value {count}histogram tile" if loop.has("VIMNMX") else f"{raw}{count}histogram tile"
+                if kinds[n] == "raw histogram tile" and not loop.has("FSETP"):
+                    kinds[n] = "raw window tile"  # (a top-p window tests no value for -inf: stage 8)
         elif loop.after_wait and loop.has("LDG") and not loop.has("MUFU") and not _atomics(loop):
             kinds[n] = "histogram sum"
         elif not loop.after_wait and loop.parent is None:
@@ -843,7 +847,7 @@ def synthetic_search(call: Call, lines: int = 4) -> dict:
 
 # The Call fields of a search's passes (_search_trips), as measure_trips records them.
 SEARCH_FIELDS = ("search_exact_share", "search_value_share", "search_value_count_share", "search_gather_share", "search_count_share", "search_window_share",
-                 "search_raw_count_share", "search_raw_share", "search_atomics")
+                 "search_raw_count_share", "search_raw_share", "search_raw_window_share", "search_atomics")
 
 
 def _search_trips(passes: list[list[dict]]) -> dict:
@@ -856,7 +860,8 @@ def _search_trips(passes: list[list[dict]]) -> dict:
             "search_value_count_share": share((2,)), "search_gather_share": share((4, 5)), "search_window_share": share((5,)),
             "search_count_share": round(sum(q["counts_only"] and q["stage"] == 1 for q in every) / len(every), 4),
             "search_raw_count_share": round(sum((q["counts_only"] or q["mass_known"]) and q["stage"] == 7 for q in every) / len(every), 4),
-            "search_raw_share": round(sum(not q["counts_only"] and not q["mass_known"] and q["stage"] in (7, 8) for q in every) / len(every), 4),
+            "search_raw_share": round(sum(not q["counts_only"] and not q["mass_known"] and q["stage"] == 7 for q in every) / len(every), 4),
+            "search_raw_window_share": share((8,)),
             "search_atomics": round(sum(q["binned"] for q in every if q["stage"] in (3, 4, 5)) / len(every), 4)}
 
 
@@ -942,11 +947,12 @@ def _work(launch, call: Call, phase: str) -> dict:
         exact, value, gather, count = call.search_exact_share, call.search_value_share, call.search_gather_share, call.search_count_share
         value_count = call.search_value_count_share
         window, raw_count, raw = call.search_window_share, call.search_raw_count_share, call.search_raw_share
+        raw_window = call.search_raw_window_share
         return {
             "loops": {"search ticket loop": (per_program, c["CHUNK"]),
-                      "histogram tile": (tiles * (1 - exact - value - gather - count - raw_count - raw), c["TILE"]),
+                      "histogram tile": (tiles * (1 - exact - value - gather - count - raw_count - raw - raw_window), c["TILE"]),
                       "count histogram tile": (tiles * count, c["TILE"]), "raw count histogram tile": (tiles * raw_count, c["TILE"]),
-                      "raw histogram tile": (tiles * raw, c["TILE"]),
+                      "raw histogram tile": (tiles * raw, c["TILE"]), "raw window tile": (tiles * raw_window, c["TILE"]),
                       "mass histogram tile": (tiles * exact, c["TILE"]), "value histogram tile": (tiles * (value - value_count), c["TILE"]),
                       "value count histogram tile": (tiles * value_count, c["TILE"]),
                       "gather tile": (tiles * (gather - window), c["TILE"]), "window gather tile": (tiles * window, c["TILE"]),

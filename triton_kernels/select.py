@@ -149,7 +149,7 @@ def raw_scaled(key, inv_t, DTYPE: tl.constexpr):
 
 @triton.jit
 def _tile(base, idx, width, inv_t, lo32, hi32, RAW: tl.constexpr = False, t0=0.0, t1=0.0, VALUE: tl.constexpr = False,
-          TOP: tl.constexpr = False):
+          TOP: tl.constexpr = False, FINITE: tl.constexpr = True):
     """A tile's scaled values, their order keys (with RAW the keys of the 16-bit logits' bits),
     which finite ones have a key in [lo, hi] and which above hi (keys in 32 bits: key - lo wraps to
     the right unsigned offset, hi - lo < 2**32). With VALUE (value bins, whose lo is a finite
@@ -171,9 +171,11 @@ def _tile(base, idx, width, inv_t, lo32, hi32, RAW: tl.constexpr = False, t0=0.0
             key = raw_key(x, x.dtype == tl.bfloat16)
         else:
             key = order_key(s)
-        finite = s > float("-inf")
-        inside = finite & (key >= lo32) & (key <= hi32)
-        above = finite & (key > hi32)
+        reached = key >= lo32
+        if FINITE:
+            reached = reached & (s > float("-inf"))
+        inside = reached & (key <= hi32)
+        above = reached & (key > hi32)
     return s, key, inside, above
 
 
@@ -195,14 +197,14 @@ def _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, t0, scal
     t_hi = key_to_float(hi.to(tl.int32))  # (value bins: t0 is lo's value)
     for start in range(0, span, TILE):
         s, key, inside, above = _tile(base, first + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32), RAW, t0, t_hi, VALUE_BINS,
-                                      ABOVE == 0)
+                                      ABOVE == 0, ABOVE != 3)
         if VALUE_BINS:
             bins = tl.minimum(tl.maximum(((s - t0) * scale).to(tl.int32), 0), BINS - 1)
         else:
             bins = ((key - lo.to(tl.int32)).to(tl.uint32, bitcast=True) >> shift32).to(tl.int32)
         bins = tl.where(inside, bins, 0)
         counts += tl.histogram(bins, BINS, mask=inside)
-        if ABOVE > 0:
+        if (ABOVE == 1) | (ABOVE == 2):
             above_count += above.to(tl.int32)
         if MASSES:
             mass = fixed_mass(s, row_max)
@@ -481,8 +483,16 @@ def _select_pass(
             counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, t0, scale, part_mass_ptr + own,
                                                          TILE, BINS, False, True, 2)
         elif _top_k_may_end(lo, hi, shift) & (known == 0):  # top-k (stage 1, or 7 over raw keys) that can end the search, or a raw window (8)
-            counts, above_count, above_mass = _key_histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, (stage == 7) | (stage == 8),
-                                                             TILE, BINS, 2, RAW16)
+            if RAW16:
+                if stage == 8:
+                    counts, above_count, above_mass = _histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, 0.0, 0.0, base, TILE,
+                                                                 BINS, False, False, 3, True)
+                else:
+                    counts, above_count, above_mass = _key_histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, stage == 7,
+                                                                     TILE, BINS, 2, RAW16)
+            else:
+                counts, above_count, above_mass = _key_histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, stage < 0, TILE, BINS, 2,
+                                                                 RAW16)
         else:  # top-k key bins that cannot end the search, or whose mass above is known: the counts decide, no mass is read
             counts, above_count, above_mass = _key_histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, stage == 7, TILE, BINS, 1,
                                                              RAW16)

@@ -39,6 +39,18 @@ def _tests(x_ptr, out_ptr, t0, t1, N: tl.constexpr):
     tl.store(out_ptr + 3 * N + idx, plain_above.to(tl.int32))
 
 
+@triton.jit
+def _key_tests(x_ptr, out_ptr, inv_t, lo, hi, N: tl.constexpr):
+    idx = tl.arange(0, N)
+    _, key, inside, above = select._tile(x_ptr, idx, N, inv_t, lo, hi, True)
+    _, _, any_inside, any_above = select._tile(x_ptr, idx, N, inv_t, lo, hi, True, 0.0, 0.0, False, False, False)
+    tl.store(out_ptr + idx, key)
+    tl.store(out_ptr + N + idx, inside.to(tl.int32))
+    tl.store(out_ptr + 2 * N + idx, above.to(tl.int32))
+    tl.store(out_ptr + 3 * N + idx, any_inside.to(tl.int32))
+    tl.store(out_ptr + 4 * N + idx, any_above.to(tl.int32))
+
+
 def _values() -> torch.Tensor:
     g = torch.Generator().manual_seed(11)
     s = 6 * torch.randn(N, generator=g)
@@ -76,3 +88,26 @@ def test_a_value_interval_that_ends_at_the_line_max_tests_no_value_against_it():
     assert int(plain_above.sum()) == 0 and int(above.sum()) == 0
     assert torch.equal(inside.bool(), (s >= t0) & (s <= t1))
     assert bool(inside[s.argmax()]) and bool(inside[s == t0].all()) and not bool(inside[0])
+
+
+def test_a_raw_key_interval_marks_finite_values_inside_and_above_and_a_top_p_window_all():
+    """_tile over raw keys (stages 7 and 8): inside is lo <= key <= hi and above key > hi, for the
+    values finite once scaled; with FINITE=False (a top-p window, where such a value weighs 0) for
+    every value by its key. -inf, and a logit 1 / temperature scales to -inf, sit at their keys."""
+    s = _values()
+    s[4] = -3e38  # -inf once scaled by 1 / temperature = 8
+    x = s.to(torch.bfloat16)
+    out = torch.zeros(5 * N, dtype=torch.int32)
+    inv_t = 8.0
+    _key_tests[(1,)](x, out, inv_t, -32768, 32767, N=N)
+    keys = out[:N].sort().values  # (interval ends on values' own keys: ties with lo and hi)
+    for lo, hi in ((-32768, 32767), (int(keys[N // 3]), int(keys[2 * N // 3])), (-32768, int(keys[N // 2])), (5, 4)):
+        _key_tests[(1,)](x, out, inv_t, lo, hi, N=N)
+        key, inside, above, any_inside, any_above = out.view(5, N)
+        finite = (x.float() * inv_t) > float("-inf")
+        assert not bool(finite[0]) and not bool(finite[4])
+        assert torch.equal(inside.bool(), finite & (key >= lo) & (key <= hi))
+        assert torch.equal(above.bool(), finite & (key > hi))
+        assert torch.equal(any_inside.bool(), (key >= lo) & (key <= hi))
+        assert torch.equal(any_above.bool(), key > hi)
+    assert int(any_inside.sum()) == 0 and int(inside.sum()) == 0  # (the last interval is empty)
