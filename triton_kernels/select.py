@@ -155,7 +155,8 @@ def _tile(base, idx, width, inv_t, lo32, hi32, RAW: tl.constexpr = False, t0=0.0
     the right unsigned offset, hi - lo < 2**32). With VALUE (value bins, whose lo is a finite
     floor) the same tests on the values, lo's and hi's (t0, t1): the key's order is theirs, -0.0
     and +0.0 alike, and a finite floor leaves -inf out; no key (zeros). TOP: hi is the line max,
-    which no value lies above (VALUE: no test against it)."""
+    which no value lies above (VALUE: no test against it). FINITE=False (keys): no finite test, a
+    value -inf once scaled is inside or above by its key (a top-p raw window, where it weighs 0)."""
     x = tl.load(base + idx, mask=idx < width, other=float("-inf"))
     s = x.to(tl.float32) * inv_t
     if VALUE:
@@ -186,8 +187,10 @@ def _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, t0, scal
     lo, or with VALUE_BINS of 1 / scale in value from t0; with MASSES their fixed-point masses also
     added by atomics into the item's zeroed slice. Returns (the counts, the count and the
     fixed-point mass of the keys above hi). ABOVE: 0, hi is the line max (none above); 1, the
-    count only (the mass returned is 0: a pass that reads none); 2, both. (MASSES sums the mass.)
-    RAW: keys of the 16-bit logits' bits (stage 7)."""
+    count only (the mass returned is 0: a pass that reads none); 2, both; 3, the mass only, of a
+    top-p pass over raw keys (stage 8), whose decisions read no count: values -inf once scaled are
+    counted at their keys, whose weight is 0, and the count above hi is 0. (MASSES sums the mass.)
+    RAW: keys of the 16-bit logits' bits (stages 7 and 8)."""
     offsets = tl.arange(0, TILE)
     shift32 = shift.to(tl.uint32)
     counts = tl.zeros((BINS,), tl.int32)
@@ -491,7 +494,7 @@ def _select_pass(
                     counts, above_count, above_mass = _key_histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, stage == 7,
                                                                      TILE, BINS, 2, RAW16)
             else:
-                counts, above_count, above_mass = _key_histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, stage < 0, TILE, BINS, 2,
+                counts, above_count, above_mass = _key_histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, stage == 7, TILE, BINS, 2,
                                                                  RAW16)
         else:  # top-k key bins that cannot end the search, or whose mass above is known: the counts decide, no mass is read
             counts, above_count, above_mass = _key_histogram(base, chunk * span, span, width, inv_t, row_max, lo, hi, shift, stage == 7, TILE, BINS, 1,
