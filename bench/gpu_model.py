@@ -447,6 +447,11 @@ class Call:
     search_raw_share: float = 0.0
     search_raw_window_share: float = 0.0
     search_atomics: float = 0.0
+    # Of the lines, the share whose statistics count their top-p window (16-bit, top-p alone, one
+    # statistics part a line, the candidates do not settle it: stats.py), and the threshold
+    # item's scan steps over it per such line (thresholds.py), MEASURED like the search's.
+    top_p_window_share: float = 0.0
+    top_p_window_steps: float = 0.0
     # "token" (verify), "block" (verify(method="block")) or "tree" (verify_tree: k is then the
     # number of nodes N, the target and draft logits have N+1 contexts).
     method: str = "token"
@@ -583,6 +588,11 @@ LOOP_KINDS = {
     "key count block": "a line under a top-k above HISTOGRAM_TOP_K: its part read again (from L2) and counted in the 256 bins of the search's first pass "
                        "(a 16-bit line's raw keys' high byte, a float32 line's order keys'; with KEY_WINDOW a 16-bit part's top window's 255 single "
                        "raw keys in 256 more), 2 * T_LANES values a step",
+    "top-p window count block": "a bf16 line cut by top-p alone, read whole by one part, that its candidates do not settle: the line read again "
+                                "(from L2) and counted in TOP_P_BINS bins of single raw keys, TOP_P_BLOCK values a step (top_p_window_share, MEASURED)",
+    "top-p window sum step": "a threshold item sums such a line's top-p window from the top, TOP_P_STEP bins a step, until the cut's step "
+                             "(top_p_window_steps, MEASURED)",
+    "top-p window scan": "then scans that step (a running sum): one per such line",
     "residual race tile": "race tiles of a rejected row: the vocabulary over the row's chunks (every row rejects, ASSUMPTIONS)",
     "bonus race tile": "race tiles of an accepted row: 0 (every row rejects)",
     "zero-residual race (rare)": "the finalising program's race on p when every residual is zero: 0 (rounding corner)",
@@ -641,12 +651,14 @@ def loop_kinds(kernel: str, code: KernelCode) -> list[str | None]:
             kinds[index[id(loop)]] = label
 
     if kernel == "line_stats":
-        groups: dict = {"greedy tile": [], "sampled tile": [], "candidate tile": [], "key count block": []}
+        groups: dict = {"greedy tile": [], "sampled tile": [], "candidate tile": [], "key count block": [], "top-p window count block": []}
         for loop in code.loops:
             if not loop.has("LDG") or loop.parent is not None:
                 continue
             ex2 = loop.has("MUFU.EX2")
-            if not ex2 and (loop.has("ATOMS") or loop.has("VOTE")):
+            if not ex2 and loop.has("ATOMS") and loop.has("LDS") >= 16:
+                groups["top-p window count block"].append(loop)  # a histogram of thousands of bins: its read-back is many shared loads a step
+            elif not ex2 and (loop.has("ATOMS") or loop.has("VOTE")):
                 groups["key count block"].append(loop)  # a histogram's shared atomics (Triton 3.9) or ballots (3.6)
             elif not ex2 or loop.has("IMNMX") or loop.has("VIMNMX"):
                 groups["greedy tile"].append(loop)  # the argmax keeps an index (integer min); raw sums only with logprobs
@@ -722,7 +734,10 @@ def _cutoff_kinds(loops: list[Loop], kinds: list, at: list[int] | None = None) -
     parents = {loop.parent for loop in loops if loop.parent is not None}
     for n, loop in zip(at if at is not None else range(len(loops)), loops, strict=True):
         if loop.start in parents:
-            kinds[n] = "search ticket loop" if loop.after_wait else None
+            kinds[n] = "search ticket loop" if loop.after_wait else "threshold ticket loop"
+        elif not loop.after_wait and loop.parent is not None and loop.has("LDG") and loop.has("MUFU"):
+            # (inside a threshold item: the steps summed from the top, then the one scanned, a running sum)
+            kinds[n] = "top-p window scan" if loop.has("SHFL.UP") else "top-p window sum step"
         elif loop.has("CCTL") and loop.instructions < 64 and not loop.has("MUFU"):
             kinds[n] = "spin wait"
         elif loop.after_wait and loop.has("LDG") and (loop.has("MUFU") or loop.has("STG") or loop.has("ATOMS")):
@@ -815,6 +830,15 @@ def window_part(call: Call) -> int | None:
     return stats.args[-1] * c["T_LANES"] * c["T_ROWS"] if c["KEY_WINDOW"] else None
 
 
+def top_p_window_on(call: Call) -> bool:
+    """Whether the statistics of ``call``'s lines count their top-p windows where the candidates
+    do not settle them: its filtered form's statistics launch has TOP_P_BINS and one part a line,
+    and the call cuts by top-p alone."""
+    filtered = call if call.filtered else replace(call, top_p=0.9)
+    stats = next(launch for launch in launches(filtered, ASSUMPTIONS["multiprocessors"]) if launch.name == "line_stats")
+    return bool(stats.constexprs["TOP_P_BINS"]) and stats.grid[1] == 1 and call.top_p < 1 and not 0 < call.top_k < call.vocab
+
+
 def synthetic_search(call: Call, lines: int = 4) -> dict:
     """What select.py's search takes (select_search, pass by pass) on ``lines`` synthetic flat
     lines: standard normal logits at the call's vocabulary (rounded to its 16-bit dtype), scaled by
@@ -828,7 +852,8 @@ def synthetic_search(call: Call, lines: int = 4) -> dict:
     rng = np.random.default_rng(0)
     geometry = candidate_geometry(call)
     part = window_part(call)
-    passes = []
+    top_p_window = top_p_window_on(call)
+    passes, steps = [], []
     for _ in range(lines):
         values = rng.standard_normal(call.vocab).astype(np.float32)
         if call.dtype in ("bf16", "fp16"):
@@ -836,13 +861,17 @@ def synthetic_search(call: Call, lines: int = 4) -> dict:
             line = torch.from_numpy(values).to(torch.bfloat16 if call.dtype == "bf16" else torch.float16)
             scaled = line.float().numpy() * inv_t
             floor_key = candidate_outcome(scaled, *geometry, SORT, call.top_k, call.top_p)["floor_key"]
-            passes.append(select_search(scaled, call.top_k, call.top_p, raw=(line.view(torch.int16).numpy(), call.dtype, inv_t), floor_key=floor_key,
-                                        window_part=part)["passes"])
+            search = select_search(scaled, call.top_k, call.top_p, raw=(line.view(torch.int16).numpy(), call.dtype, inv_t), floor_key=floor_key,
+                                   window_part=part, top_p_window=top_p_window)
+            passes.append(search["passes"])
+            if search["top_p_window"]:
+                steps.append(search["top_p_window"]["steps"])
         else:
             passes.append(select_search(values / np.float32(call.temperature), call.top_k, call.top_p)["passes"])
-    # (a line its statistics' top window settles is never listed for the search)
+    # (a line its statistics' top window, or top-p window, settles is never listed for the search)
     listed = [line for line in passes if line]
-    return {"search_fraction": len(listed) / lines, **_search_trips(listed)} if listed else {"search_fraction": 0.0, "search_passes": 0.0}
+    window = {"top_p_window_share": len(steps) / lines, "top_p_window_steps": sum(steps) / len(steps) if steps else 0.0}
+    return window | ({"search_fraction": len(listed) / lines, **_search_trips(listed)} if listed else {"search_fraction": 0.0, "search_passes": 0.0})
 
 
 # The Call fields of a search's passes (_search_trips), as measure_trips records them.
@@ -894,6 +923,11 @@ def _work(launch, call: Call, phase: str) -> dict:
         if c["PHASE"] == 1 and c["HISTOGRAM_TOP_K"] < call.top_k < call.vocab:  # (histogrammed: a top-k that cuts, above HISTOGRAM_TOP_K)
             block = 2 * c["T_LANES"]
             loops |= {"key count block": (call.vocab // block / parts, block), "key count block (masked)": ((1 if call.vocab % block else 0) / parts, block)}
+        if c["PHASE"] == 1 and c.get("TOP_P_BINS"):  # (a bf16 top-p line the candidates do not settle: its top-p window)
+            block = c["TOP_P_BLOCK"]
+            share = call.top_p_window_share
+            loops |= {"top-p window count block": (share * (call.vocab // block), block),
+                      "top-p window count block (masked)": (share * (1 if call.vocab % block else 0), block)}
         return {
             "loops": loops, "programs_used": programs_used,
             "bytes": lines * call.vocab * call.itemsize + lines * 4,
@@ -923,9 +957,12 @@ def _work(launch, call: Call, phase: str) -> dict:
         # its candidates, sorted (tl.sort: no loop in the compiled code), the cut and the normaliser.
         programs = min(lines, launch.grid[0])
         return {
-            "loops": {"threshold ticket loop": (math.ceil(lines / programs), c["SORT"]), "spin wait": (0.0, 0)},
+            "loops": {"threshold ticket loop": (math.ceil(lines / programs), c["SORT"]), "spin wait": (0.0, 0),
+                      "top-p window sum step": (math.ceil(lines / programs) * call.top_p_window_share * call.top_p_window_steps, c.get("TOP_P_STEP", 0)),
+                      "top-p window scan": (math.ceil(lines / programs) * call.top_p_window_share, c.get("TOP_P_STEP", 0))},
             "programs_used": programs,
-            "bytes": lines * (c["LINE_SLOTS"] * 4 + 2 * c["SORT"] * 4 + c["PARTS"] * 16),
+            "bytes": lines * (c["LINE_SLOTS"] * 4 + 2 * c["SORT"] * 4 + c["PARTS"] * 16
+                              + call.top_p_window_share * call.top_p_window_steps * c.get("TOP_P_STEP", 0) * 4),
             # the ticket; the candidates' counts and floors with the partials; the candidates;
             # the packed candidates through the workspace; the release of the item; then every
             # program's acquire that sees the last item finished, its read of the list and its exit.
@@ -1387,6 +1424,65 @@ def window_outcome(values, keys, part: int, dtype: str, inv_t, top_k: int) -> di
     return {"usable": True, "settles": True, "cut_key": cut_key, "cut_value": cut_value, "strict": strict}
 
 
+def _raw_scaled_all(keys, dtype: str, inv_t):
+    """_raw_scaled of every raw key of an int64 array (float32)."""
+    import numpy as np
+
+    bits = np.where(keys >= 0, keys, keys ^ 0x7FFF).astype(np.int16)
+    values = (bits.astype(np.int32) << 16).view(np.float32) if dtype == "bf16" else bits.view(np.float16).astype(np.float32)
+    return values * np.float32(inv_t)
+
+
+def top_p_window_outcome(keys, dtype: str, inv_t, row_max: float, budget: float) -> dict:
+    """What a 16-bit line's top-p window (stats.py's top_p_window, thresholds.py's _top_p_window_cut)
+    tells of its top-p cut: ``keys`` the raw keys of all its values, ``row_max`` its scaled max,
+    ``budget`` top_p times its mass. The window: one bin per raw key from two above the max's
+    logit down, the keys within a quarter of the max's ulp from 0 in one bin. ``settles``: it holds
+    the cut (then ``cut_value``), ``steps``: the threshold item's scan steps (from the top)."""
+    import numpy as np
+    import torch
+
+    from specdec_ext._triton_backend import TOP_P_WINDOW_BINS as bins
+    from specdec_ext._triton_backend import TOP_P_WINDOW_STEP as step
+
+    f32 = np.float32
+    logit = torch.tensor([float(f32(row_max) / f32(inv_t))], dtype=torch.float32).to(torch.bfloat16 if dtype == "bf16" else torch.float16)
+    top = min(int(_raw_keys(logit.view(torch.int16).numpy())[0]) + 2, 32767)
+    exponent = (int(np.array([row_max], dtype=f32).view(np.int32)[0]) >> 23) & 0xFF
+    quarter = float(np.array([max(exponent - 25, 0) << 23], dtype=np.int32).view(f32)[0])
+    with np.errstate(over="ignore"):
+        q_logit = torch.tensor([float(f32(quarter) / f32(inv_t))], dtype=torch.float32).to(torch.bfloat16 if dtype == "bf16" else torch.float16)
+    zero_hi = int(_raw_keys(q_logit.view(torch.int16).numpy())[0])
+    for _ in range(2):
+        zero_hi = zero_hi - 1 if _raw_scaled(zero_hi, dtype, inv_t) >= quarter else zero_hi
+    zero_hi = min(max(zero_hi, 0) if quarter > 0 else -1, top)
+    zero_lo = -max(zero_hi, 0) - 1
+    lo = max(top - (bins - 2) - max(zero_hi - zero_lo, 0), -32768)
+    zero_lo = max(zero_lo, lo)
+    span = max(zero_hi - zero_lo, 0)
+    inside = np.maximum(keys - span, np.minimum(keys, zero_lo)) - lo
+    counts = np.bincount(np.where((inside >= 0) & (inside < bins - 1), inside, bins - 1), minlength=bins)
+    slots = np.arange(bins)
+    bin_keys = lo + slots + np.where(slots > zero_lo - lo, span, 0)
+    values = _raw_scaled_all(np.minimum(bin_keys, 32767), dtype, inv_t)
+    with np.errstate(invalid="ignore"):
+        mass = np.where(slots < bins - 1, counts, 0).astype(np.int64) * _fixed_weights(np.nan_to_num(values, nan=-np.inf), row_max)
+    mass_from = np.cumsum(mass[::-1])[::-1]
+    ok = mass_from.astype(np.float64) * 2.0**-40 >= budget
+    best = int(slots[ok].max()) if ok.any() else -1
+    steps = bins // step - (max(best, 0) // step)
+    if best < 0:
+        return {"settles": False, "steps": bins // step}
+    cut_value = f32(values[best])
+    lowest = int(bin_keys[best // step * step])
+    apart = lowest <= -32768 or _raw_scaled(max(lowest - 1, -32768), dtype, inv_t) < cut_value
+    same = f32(_raw_scaled(zero_lo, dtype, inv_t)) - f32(row_max) == f32(_raw_scaled(zero_lo + span, dtype, inv_t)) - f32(row_max)
+    top_key = lo + (bins - 2) + span
+    none_above = top_key >= 32767 or _raw_scaled(min(top_key + 1, 32767), dtype, inv_t) > row_max
+    single = best != zero_lo - lo or span == 0  # (a cut in the merged keys' bin: not settled)
+    return {"settles": bool(apart and same and none_above and single), "cut_value": float(cut_value), "steps": steps}
+
+
 def _histogram_top_k() -> int:
     from specdec_ext._triton_backend import HISTOGRAM_TOP_K
 
@@ -1394,7 +1490,7 @@ def _histogram_top_k() -> int:
 
 
 def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = None, gather: int = 2048, raw=None, floor_key: int | None = None,
-                  window_part: int | None = None) -> dict:
+                  window_part: int | None = None, top_p_window: bool = False) -> dict:
     """select.py's whole-line search on one float32 line (a numpy vector), pass by pass: the cut
     (an order key), the kept mass (fixed point) and, per pass, its stage and the fraction of the
     line's values it bins or gathers (stage 3 adds each binned one's mass by a global atomic).
@@ -1406,7 +1502,9 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
     raw window from them (thresholds.py): that window's pass then only counts. ``window_part``:
     values per statistics part where they count their top windows (a 16-bit line under a top-k
     above HISTOGRAM_TOP_K with KEY_WINDOW; ``window_outcome``): a window that holds the cut
-    settles top-k with no pass."""
+    settles top-k with no pass. ``top_p_window``: a 16-bit line cut by top-p alone has its top-p
+    window counted by its statistics (one part reads it whole, TOP_P_BINS; ``top_p_window_outcome``,
+    returned as "top_p_window"): a window that holds the cut settles it with no pass."""
     import numpy as np
 
     f32, bins_n = np.float32, 256
@@ -1430,6 +1528,13 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         budget = float(f32(top_p) * f32(line_mass))
         lo = _top_p_floor(row_max, line_mass, budget, values.size)
         stage = _top_p_stage(lo, hi) or 3
+    p_window = None
+    if top_p_window and raw is not None and stage in (2, 3):
+        p_window = top_p_window_outcome(_raw_keys(raw[0]), raw[1], raw[2], row_max, budget)
+        if p_window["settles"]:
+            cut = _order_key(p_window["cut_value"])
+            kept = int(weights[s_all >= f32(p_window["cut_value"])].sum())
+            return {"cut": cut, "kept_mass": kept, "passes": [], "stages": [], "path": [], "top_p_window": p_window}
     slots = np.arange(2 * bins_n)
     passes, kept = [], 0
     counted = True  # (the statistics counted the first top-k pass's bins, under a top-k above HISTOGRAM_TOP_K)
@@ -1581,7 +1686,7 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         stage = next_stage
     # path: the passes as the kernel records them (a top-k pass that only counts as 7)
     return {"cut": lo, "kept_mass": kept, "passes": passes, "stages": [q["stage"] for q in passes],
-            "path": [7 if q["counts_only"] else 1 if q["stage"] == 7 else q["stage"] for q in passes]}
+            "path": [7 if q["counts_only"] else 1 if q["stage"] == 7 else q["stage"] for q in passes], "top_p_window": p_window}
 
 
 def _order_key(value: float) -> int:
@@ -1643,6 +1748,7 @@ def measure_trips() -> dict:
             call = Call(label, **(shape | {"vocab": vocab}), top_k=50)
             parts, lanes, rows, tiles_per_part, line_slots = candidate_geometry(call)
             part = window_part(call)
+            top_p_window = top_p_window_on(replace(call, top_k=0, top_p=0.9))
             # A bf16 call's lines of bf16 logits: their top-k over raw keys (select_search's raw)
             raw16 = shape["dtype"] == "bf16" and torch.equal(logits.to(torch.bfloat16).float(), logits)
             for temperature, top_k, top_p in MEASURE_SETTINGS:
@@ -1653,16 +1759,18 @@ def measure_trips() -> dict:
                             for line in scaled]
                 resolved = np.array([o["resolved"] for o in outcomes])
                 tau = filter_thresholds(scaled, torch.full((len(scaled),), top_k), torch.full((len(scaled),), top_p))
-                passes, differs, windowed = [], 0, 0
+                passes, differs, windowed, steps = [], 0, 0, []
                 for n, (line, cut, outcome) in enumerate(zip(scaled, tau.tolist(), outcomes, strict=True)):
                     if outcome["resolved"]:
                         continue
                     search = select_search(line.numpy(), top_k, top_p, raw=(bits[n], "bf16", inv_t) if raw16 else None, floor_key=outcome["floor_key"],
-                                           window_part=part if raw16 else None)
+                                           window_part=part if raw16 else None, top_p_window=top_p_window and top_k == 0)
+                    if search["top_p_window"]:
+                        steps.append(search["top_p_window"]["steps"])
                     if search["cut"] != fixed_point_cut(line.numpy(), top_k, top_p):
                         raise AssertionError(f"select_search's cut {search['cut']} is not the fixed-point masses' {fixed_point_cut(line.numpy(), top_k, top_p)}")
                     differs += search["cut"] != _order_key(cut)
-                    if not search["passes"]:  # (settled by the statistics' top window: never listed)
+                    if not search["passes"]:  # (settled by the statistics' top window or top-p window: never listed)
                         windowed += 1
                         resolved[n] = True
                         continue
@@ -1674,6 +1782,7 @@ def measure_trips() -> dict:
                     "temperature": temperature, "top_k": top_k, "top_p": top_p, "lines": len(outcomes),
                     "resolved_fraction": round(float(resolved.mean()), 4), "search_fraction": round(1 - float(resolved.mean()), 4),
                     "window_settled_fraction": round(windowed / len(outcomes), 4),
+                    "top_p_window_share": round(len(steps) / len(outcomes), 4), "top_p_window_steps": round(sum(steps) / len(steps), 3) if steps else 0.0,
                     "search_passes_mean": trips["search_passes"], "searched_cuts_unlike_the_float_reference": differs,
                     **{name: trips.get(name, 0.0) for name in SEARCH_FIELDS},
                     "values_above_floor": {"median": float(np.median(above)), "p1": float(np.percentile(above, 1)), "overflow_fraction": float(np.mean(above < 0))},
@@ -1713,6 +1822,7 @@ def _measured_calls(measured: dict) -> list:
         call = Call(f"B=64 K=8 bf16 T={row['temperature']} top-k {row['top_k']} top-p {row['top_p']}, as measured on tiny_llama logits "
                     f"(searched {row['search_fraction']})", **_B64, temperature=row["temperature"], top_k=row["top_k"], top_p=row["top_p"],
                     search_fraction=row["search_fraction"], search_passes=row["search_passes_mean"],
+                    top_p_window_share=row.get("top_p_window_share", 0.0), top_p_window_steps=row.get("top_p_window_steps", 0.0),
                     **{name: row.get(name, 0.0) for name in SEARCH_FIELDS})
         found.append((call, {"x_unfiltered": 2.0}, "B=64 K=8 V=128256 bf16"))
     return found

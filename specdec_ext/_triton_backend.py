@@ -77,6 +77,16 @@ SELECT_GATHER = 2048
 # keys counted by the statistics launch (256 bins of their high byte, zeroed by the threshold item
 # that reads them): its whole-line search starts at its second pass, and the line is read once less.
 HISTOGRAM_TOP_K = 256
+# A bf16 line cut by top-p alone, which one statistics program reads whole (a serving batch's) and
+# its candidates do not settle (a flat distribution), has its raw keys counted by that program, one
+# key a bin from two above its max down (the keys near 0 that weigh the same in one bin): the
+# threshold item settles the cut from those exact counts, with no search pass (stats.py,
+# thresholds.py). The window reaches 28 below the max, where the fixed-point weights end, unless
+# the max lies in [0, 2**-8) (an fp16 line's 1024 keys a binade would not fit: fp16 lines are left
+# out). Values a step of that count, and bins a threshold item sums a step.
+TOP_P_WINDOW_BINS = 8192
+TOP_P_WINDOW_BLOCK = 16384
+TOP_P_WINDOW_STEP = 1024
 
 
 @cache
@@ -248,12 +258,14 @@ class Geometry(NamedTuple):
     select_gather: int  # at most SELECT_GATHER key slots per gather (gather_slots)
     histogram_top_k: int  # HISTOGRAM_TOP_K (2**31: no line's raw keys are counted by the statistics launch)
     key_window: bool  # key_window_default(): histogrammed 16-bit lines' statistics also count their parts' top windows
+    top_p_window: bool  # key_window_default(): bf16 top-p lines read whole by one program have their top-p windows counted
 
 
 def geometry(
     device: torch.device, *, race_chunks: int | None = None, race_block: int | None = None, stats_tile: int | None = None, stats_parts: int | None = None,
     line_slots: int | None = None, sort: int | None = None, select_chunk: int | None = None, select_programs: int | None = None,
-    select_gather: int | None = None, histogram_top_k: int | None = None, key_window: bool | None = None, sm_count: int | None = None,
+    select_gather: int | None = None, histogram_top_k: int | None = None, key_window: bool | None = None, top_p_window: bool | None = None,
+    sm_count: int | None = None,
 ) -> Geometry:
     """The geometry a call on ``device`` uses (arguments override it: tests cover several chunks per
     row, ragged tiles and each way of the candidates on small vocabularies; the model sets sm_count)."""
@@ -281,6 +293,7 @@ def geometry(
         select_gather=select_gather or SELECT_GATHER,
         histogram_top_k=HISTOGRAM_TOP_K if histogram_top_k is None else histogram_top_k,
         key_window=key_window_default() if key_window is None else key_window,
+        top_p_window=key_window_default() if top_p_window is None else top_p_window,
     )
 
 
@@ -344,12 +357,14 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
     searched = lines if args.filtered else 0
     stats += _next_power_of_2(tiles)  # the race reads whole power-of-two rows of partials
     histograms = searched * select_chunks * (SELECT_BINS + 1)
+    bf16 = args.target_logits.dtype == torch.bfloat16 or (has_draft and args.draft_logits.dtype == torch.bfloat16)
+    top_p_bins = TOP_P_WINDOW_BINS if args.filtered and bf16 and geo.top_p_window else 0
     floats = padded(stats, stats, stats, stats, lines, lines, batch * chunks, searched * geo.line_slots, searched * 2)
     ints = padded(stats, batch * chunks, searched * tiles, 2 * searched * tiles, searched * geo.sort, searched * SEARCH_STATE, histograms, 2 * histograms,
-                  searched, 1 if searched else 0, searched, searched * tiles * 256)
+                  searched, 1 if searched else 0, searched, searched * tiles * 256, searched * (top_p_bins + 4) if top_p_bins else 0)
     return {
         "has_draft": has_draft, "lines": lines, "stats_tile": stats_tile, "tiles": tiles, "tiles_per_part": tiles_per_part, "chunks": chunks,
-        "tiles_per_chunk": tiles_per_chunk, "filtered": args.filtered, "select_chunks": select_chunks,
+        "tiles_per_chunk": tiles_per_chunk, "filtered": args.filtered, "select_chunks": select_chunks, "top_p_bins": top_p_bins,
         "sizes": Sizes(floats, ints, padded(batch) + (padded(searched) + padded(CUTOFF_CONTROL) + searched * 256 if searched else 0)),
     }
 
@@ -416,6 +431,7 @@ class Buffers(NamedTuple):
     search_list: torch.Tensor  # (lines,) int32: the lines handed to the whole-line search
     histograms: torch.Tensor  # (lines, 256) int32 first-pass key counts, 0 between launches (stats.py, thresholds.py)
     windows: torch.Tensor  # (lines, tiles, 256) int32: histogrammed 16-bit lines' parts' top-window counts (stats.py, thresholds.py)
+    top_p_windows: torch.Tensor  # (lines, TOP_P_WINDOW_BINS + 4) int32: bf16 top-p lines' window counts and bounds (stats.py, thresholds.py)
     searching: torch.Tensor  # (1,) int32: how many
     cutoff_control: torch.Tensor  # (CUTOFF_CONTROL,) int32 counters of the cut-offs launch, 0 between launches
 
@@ -426,7 +442,7 @@ _BUFFERS: dict[tuple, Buffers] = {}
 def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tensor, layout: dict, batch: int, line_slots: int, sort: int) -> Buffers:
     """Carve a call's buffers out of the workspace (views, cached per workspace and layout)."""
     key = (ws_floats.device, ws_floats.data_ptr(), ws_floats.numel(), ws_ints.data_ptr(), ws_ints.numel(), counters.data_ptr(), layout["lines"],
-           layout["tiles"], layout["chunks"], layout["filtered"], layout["select_chunks"], line_slots, sort, batch)
+           layout["tiles"], layout["chunks"], layout["filtered"], layout["select_chunks"], layout["top_p_bins"], line_slots, sort, batch)
     found = _BUFFERS.get(key) if ws_floats.device.type != "meta" else None
     if found is not None:
         return found
@@ -451,6 +467,7 @@ def buffers(ws_floats: torch.Tensor, ws_ints: torch.Tensor, counters: torch.Tens
         search_f=take("f", searched * 2), search=take("i", searched * SEARCH_STATE), search_count=take("i", searched * sc * (SELECT_BINS + 1)),
         search_mass=take("i", 2 * searched * sc * (SELECT_BINS + 1)).view(torch.int64), search_list=take("i", searched),
         searching=take("i", 1 if searched else 0), search_progress=take("i", searched), windows=take("i", searched * tiles * 256),
+        top_p_windows=take("i", searched * (layout["top_p_bins"] + 4) if layout["top_p_bins"] else 0),
         # The race's counters come first (one per row), the search's after them, then the cut-offs launch's.
         search_counters=counters[race_counters : race_counters + searched],
         cutoff_control=counters[race_counters + _ALIGN * _cdiv(searched, _ALIGN) :][: CUTOFF_CONTROL if searched else 0],
@@ -547,7 +564,8 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
     # The per-call arguments are read from the call; everything else is bound here, once (a
     # decoding loop builds these tuples every step).
     has_draft = sh.has_draft
-    stats_fixed = (b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz, b.cand, b.cand_count, b.cand_floor, b.searching, b.histograms, b.windows)
+    stats_fixed = (b.part_m, b.part_z, b.part_i, b.part_rm, b.part_rz, b.cand, b.cand_count, b.cand_floor, b.searching, b.histograms, b.windows,
+                   b.top_p_windows)
     stats_tail = (b.gathered, *sh.shape_args, sh.tok_stride, tiles_per_part)
 
     def stats_arguments(a: VerifyArgs, key: int, o: Outputs) -> tuple:
@@ -567,7 +585,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
             "line_stats", k.line_stats_kernel, (lines, sh.t_parts), stats_arguments,
             {"PARTS": tiles, "HAS_DRAFT": sh.has_draft, "CHECK": args.check, "PHASE": phase, "LOGPROBS": args.logprobs, "LINE_SLOTS": geo.line_slots,
              "T_LANES": t_lanes, "T_ROWS": t_rows, "D_LANES": d_lanes, "D_ROWS": d_rows, "HISTOGRAM_TOP_K": geo.histogram_top_k,
-             "KEY_WINDOW": geo.key_window, **cap},
+             "KEY_WINDOW": geo.key_window, "SORT": geo.sort, "TOP_P_BINS": layout["top_p_bins"], "TOP_P_BLOCK": TOP_P_WINDOW_BLOCK, **cap},
             STATS_WARPS,
         )
 
@@ -582,7 +600,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
     programs = max(1, min(lines * sc, geo.select_programs))
     cutoff_fixed = (b.tau, b.part_m, b.part_z, b.search, b.search_f, b.search_progress, b.search_count, b.search_mass, b.search_counters,
                     b.cutoff_control, b.searching, b.search_list)
-    cutoff_tail = (b.cand, b.cand_count, b.cand_floor, b.sort, b.histograms, b.windows, *sh.shape_args, sh.t_parts, sh.d_parts)
+    cutoff_tail = (b.cand, b.cand_count, b.cand_floor, b.sort, b.histograms, b.windows, b.top_p_windows, *sh.shape_args, sh.t_parts, sh.d_parts)
 
     def cutoff_arguments(a: VerifyArgs, key: int, o: Outputs) -> tuple:
         target = a.target_logits
@@ -593,7 +611,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
         {"HAS_DRAFT": sh.has_draft, "PARTS": tiles, "PP": _next_power_of_2(tiles), "LINE_SLOTS": geo.line_slots, "SORT": geo.sort,
          "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES,
          "GATHER": gather_slots(sc, geo.select_gather), "HISTOGRAM_TOP_K": geo.histogram_top_k, "KEY_WINDOW": geo.key_window,
-         "maxnreg": 128},
+         "TOP_P_BINS": layout["top_p_bins"], "TOP_P_STEP": TOP_P_WINDOW_STEP, "maxnreg": 128},
         CUTOFF_WARPS,
     )
     return [line_stats(1), cutoff]

@@ -38,10 +38,10 @@ from .thresholds import threshold_line
 def cutoff_items(
     target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
     control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
-    sort_ptr, hist_ptr, window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
+    sort_ptr, hist_ptr, window_ptr, top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
     HAS_DRAFT: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, NUM_CHUNKS: tl.constexpr,
     CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr, PASSES: tl.constexpr, GATHER: tl.constexpr, HISTOGRAM_TOP_K: tl.constexpr,
-    KEY_WINDOW: tl.constexpr,
+    KEY_WINDOW: tl.constexpr, TOP_P_BINS: tl.constexpr, TOP_P_STEP: tl.constexpr,
 ):
     """The threshold and search items of a program (arguments as cutoff_kernel's); returns
     (the program's first ticket past them, where the items after them start)."""
@@ -51,8 +51,8 @@ def cutoff_items(
         threshold_line(
             ticket, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
             temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, hist_ptr, window_ptr,
-            batch, K, V, Vd, t_parts, d_parts, PARTS, PP, LINE_SLOTS, SORT, target_ptr.dtype.element_ty, draft_ptr.dtype.element_ty, HISTOGRAM_TOP_K,
-            GATHER, KEY_WINDOW,
+            top_p_window_ptr, batch, K, V, Vd, t_parts, d_parts, PARTS, PP, LINE_SLOTS, SORT, target_ptr.dtype.element_ty, draft_ptr.dtype.element_ty, HISTOGRAM_TOP_K,
+            GATHER, KEY_WINDOW, TOP_P_BINS, TOP_P_STEP,
         )
         tl.debug_barrier()  # every thread's stores precede the release
         tl.atomic_add(control_ptr + 1, 1, sem="release", scope="gpu")
@@ -128,6 +128,7 @@ def cutoff_kernel(
     sort_ptr,  # (lines, SORT) int32 workspace: a line's candidates packed for the sort
     hist_ptr,  # (lines, 256) int32: the statistics' first-pass key counts of a histogrammed line (stats.py), left 0
     window_ptr,  # (lines, PARTS, 256) int32: KEY_WINDOW, such a 16-bit line's parts' top-window counts (stats.py)
+    top_p_window_ptr,  # (lines, TOP_P_BINS + 4) int32: TOP_P_BINS, a bf16 top-p line's window counts and bounds (stats.py)
     batch,
     K,
     V,
@@ -151,11 +152,13 @@ def cutoff_kernel(
     GATHER: tl.constexpr,  # key slots of a line's gather (a power of two: sorted whole)
     HISTOGRAM_TOP_K: tl.constexpr,  # the statistics counted the first top-k pass of lines with top-k above it
     KEY_WINDOW: tl.constexpr,  # and, of such a 16-bit line, the single raw keys of each part's top window
+    TOP_P_BINS: tl.constexpr,  # 0, or the bins of a bf16 top-p line's window, which the statistics counted (stats.py)
+    TOP_P_STEP: tl.constexpr,  # bins a threshold item scans a step
 ):
     cutoff_items(
         target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
         control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
-        sort_ptr, hist_ptr, window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
-        HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES, GATHER, HISTOGRAM_TOP_K, KEY_WINDOW,
+        sort_ptr, hist_ptr, window_ptr, top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
+        HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES, GATHER, HISTOGRAM_TOP_K, KEY_WINDOW, TOP_P_BINS, TOP_P_STEP,
     )
     cutoff_exit(control_ptr)

@@ -130,14 +130,22 @@ def key_to_float(key):
 
 
 @triton.jit
-def raw_key(x, BF16: tl.constexpr):
+def raw_key(x, BF16: tl.constexpr, BITS: tl.constexpr = False):
     """int32 key with the order of 16-bit floats ``x`` (bf16 or fp16) in [-32768, 32767], from
     their bits (-0.0 just below +0.0: the two scale to one value, which the search allows for).
-    A bf16's bits are the high half of its float32's, whose order key is at hand (no 16-bit
-    extraction)."""
-    if BF16:
+    A bf16's bits are the high half of its float32's, whose order key is at hand where the value
+    is converted anyway (no 16-bit extraction); BITS (a loop that needs no value): from the 16
+    bits, one shift and one exclusive or (the sign's copy flips the magnitude of a negative)."""
+    if BF16 and not BITS:
         bits = x.to(tl.float32).to(tl.int32, bitcast=True)
         return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF) >> 16
     else:
         bits = x.to(tl.int16, bitcast=True).to(tl.int32)
-        return tl.where(bits >= 0, bits, bits ^ 0x7FFF)
+        return bits ^ ((bits >> 15) & 0x7FFF)
+
+
+@triton.jit
+def raw_scaled(key, inv_t, DTYPE: tl.constexpr):
+    """The scaled value (as a tile computes it) of the 16-bit float of DTYPE with raw key ``key``."""
+    bits = tl.where(key >= 0, key, key ^ 0x7FFF).to(tl.int16)
+    return bits.to(DTYPE, bitcast=True).to(tl.float32) * inv_t

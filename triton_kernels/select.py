@@ -69,7 +69,7 @@ check the kernel takes them).
 import triton
 import triton.language as tl
 
-from .random import exp, key_to_float, order_key, raw_key
+from .random import exp, key_to_float, order_key, raw_key, raw_scaled
 from .scan import before_here, from_here
 from .stats import line_of
 
@@ -104,7 +104,7 @@ def unfixed(mass):
 
 
 @triton.jit
-def _reaches(mass, budget):
+def reaches(mass, budget):
     """Whether a fixed-point mass reaches a budget (float32, in units of the max's weight)."""
     return unfixed(mass) >= budget.to(tl.float64)
 
@@ -138,13 +138,6 @@ def top_p_stage(lo, hi):
     """The stage a top-p search over [lo, hi] starts in: 2 (value bins, then a gather) over a
     finite floor and a wide interval, 3 (exact key bins) otherwise, 0 when [lo, hi] is one key."""
     return tl.where(lo >= hi, 0, tl.where((lo > -2139095041) & (hi - lo >= 65536), 2, 3))
-
-
-@triton.jit
-def raw_scaled(key, inv_t, DTYPE: tl.constexpr):
-    """The scaled value (as a tile computes it) of the 16-bit float of DTYPE with raw key ``key``."""
-    bits = tl.where(key >= 0, key, key ^ 0x7FFF).to(tl.int16)
-    return bits.to(DTYPE, bitcast=True).to(tl.float32) * inv_t
 
 
 @triton.jit
@@ -293,7 +286,7 @@ def _narrow(counts, masses, lo, hi, shift, row_max, stage, budget, top_k, inv_t,
     count_from = from_here(counts)
     mass_from = from_here(bin_mass)
     in_window = slots < ((hi - lo) >> shift) + 1
-    ok = tl.where((stage == 1) | (stage == 7), count_from >= top_k, _reaches(mass_from, budget)) & in_window
+    ok = tl.where((stage == 1) | (stage == 7), count_from >= top_k, reaches(mass_from, budget)) & in_window
     best = tl.max(tl.where(ok, slots, 0), axis=0)  # bin 0 (lo) qualifies by assumption
     return best, count_from, mass_from
 
@@ -322,8 +315,8 @@ def _cut_bins(counts, above_mass, t0, scale, row_max, budget, BINS: tl.constexpr
     high = tl.where(in_bins, counts.to(tl.int64) * fixed_mass(t0 + tl.math.div_rn((slots + 1).to(tl.float32), scale), row_max), 0)
     low_from = from_here(low) + above_mass
     high_from = from_here(high) + above_mass
-    first = tl.max(tl.where(_reaches(low_from, budget) & in_bins, slots, 0), axis=0)
-    last = tl.max(tl.where(_reaches(high_from, budget) & in_bins, slots, 0), axis=0)
+    first = tl.max(tl.where(reaches(low_from, budget) & in_bins, slots, 0), axis=0)
+    last = tl.max(tl.where(reaches(high_from, budget) & in_bins, slots, 0), axis=0)
     return first, last
 
 
@@ -406,10 +399,10 @@ def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budge
     # The mass strictly before each sorted key; the cut is the last key whose mass before it is
     # below the budget (the first of a run of ties has the mass above the tied value).
     before = above_mass + before_here(weights)
-    below = (~_reaches(before, budget)) & (slot < n)
+    below = (~reaches(before, budget)) & (slot < n)
     keep = tl.sum(below.to(tl.int32), axis=0)
     cut = pick(keys, tl.maximum(keep, 1) - 1, GATHER, -2147483648)
-    found = (keep > 0) & _reaches(above_mass + tl.sum(weights, axis=0), budget)
+    found = (keep > 0) & reaches(above_mass + tl.sum(weights, axis=0), budget)
     if stage == 4:
         cut = tl.where(use_p, tl.maximum(cut, k_key), k_key)
         found = keep >= 0  # True: the top-k set is whole
@@ -543,7 +536,7 @@ def _select_pass(
                 # was drawn from narrows to the side that holds the cut (above the window when the
                 # mass above it reaches the budget), and exact key bins finish the search. (A
                 # top-k gather holds at most GATHER values: this is top-p's.)
-                above = _reaches(above_mass, budget) & (overflow == 0)
+                above = reaches(above_mass, budget) & (overflow == 0)
                 lo = tl.where(above, window_hi + 1, bracket_lo)
                 hi = tl.where(above | overflow, bracket_hi, window_lo - 1)
                 next_stage = next_stage + 3
@@ -588,8 +581,8 @@ def _select_pass(
             # does not reach the budget and the mass from its first key up does; else the bracket
             # narrows to the side that holds the cut, in scaled keys, for exact key bins (stage 3).
             best, count_from, mass_from = _narrow(line_counts, line_masses, lo, hi, shift, row_max, stage, budget, top_k, inv_t, BINS, RAW16, DTYPE)
-            above = _reaches(above_mass, budget)
-            whole = _reaches(tl.max(tl.where(slots == 0, mass_from, 0), axis=0), budget)
+            above = reaches(above_mass, budget)
+            whole = reaches(tl.max(tl.where(slots == 0, mass_from, 0), axis=0), budget)
             if RAW16:
                 window_lo = lo
                 cut_value = raw_scaled(lo + best, inv_t, DTYPE)

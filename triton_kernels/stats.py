@@ -44,12 +44,24 @@ those counts and that top key as its own (the top -2**31 when bin 511 counted a 
 them to the high bytes' counts by their keys' high byte. Every value of a raw key has the same
 scaled value, hence the same mass: when the windows hold k values, the threshold item finds the
 top-k cut and the kept set's mass exactly from them, and the line is read no more.
+
+Top-p windows (TOP_P_BINS, a bf16 line cut by top-p alone that one program reads whole: a serving
+batch's): when the part's candidates may not settle the cut (their mass short of the budget, or
+more than the sort takes: a flat distribution), the part, read again from L2, counts its raw keys
+in TOP_P_BINS bins, one key a bin from two above its max's logit down, but the keys whose scaled
+values lie within a quarter of the max's ulp from 0, which share one bin (each of their s - max
+rounds to -max: they weigh the same, and would otherwise fill most bins with the binades near 0).
+The counts and the window's bounds go to the workspace; every value of a bin weighs the same, so
+the threshold item has each key's mass exactly and finds the cut from them when the window holds
+it (thresholds.py's _top_p_window_cut), and the line is read no more. A bf16 window reaches 28
+below the max, where the fixed-point weights end (a cut lies above), unless the max lies in
+[0, 2**-8): 128 keys a binade, 26 binades from the merged keys up to a positive max.
 """
 
 import triton
 import triton.language as tl
 
-from .random import exp, order_key, raw_key
+from .random import exp, order_key, raw_key, raw_scaled
 from .scan import before_here
 
 
@@ -249,6 +261,61 @@ def window_top(part_max, inv_t, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def top_p_window(part_max, inv_t, DTYPE: tl.constexpr, BINS: tl.constexpr):
+    """(lo, zero_lo, zero_span) of a 16-bit line's top-p window: BINS - 1 bins of its raw keys from
+    ``lo`` up to two above its max's logit (``window_top``), one key a bin, but for the keys
+    zero_lo .. zero_lo + zero_span, whose scaled values lie within a quarter of the max's ulp
+    from 0: s - max rounds to -max for each of them, so they weigh the same and share one bin
+    (without it, the binades near 0 would take most of the bins). The threshold item checks that
+    they do, and that the window holds the cut, before it uses the counts (thresholds.py)."""
+    top = window_top(part_max, inv_t, DTYPE)
+    exponent = (part_max.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    quarter = (tl.maximum(exponent - 25, 0) << 23).to(tl.float32, bitcast=True)  # 0.0: no key merges
+    zero_hi = raw_key((quarter / inv_t).to(DTYPE), DTYPE == tl.bfloat16)
+    zero_hi = tl.where(raw_scaled(zero_hi, inv_t, DTYPE) >= quarter, zero_hi - 1, zero_hi)
+    zero_hi = tl.where(raw_scaled(zero_hi, inv_t, DTYPE) >= quarter, zero_hi - 1, zero_hi)
+    zero_hi = tl.minimum(tl.where(quarter > 0.0, tl.maximum(zero_hi, 0), -1), top)
+    zero_lo = -tl.maximum(zero_hi, 0) - 1  # (a raw key's negation is -key - 1)
+    lo = tl.maximum(top - (BINS - 2) - tl.maximum(zero_hi - zero_lo, 0), -32768)
+    zero_lo = tl.maximum(zero_lo, lo)
+    return lo, zero_lo, tl.maximum(zero_hi - zero_lo, 0)
+
+
+@triton.jit
+def top_p_window_bin(key, lo, zero_lo, zero_span, BINS: tl.constexpr):
+    """The bin of raw key ``key`` in a top-p window (``top_p_window``): key - lo less the merged
+    keys below it, and BINS - 1 for a key outside the window (below lo: a wrapped unsigned offset).
+    (A key below the merged ones is its own min with zero_lo; one inside, zero_lo; one above,
+    key - zero_span, the larger: three integer instructions.)"""
+    inside = tl.maximum(key - zero_span, tl.minimum(key, zero_lo)) - lo
+    return tl.minimum(inside.to(tl.uint32, bitcast=True), BINS - 1).to(tl.int32)
+
+
+@triton.jit
+def _top_p_window_blocks(base, start, end, width, lo, zero_lo, zero_span, counts, BINS: tl.constexpr, MASKED: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    for block in range(start, end, BLOCK):
+        if MASKED:
+            x = tl.load(base + block + offsets, mask=block + offsets < width, other=float("-inf"))
+        else:
+            x = tl.load(base + block + offsets)
+        # No test per value: -inf (a padded value's too) and a logit 1 / temperature scales to -inf
+        # weigh 0 in whichever bin holds them.
+        counts += tl.histogram(top_p_window_bin(raw_key(x, x.dtype == tl.bfloat16, True), lo, zero_lo, zero_span, BINS), BINS)
+    return counts
+
+
+@triton.jit
+def _top_p_window_counts(base, end, width, lo, zero_lo, zero_span, BINS: tl.constexpr, BLOCK: tl.constexpr):
+    """A whole 16-bit line's values counted in its top-p window's bins, BLOCK values a step, whole
+    blocks unmasked (read again, from L2, after the candidates)."""
+    end = tl.minimum(end, width)
+    whole = end // BLOCK * BLOCK
+    counts = _top_p_window_blocks(base, 0, whole, width, lo, zero_lo, zero_span, tl.zeros((BINS,), tl.int32), BINS, False, BLOCK)
+    return _top_p_window_blocks(base, whole, end, width, lo, zero_lo, zero_span, counts, BINS, True, BLOCK)
+
+
+@triton.jit
 def _store_candidates(t1, t2, t3, line, part, quota, cand_ptr, cand_count_ptr, cand_floor_ptr, PARTS: tl.constexpr, LINE_SLOTS: tl.constexpr):
     """The part's candidates (see the module docstring): the entries above its floor in slots
     [part * quota, part * quota + count) of the line's LINE_SLOTS, the count, the floor's order key
@@ -268,24 +335,38 @@ def _store_candidates(t1, t2, t3, line, part, quota, cand_ptr, cand_count_ptr, c
     tl.store(cand_count_ptr + out, tl.sum(kept, axis=0))
     tl.store(cand_floor_ptr + out * 2, order_key(floor))
     tl.store(cand_floor_ptr + out * 2 + 1, order_key(tl.maximum(floor2, floor)))
+    return floor, tl.sum(kept, axis=0)
+
+
+@triton.jit
+def _candidates_may_settle(t1, t2, floor, kept, part_max, part_sum, top_p, SORT: tl.constexpr):
+    """Whether a line read whole by one part may have its top-p cut settled by its candidates (the
+    threshold item's test, thresholds.py, with a margin for its other order of summation): they
+    fit its sort and their mass reaches top_p times the line's."""
+    mass = tl.sum(tl.where(t1 > floor, exp(t1 - part_max), 0.0) + tl.where(t2 > floor, exp(t2 - part_max), 0.0), axis=0)
+    return (kept <= SORT) & (mass >= top_p * part_sum * 1.001)
 
 
 @triton.jit
 def _part(
     base, first, last, width, inv_t, greedy, candidates, histogram, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr, part_rm_ptr, part_rz_ptr,
-    cand_ptr, cand_count_ptr, cand_floor_ptr, hist_ptr, window_ptr,
+    cand_ptr, cand_count_ptr, cand_floor_ptr, hist_ptr, window_ptr, window_p, top_p, top_p_window_ptr,
     CANDIDATES: tl.constexpr, GREEDY_SUMS: tl.constexpr, RAW_STATS: tl.constexpr, LANES: tl.constexpr, ROWS: tl.constexpr,
-    PARTS: tl.constexpr, LINE_SLOTS: tl.constexpr, KEY_WINDOW: tl.constexpr,
+    PARTS: tl.constexpr, LINE_SLOTS: tl.constexpr, KEY_WINDOW: tl.constexpr, SORT: tl.constexpr, TOP_P_BINS: tl.constexpr,
+    TOP_P_BLOCK: tl.constexpr,
 ):
     """Statistics of tiles [first, last) of one line into partial slot ``out``: whole tiles
     unmasked, the line's ragged last tile masked; with ``candidates`` (a runtime flag, only
     compiled in with CANDIDATES) also the part's candidates, and with ``histogram`` the part's
     first-pass key counts added into the line's (with KEY_WINDOW, a 16-bit line's top window's
-    counts stored as the part's own)."""
+    counts stored as the part's own); with ``window_p`` (a bf16 line cut by top-p alone, which
+    this part reads whole: TOP_P_BINS > 0) its top-p window's counts and bounds, unless its
+    candidates may settle it."""
     rows = tl.arange(0, ROWS)
     lanes = tl.arange(0, LANES)
     block = rows[:, None] * LANES + lanes[None, :]
     whole = tl.maximum(tl.minimum(last, width // (ROWS * LANES)), first)
+    may_settle = window_p & (first < 0)  # False, as a runtime value (set from the candidates)
     lane_max = tl.full((LANES,), float("-inf"), tl.float32)
     lane_sum = tl.zeros((LANES,), tl.float32)
     raw_max = tl.full((LANES,), float("-inf"), tl.float32)
@@ -318,7 +399,11 @@ def _part(
                     base, first, whole, width, lanes, inv_t, lane_max, lane_sum, raw_max, raw_sum, t1, t2, t3, RAW_STATS, False, LANES, ROWS)
                 lane_max, lane_sum, raw_max, raw_sum, t1, t2, t3 = _candidate_tiles(
                     base, whole, last, width, lanes, inv_t, lane_max, lane_sum, raw_max, raw_sum, t1, t2, t3, RAW_STATS, True, LANES, ROWS)
-                _store_candidates(t1, t2, t3, line, part, quota, cand_ptr, cand_count_ptr, cand_floor_ptr, PARTS, LINE_SLOTS)
+                floor, kept = _store_candidates(t1, t2, t3, line, part, quota, cand_ptr, cand_count_ptr, cand_floor_ptr, PARTS, LINE_SLOTS)
+                if TOP_P_BINS > 0:
+                    if window_p:
+                        whole_max, whole_sum = _combine(lane_max, lane_sum)
+                        may_settle = _candidates_may_settle(t1, t2, floor, kept, whole_max, whole_sum, top_p, SORT)
             else:
                 lane_max, lane_sum, raw_max, raw_sum = _sampled_part(
                     base, first, whole, last, width, block, inv_t, lane_max, lane_sum, raw_max, raw_sum, RAW_STATS, LANES, ROWS)
@@ -333,6 +418,23 @@ def _part(
             tl.store(part_rm_ptr + out, part_max)
             tl.store(part_rz_ptr + out, part_sum)
         if CANDIDATES:
+            if TOP_P_BINS > 0:
+                if window_p:  # (last, likewise)
+                    DTYPE_P: tl.constexpr = base.dtype.element_ty
+                    if DTYPE_P == tl.bfloat16:
+                        # The candidates settle most lines (peaked ones): those are not counted.
+                        lo = tl.full((), -2147483648, tl.int32)
+                        zero_lo = lo * 0
+                        zero_span = lo * 0
+                        if may_settle == 0:
+                            lo, zero_lo, zero_span = top_p_window(part_max, inv_t, DTYPE_P, TOP_P_BINS)
+                            counts = _top_p_window_counts(base, last * (ROWS * LANES), width, lo, zero_lo, zero_span, TOP_P_BINS, TOP_P_BLOCK)
+                            tl.store(top_p_window_ptr + line.to(tl.int64) * (TOP_P_BINS + 4) + tl.arange(0, TOP_P_BINS), counts)
+                        # The window's bounds after its counts (lo -2**31: not counted).
+                        bounds = top_p_window_ptr + line.to(tl.int64) * (TOP_P_BINS + 4) + TOP_P_BINS
+                        tl.store(bounds, lo)
+                        tl.store(bounds + 1, zero_lo)
+                        tl.store(bounds + 2, zero_span)
             if histogram:  # (last: nothing of the statistics is live across its loop)
                 DTYPE: tl.constexpr = base.dtype.element_ty
                 WINDOW: tl.constexpr = KEY_WINDOW and DTYPE.primitive_bitwidth == 16
@@ -372,6 +474,7 @@ def line_stats_kernel(
     searching_ptr,  # (1,) int32 out (PHASE 1): 0, the count of lines cutoff_kernel hands to the whole-line search
     hist_ptr,  # (lines, 256) int32, 0 on entry (PHASE 1): a line's first-pass key counts where top-k > HISTOGRAM_TOP_K (added)
     window_ptr,  # (lines, PARTS, 256) int32 out (PHASE 1, KEY_WINDOW): a histogrammed 16-bit line's parts' top-window counts, then top key
+    top_p_window_ptr,  # (lines, TOP_P_BINS + 4) int32 out (PHASE 1, TOP_P_BINS): a bf16 top-p line's window counts, then lo, zero_lo, zero_span
     tokens_ptr,  # (B, K) int32 / int64 draft tokens
     gathered_ptr,  # (lines,) float32 out: each draft position's line's raw logit at its draft token
     batch,
@@ -396,6 +499,9 @@ def line_stats_kernel(
     D_ROWS: tl.constexpr,
     HISTOGRAM_TOP_K: tl.constexpr,  # a filtered line with top-k above it gets its histogram (the whole-line search's first pass)
     KEY_WINDOW: tl.constexpr,  # such a 16-bit line's parts also count the single raw keys of their top window
+    SORT: tl.constexpr,  # the threshold item's candidate slots (cutoffs.py)
+    TOP_P_BINS: tl.constexpr,  # 0, or the bins of a bf16 line's top-p window (one part reading it whole, top-p alone)
+    TOP_P_BLOCK: tl.constexpr,  # values a step of that count
 ):
     line = tl.program_id(0)
     part = tl.program_id(1)
@@ -408,12 +514,15 @@ def line_stats_kernel(
     inv_t = tl.math.div_rn(1.0, tl.where(temperature > 0, temperature, 1.0))
     candidates = line < 0  # False, as a runtime value
     histogram = candidates
+    window_p = candidates
+    top_p = inv_t
     if PHASE == 1:
         if (line == 0) & (part == 0):
             tl.store(searching_ptr, 0)  # cutoff_kernel, launched next, counts from here
-        _, _, _, _, _, top_k, _, use_k, _, active = filter_of(line, lines_t, K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, V, Vd)
+        _, _, _, _, _, top_k, top_p, use_k, use_p, active = filter_of(line, lines_t, K, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, V, Vd)
         candidates = active
         histogram = active & histogrammed(use_k, top_k, HISTOGRAM_TOP_K)
+        window_p = active & use_p & (use_k == 0)
     out = line.to(tl.int64) * PARTS + part
     first = part * tiles_per_part
     # The draft token of this position (clamped as the race clamps it), for the gather below.
@@ -434,7 +543,8 @@ def line_stats_kernel(
                 quota = LINE_SLOTS // tl.cdiv(line_tiles, tiles_per_part)
                 _part(d_base, first, last, Vd, inv_t, greedy, candidates, histogram, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr,
                       part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, hist_ptr, window_ptr,
-                      PHASE == 1, False, False, D_LANES, D_ROWS, PARTS, LINE_SLOTS, KEY_WINDOW)
+                      window_p & (first == 0) & (last == line_tiles), top_p, top_p_window_ptr,
+                      PHASE == 1, False, False, D_LANES, D_ROWS, PARTS, LINE_SLOTS, KEY_WINDOW, SORT, TOP_P_BINS, TOP_P_BLOCK)
                 tl.store(gathered_ptr + line, at_token, mask=mine)
     else:
         line_tiles = tl.cdiv(V, T_LANES * T_ROWS)
@@ -448,5 +558,6 @@ def line_stats_kernel(
             quota = LINE_SLOTS // tl.cdiv(line_tiles, tiles_per_part)
             _part(t_base, first, last, V, inv_t, greedy, candidates, histogram, line, part, quota, out, part_m_ptr, part_z_ptr, part_i_ptr,
                   part_rm_ptr, part_rz_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, hist_ptr, window_ptr,
-                  PHASE == 1, LOGPROBS != 0, LOGPROBS == 2, T_LANES, T_ROWS, PARTS, LINE_SLOTS, KEY_WINDOW)
+                  window_p & (first == 0) & (last == line_tiles), top_p, top_p_window_ptr,
+                  PHASE == 1, LOGPROBS != 0, LOGPROBS == 2, T_LANES, T_ROWS, PARTS, LINE_SLOTS, KEY_WINDOW, SORT, TOP_P_BINS, TOP_P_BLOCK)
             tl.store(gathered_ptr + line, at_token, mask=mine)

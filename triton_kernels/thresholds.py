@@ -21,9 +21,9 @@ Either way the result is the same exact key.
 import triton
 import triton.language as tl
 
-from .random import exp, key_to_float, order_key
+from .random import exp, key_to_float, order_key, raw_scaled
 from .scan import before_here, from_here
-from .select import fixed_mass, pick, raw_scaled, top_p_floor, top_p_inside, top_p_stage, unfixed
+from .select import fixed_mass, pick, reaches, top_p_floor, top_p_inside, top_p_stage, unfixed
 from .stats import filter_of, histogrammed
 
 # -2**31, the smallest order key, is written as a literal: a module-level constant is a plain int to
@@ -251,12 +251,107 @@ def _raw_top_k_start(
 
 
 @triton.jit
+def _reaching(budget):
+    """The smallest fixed-point mass F that reaches ``budget`` (select.py's reaches: float64(F) *
+    2**-40 >= budget), so that a mass reaches it exactly when F >= it: an integer comparison. The
+    budget times 2**40 is a float64 of 24 significant bits: its ceiling is representable; below it,
+    only a mass above 2**53 can round up to reach it, by at most 8 units (a mass is below 2**57)."""
+    least = tl.math.ceil(budget.to(tl.float64) * 1099511627776.0).to(tl.int64)
+    for _ in tl.static_range(8):  # (each step down by one unit while the mass below still reaches)
+        least = tl.where(reaches(least - 1, budget), least - 1, least)
+    return least
+
+
+@triton.jit
+def _window_mass(row, first, lo, zero_bin, zero_span, row_max, inv_t, DTYPE: tl.constexpr, BINS: tl.constexpr, STEP: tl.constexpr):
+    """The fixed-point mass of top-p window bins first .. first + STEP - 1 (``row``: the line's
+    counts): each bin's count times its key's weight (the last bin, of the values outside the
+    window, none)."""
+    bins = first + tl.arange(0, STEP)
+    keys = lo + bins + tl.where(bins > zero_bin, zero_span, 0)
+    counts = tl.load(row + bins, mask=bins < BINS - 1, other=0)
+    return counts.to(tl.int64) * fixed_mass(raw_scaled(tl.minimum(keys, 32767), inv_t, DTYPE), row_max)
+
+
+@triton.jit
+def _top_p_window_cut(line, budget, row_max, inv_t, top_p_window_ptr, DTYPE: tl.constexpr, BINS: tl.constexpr, STEP: tl.constexpr):
+    """(settled, tau, kept mass) of a bf16 line cut by top-p alone from its statistics' top-p
+    window (stats.py's ``top_p_window``: each bin one raw key, or the keys near 0 that weigh the
+    same). Every value of a raw key has the same mass, so each bin's mass is its count times its
+    weight (select.py's fixed-point weights, the search's own integers) and the mass from each key
+    up is exact: the cut is the value of the highest key whose mass from there up reaches the
+    budget, as the search's. The steps of STEP bins are summed from the top until the mass reaches
+    it; that step alone is then scanned. Settled only when the statistics counted the window (lo not
+    -2**31), it holds the cut in a bin of one key (not the merged keys' bin), no value lies above
+    it, the merged keys' s - max are one float, and no key below the cut's step scales to the
+    cut's value (the kept set is then the window's from there up, and the mass above it)."""
+    row = top_p_window_ptr + line.to(tl.int64) * (BINS + 4)
+    lo = tl.load(row + BINS)
+    zero_lo = tl.load(row + BINS + 1)
+    zero_span = tl.load(row + BINS + 2)
+    zero_bin = zero_lo - lo
+    top = lo + (BINS - 2) + zero_span
+    counted = lo != -2147483648
+    least = _reaching(budget)
+    found = lo * 0 - 1  # the first bin of the step holding the cut, -1 until found
+    above = tl.full((), 0, tl.int64)  # the mass of the bins above the current step
+    if counted:
+        for step in range(0, BINS // STEP):
+            if found < 0:
+                first = (BINS // STEP - 1 - step) * STEP
+                total = tl.sum(_window_mass(row, first, lo, zero_bin, zero_span, row_max, inv_t, DTYPE, BINS, STEP), axis=0)
+                if above + total >= least:
+                    found = first
+                else:
+                    above += total
+    # That step's scan, the highest bin whose mass from there up reaches the budget: a loop of one
+    # trip at most (none when no step holds the cut), which only a window that holds it runs.
+    best = found
+    cut_value = row_max * 0.0
+    kept_mass = above
+    apart = counted
+    for first in range(tl.maximum(found, 0), found + 1, STEP):
+        bins = first + tl.arange(0, STEP)
+        mass = _window_mass(row, first, lo, zero_bin, zero_span, row_max, inv_t, DTYPE, BINS, STEP)
+        keys = lo + bins + tl.where(bins > zero_bin, zero_span, 0)
+        values = raw_scaled(tl.minimum(keys, 32767), inv_t, DTYPE)
+        best = tl.max(tl.where(from_here(mass) + above >= least, bins, -1), axis=0)
+        cut_value = tl.max(tl.where(bins == best, values, float("-inf")), axis=0)
+        kept_mass = above + tl.sum(tl.where(values >= cut_value, mass, 0), axis=0)
+        # The key below the step's lowest (in the window or below it) lies below the cut's value.
+        lowest = tl.min(keys, axis=0)
+        apart = (lowest <= -32768) | (raw_scaled(tl.maximum(lowest - 1, -32768), inv_t, DTYPE) < cut_value)
+    same_weight = (raw_scaled(zero_lo, inv_t, DTYPE) - row_max) == (raw_scaled(zero_lo + zero_span, inv_t, DTYPE) - row_max)
+    none_above = (top >= 32767) | (raw_scaled(tl.minimum(top + 1, 32767), inv_t, DTYPE) > row_max)
+    # (a cut in the merged keys' bin is the least of them present, which the counts do not tell)
+    single = (best != zero_bin) | (zero_span == 0)
+    settled = counted & (found >= 0) & (best >= 0) & single & same_weight & none_above & apart
+    return settled, cut_value, kept_mass
+
+
+@triton.jit
+def _top_p_window_start(line, is_draft, budget, row_max, inv_t, top_p_window_ptr, TDTYPE: tl.constexpr, DDTYPE: tl.constexpr, BINS: tl.constexpr,
+                        STEP: tl.constexpr):
+    """``_top_p_window_cut`` of a target or draft line, in its own dtype (False for a line that is not bf16)."""
+    settled = is_draft & (budget < 0.0)  # False, as a runtime value
+    cut_value = row_max * 0.0
+    kept_mass = tl.full((), 0, tl.int64)
+    if TDTYPE == tl.bfloat16:
+        if is_draft == 0:
+            settled, cut_value, kept_mass = _top_p_window_cut(line, budget, row_max, inv_t, top_p_window_ptr, TDTYPE, BINS, STEP)
+    if DDTYPE == tl.bfloat16:
+        if is_draft:
+            settled, cut_value, kept_mass = _top_p_window_cut(line, budget, row_max, inv_t, top_p_window_ptr, DDTYPE, BINS, STEP)
+    return settled, cut_value, kept_mass
+
+
+@triton.jit
 def threshold_line(
     line, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, hist_ptr, window_ptr,
-    batch, K, V, Vd, t_parts, d_parts,
+    top_p_window_ptr, batch, K, V, Vd, t_parts, d_parts,
     PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, TDTYPE: tl.constexpr, DDTYPE: tl.constexpr,
-    HISTOGRAM_TOP_K: tl.constexpr, GATHER: tl.constexpr, KEY_WINDOW: tl.constexpr,
+    HISTOGRAM_TOP_K: tl.constexpr, GATHER: tl.constexpr, KEY_WINDOW: tl.constexpr, TOP_P_BINS: tl.constexpr, TOP_P_STEP: tl.constexpr,
 ):
     """The cut-off of one line from its candidates (cutoffs.py's first work items): tau and, when
     the candidates settle it, the line's statistics; otherwise a search state, the line appended
@@ -319,6 +414,17 @@ def threshold_line(
                         stage = stage * 0 + 4
                         hi = max_key
                         tl.store(state + 6, 0)  # the gather's slot counter
+        if TOP_P_BINS > 0:
+            if (stage == 2) & (parts == 1) & (use_k == 0):
+                # A 16-bit line whose statistics counted its top-p window (stats.py): settled from
+                # its exact counts when the window holds the cut.
+                settled, cut_value, kept_mass = _top_p_window_start(line, is_draft, carried, row_max, inv_t, top_p_window_ptr, TDTYPE, DDTYPE,
+                                                                    TOP_P_BINS, TOP_P_STEP)
+                if settled:
+                    stage = stage * 0
+                    resolved = settled
+                    tau = key_to_float(order_key(cut_value))
+                    normaliser = unfixed(kept_mass).to(tl.float32)
     tl.store(tau_ptr + line, tau)
     # Top-p over the whole line: value bins then a gather, or exact key bins (select.py).
     top_p_start = top_p_stage(lo, max_key)

@@ -468,6 +468,7 @@ def cut_walk_kernel(
     sort_ptr,  # (lines, SORT) int32 workspace
     hist_ptr,  # (lines, 256) int32: the statistics' first-pass key counts (cutoffs.py), left 0
     window_ptr,  # (lines, PARTS, 256) int32: KEY_WINDOW, their top windows' (cutoffs.py)
+    top_p_window_ptr,  # (lines, TOP_P_BINS + 4) int32: TOP_P_BINS, bf16 top-p lines' windows (cutoffs.py)
     batch, K, V, Vd,  # sizes
     t_stride_b, t_stride_k, d_stride_b, d_stride_k,  # strides, in elements
     t_parts, d_parts,  # statistics partials of a target (draft) line
@@ -496,6 +497,8 @@ def cut_walk_kernel(
     GATHER: tl.constexpr,
     HISTOGRAM_TOP_K: tl.constexpr,
     KEY_WINDOW: tl.constexpr,
+    TOP_P_BINS: tl.constexpr,
+    TOP_P_STEP: tl.constexpr,
     TREE: tl.constexpr,  # a tree walk (tree_walk_kernel's), else block verification's (block_walk_kernel's)
     NP: tl.constexpr,  # TREE: next power of two of max(N, 1)
     KP: tl.constexpr,  # a block: next power of two of K + 1
@@ -509,8 +512,8 @@ def cut_walk_kernel(
     ticket, walks = cutoff_items(
         target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, search_ptr, search_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
         control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
-        sort_ptr, hist_ptr, window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
-        HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES, GATHER, HISTOGRAM_TOP_K, KEY_WINDOW,
+        sort_ptr, hist_ptr, window_ptr, top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
+        HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES, GATHER, HISTOGRAM_TOP_K, KEY_WINDOW, TOP_P_BINS, TOP_P_STEP,
     )
     # The walk items: one per row, after every search item; a row's lines are final once every
     # search has ended.

@@ -1,6 +1,8 @@
 """The whole-line search's per-value tests and weights (triton_kernels/select.py), interpreted on CPU:
 the shortcuts a pass's step takes give what the plain definitions give, on -inf, ties with the
-interval's ends and values far below them. (The passes themselves: test_triton_identity.py.)"""
+interval's ends and values far below them; likewise the top-p window's bins (stats.py) and the
+integer threshold its threshold item compares masses with (thresholds.py). (The passes and the
+windows themselves: test_triton_identity.py.)"""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ pytestmark = pytest.mark.skipif("triton" not in specdec_ext.available_backends("
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 select = _triton_backend.kernels().select
+stats = _triton_backend.kernels().stats
+thresholds = _triton_backend.kernels().thresholds
 
 N = 64
 
@@ -111,3 +115,47 @@ def test_a_raw_key_interval_marks_finite_values_inside_and_above_and_a_top_p_win
         assert torch.equal(any_inside.bool(), (key >= lo) & (key <= hi))
         assert torch.equal(any_above.bool(), key > hi)
     assert int(any_inside.sum()) == 0 and int(inside.sum()) == 0  # (the last interval is empty)
+
+
+@triton.jit
+def _reaching(mass_ptr, out_ptr, budget_ptr, N: tl.constexpr):
+    idx = tl.arange(0, N)
+    mass = tl.load(mass_ptr + idx)
+    budget = tl.load(budget_ptr)  # (float32, as the threshold item's)
+    tl.store(out_ptr + idx, (mass >= thresholds._reaching(budget)).to(tl.int32))
+    tl.store(out_ptr + N + idx, select.reaches(mass, budget).to(tl.int32))
+
+
+@pytest.mark.parametrize("budget", [0.9, 1.0, 12345.678, 65536.0, 100000.1])
+def test_a_mass_reaches_a_budget_exactly_when_it_reaches_its_integer_threshold(budget):
+    """thresholds._reaching: the least fixed-point mass that reaches a budget (float64(F) * 2**-40
+    >= budget), so that an integer comparison decides as select.reaches does, masses around the
+    budget's own included. Above 8192 times the max's weight (F > 2**53) float64 rounds F, by up
+    to 8 units: the masses within 20 of the budget, and a spread, check both sides."""
+    exact = int(torch.tensor(budget, dtype=torch.float32).double() * 2**40)
+    mass = torch.tensor([exact + d for d in range(-20, 21)] + [exact * 2, exact // 2, exact - 2**20, exact + 2**20] + [0] * (N - 45), dtype=torch.int64)
+    out = torch.zeros(2 * N, dtype=torch.int32)
+    _reaching[(1,)](mass, out, torch.tensor([budget], dtype=torch.float32), N=N)
+    assert torch.equal(out[:N], out[N:]), budget
+    assert 0 < int(out[:41].sum()) < 41
+
+
+@triton.jit
+def _window_bins(key_ptr, out_ptr, lo, zero_lo, zero_span, N: tl.constexpr, BINS: tl.constexpr):
+    idx = tl.arange(0, N)
+    tl.store(out_ptr + idx, stats.top_p_window_bin(tl.load(key_ptr + idx), lo, zero_lo, zero_span, BINS))
+
+
+@pytest.mark.parametrize("lo,zero_lo,zero_span", [(-500, -40, 79), (-30, -30, 10), (-200, 100, 0), (-32768, -5, 9)])
+def test_top_p_window_bins_are_single_keys_but_the_merged_ones(lo, zero_lo, zero_span):
+    """stats.top_p_window_bin: each raw key from lo up its own bin, the keys zero_lo ..
+    zero_lo + zero_span one bin, and every key below lo or past the window in the last bin (the
+    three-instruction form against the plain definition), over every raw key."""
+    bins = 256
+    keys = torch.arange(-32768, 32768, dtype=torch.int32)
+    out = torch.zeros_like(keys)
+    _window_bins[(1,)](keys, out, lo, zero_lo, zero_span, N=keys.numel(), BINS=bins)
+    plain = keys - lo - (keys - zero_lo).clamp(0, zero_span)
+    want = torch.where((keys >= lo) & (plain < bins - 1), plain, bins - 1)
+    assert torch.equal(out, want)
+    assert int((out == (zero_lo - lo if zero_lo >= lo else 0)).sum()) == (zero_span + 1 if zero_lo - lo < bins - 1 else 0) or zero_lo < lo

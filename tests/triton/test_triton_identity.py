@@ -657,6 +657,107 @@ def test_top_k_window_gives_way_where_temperature_merges_or_overflows():
             assert torch.equal(_triton_thresholds(args, **geometry)[0], _reference_thresholds(args))
 
 
+def _top_p_window_bounds(args, **geometry) -> torch.Tensor:
+    """(lines, 3): each line's top-p window bounds as its statistics left them (lo, zero_lo,
+    zero_span; lo -2**31: not counted), read from the call's workspace after a call."""
+    args = _triton_backend.prepare(args)
+    geo = _triton_backend.geometry(args.target_logits.device, **geometry)
+    layout = _triton_backend._layout(args, geo)
+    ws = _triton_backend.workspace(args.target_logits.device)
+    bufs = _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch, geo.line_slots, geo.sort)
+    bins = layout["top_p_bins"]
+    return bufs.top_p_windows.view(-1, bins + 4)[:, bins : bins + 3].clone()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_top_p_window_settles_flat_lines(dtype):
+    """A bf16 line cut by top-p alone, which one statistics program reads whole and whose
+    candidates do not settle (flat: N(0, 1) logits, few sort slots), has its raw keys counted one a
+    bin (stats.py's top-p window); the threshold item finds the cut from those exact counts and the
+    line is never listed for the whole-line search. Without the window the search cuts it; fp16
+    lines (four times finer keys) have no window. Either way the tokens, probabilities and cuts
+    are the reference's, and bench.gpu_model.select_search takes the same way (no pass)."""
+    import numpy as np
+
+    from bench.gpu_model import select_search
+
+    g = torch.Generator().manual_seed(21)
+    target = torch.randn(1, 3, 3000, generator=g).to(dtype)
+    draft = torch.randn(1, 2, 3000, generator=g).to(dtype)
+    tokens = torch.tensor([[4, 7]])
+    seeds, offsets = _keys(1)
+    geometry = {"line_slots": 256, "sort": 64}
+    assert _triton_backend.launches_for(_args(target, draft, tokens, top_p=0.9), 0, **geometry)[0].grid[1] == 1  # one part a line
+    for temperature, top_p in ((1.0, 0.99), (0.7, 0.9)):
+        for window in (True, False):
+            args = _args(target, draft, tokens, seeds=seeds, offsets=offsets, temperature=temperature, top_p=top_p, return_logprobs="processed",
+                         return_accept_probs=True)
+            assert_same(_triton_backend.verify(args, 3, top_p_window=window, **geometry), verify_eager(args, 3))
+            got, resolved = _triton_thresholds(args, top_p_window=window, **geometry)
+            assert torch.equal(got, _reference_thresholds(args))
+            settled = window and dtype == torch.bfloat16
+            assert resolved.tolist() == [int(settled)] * 3, (temperature, window)
+            if settled:
+                assert (_top_p_window_bounds(args, **geometry)[:5, 0] != -(2**31)).all()  # every line counted (drafts too)
+        inv_t = np.float32(1.0) / np.float32(temperature)
+        line = target[0, 1]
+        raw = (line.view(torch.int16).numpy(), "bf16" if dtype == torch.bfloat16 else "fp16", inv_t)
+        modelled = select_search((line.float() * torch.tensor(inv_t)).numpy(), 0, top_p, raw=raw, top_p_window=dtype == torch.bfloat16)
+        assert (modelled["passes"] == []) == (dtype == torch.bfloat16)
+        assert modelled["cut"] == _order_key(float(got[1]))
+
+
+def _order_key(value: float) -> int:
+    from bench.gpu_model import _order_key as key
+
+    return key(value)
+
+
+def test_top_p_window_edge_cases():
+    """The top-p window's edge cases, token for token (bf16, top-p alone, one part a line, the
+    candidates too few to settle): -inf logits, both zeros and subnormals; logits that 1 /
+    temperature = 8 scales to -inf (counted at their own keys, where they weigh 0); a max near 0,
+    whose ulp merges no key beyond the zeros; a line all below -10; ties by the hundred. Two
+    windows are counted, not used, and the search cuts their lines: ties whose cut is 0.0, in the
+    bin of the merged keys near 0 (the least of them present is the cut, which the counts do not
+    tell), and a line whose max is 0 with its mass spread 20 below, which no window of 8192 keys
+    reaches. A peaked line, which the candidates settle, is not
+    counted at all."""
+    g = torch.Generator().manual_seed(23)
+    n = 2000
+    base = torch.randn(n, generator=g)
+    special = base.clone()
+    special[:100] = float("-inf")
+    special[100:140] = torch.tensor([0.0, -0.0] * 20)
+    special[140:160] = torch.tensor([1e-40, -1e-40] * 10)  # bf16 subnormals
+    huge = torch.where(torch.arange(n) < 600, torch.full((n,), -6e37), base / 8)  # (flat once scaled by 8)
+    tiny = 1e-3 * base
+    negative = -10 + base
+    ties = torch.randint(-3, 3, (n,), generator=g).float()  # (the cut at 0.0: the merged keys' bin, which leaves it to the search)
+    halves = ties + 0.5
+    zero_max = -20 * torch.rand(n, generator=g)
+    zero_max[7] = 0.0
+    peaked = base.clone()
+    peaked[11] = 40.0
+    seeds, offsets = _keys(1)
+    geometry = {"stats_tile": 256, "stats_parts": 1, "line_slots": 256, "sort": 64}  # (eight values a lane, one part a line)
+    cases = ((special, 1.0, 0.95, True), (huge, 0.125, 0.9, True), (tiny, 1.0, 0.9, True), (negative, 0.8, 0.95, True), (halves, 1.0, 0.9, True),
+             (ties, 1.0, 0.9, False), (zero_max, 1.0, 0.95, False), (peaked, 1.0, 0.9, None))
+    for line, temperature, top_p, settles in cases:
+        order = torch.randperm(n, generator=g)
+        target = torch.stack([line[order], line[order].flip(0)]).to(torch.bfloat16).reshape(1, 2, n)
+        draft = line[order].roll(5).to(torch.bfloat16).reshape(1, 1, n)
+        args = _args(target, draft, torch.tensor([[2]]), seeds=seeds, offsets=offsets, temperature=temperature, top_p=top_p,
+                     return_logprobs="processed", return_accept_probs=True)
+        assert_same(_triton_backend.verify(args, 3, **geometry), verify_eager(args, 3))
+        got, resolved = _triton_thresholds(args, **geometry)
+        assert torch.equal(got, _reference_thresholds(args)), (temperature, top_p)
+        counted = _top_p_window_bounds(args, **geometry)[:3, 0] != -(2**31)
+        assert counted.tolist() == [settles is not None] * 3, (temperature, top_p)
+        if settles is not None:
+            assert resolved.tolist() == [int(settles)] * 2, (temperature, top_p)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_top_k_search_takes_the_mass_above_its_raw_window_from_the_candidates(dtype):
     """A 16-bit line's top-k search after the statistics' counts: when the candidates hold every
