@@ -952,14 +952,18 @@ def _work(launch, call: Call, phase: str) -> dict:
             "rounds": ["l2", "l2" if _logits_bytes(call) < ASSUMPTIONS["l2_bytes"] / 2 else "dram", "l2", "l2"] + (["l2"] if call.logprobs else []),
             "final_trips": math.ceil(chunks / _triton_backend.FINAL_BLOCK),
         }
+    # The cut-offs launch's work items are drawn by ticket (cutoffs.py) by the programs resident at
+    # once; its other programs start as those exit, after the last item, and find none.
+    resident = min(launch.grid[0], ASSUMPTIONS["multiprocessors"] * _occupancy(compiled_code(launch), launch.num_warps))
     if phase == "cutoff":
-        # One work item per line (modelled as one program per line: the resident programs' waves):
-        # its candidates, sorted (tl.sort: no loop in the compiled code), the cut and the normaliser.
-        programs = min(lines, launch.grid[0])
+        # One work item per line: its candidates, sorted (tl.sort: no loop in the compiled code),
+        # the cut and the normaliser. The slowest resident program takes ceil(lines / resident).
+        programs = min(lines, resident)
+        items = math.ceil(lines / programs)
         return {
-            "loops": {"threshold ticket loop": (math.ceil(lines / programs), c["SORT"]), "spin wait": (0.0, 0),
-                      "top-p window sum step": (math.ceil(lines / programs) * call.top_p_window_share * call.top_p_window_steps, c.get("TOP_P_STEP", 0)),
-                      "top-p window scan": (math.ceil(lines / programs) * call.top_p_window_share, c.get("TOP_P_STEP", 0))},
+            "loops": {"threshold ticket loop": (items, c["SORT"]), "spin wait": (0.0, 0),
+                      "top-p window sum step": (items * call.top_p_window_share * call.top_p_window_steps, c.get("TOP_P_STEP", 0)),
+                      "top-p window scan": (items * call.top_p_window_share, c.get("TOP_P_STEP", 0))},
             "programs_used": programs,
             "bytes": lines * (c["LINE_SLOTS"] * 4 + 2 * c["SORT"] * 4 + c["PARTS"] * 16
                               + call.top_p_window_share * call.top_p_window_steps * c.get("TOP_P_STEP", 0) * 4),
@@ -972,12 +976,13 @@ def _work(launch, call: Call, phase: str) -> dict:
         # One pass of the whole-line search over the searched lines, in the same launch.
         searched = lines * call.search_fraction
         programs = launch.grid[0]
-        # (line, run of merge chunks) work items, taken in turn by the programs (cutoffs.py: a run of
-        # 2 or 4 chunks once the chunks outnumber the programs 8- or 16-fold)
+        # (line, run of merge chunks) work items, taken in turn by the resident programs (cutoffs.py:
+        # a run of 2 or 4 chunks once the chunks outnumber the launch's programs 8- or 16-fold)
         merge = 1 + (searched * c["NUM_CHUNKS"] >= 8 * programs) + 2 * (searched * c["NUM_CHUNKS"] >= 16 * programs)
         runs = math.ceil(c["NUM_CHUNKS"] / merge)
         slots = searched * runs * (c["BINS"] + 1)
         items = searched * runs
+        programs = resident
         per_program = math.ceil(items / programs)
         tiles = c["CHUNK"] * merge // c["TILE"] * per_program
         # shares of the passes by stage (and top-k's that only count)
@@ -1046,9 +1051,14 @@ def estimate_launch(launch, call: Call, phase: str | None = None) -> LaunchEstim
     path, barriers = code.path, code.barriers_outside_loops
     if phase.endswith(("cutoff", "cutoff:search")) and code.phases:
         path, barriers = code.phases["before_wait" if phase.endswith("cutoff") else "from_wait"]
-    counting = [entry for entry in loops if entry[1] and entry[1].startswith("key count block")]
-    if counting and not any(trips for _, _, trips, _ in counting):
-        path, barriers = path_skipping(code, [loop for loop, _, _, _ in counting])  # (its lines do not count their keys: the branch skips it all)
+    # (lines that count no keys, or no top-p window: the branch around each count skips it all)
+    idle = []
+    for kind in ("key count block", "top-p window count block"):
+        counting = [entry for entry in loops if entry[1] and entry[1].startswith(kind)]
+        if counting and not any(trips for _, _, trips, _ in counting):
+            idle += [loop for loop, _, _, _ in counting]
+    if idle:
+        path, barriers = path_skipping(code, idle)
     per_warp = path + sum(loop.instructions * trips for loop, _, trips, _ in loops)
     # The pipes of what runs outside the loops: the straight-line mix, scaled to the path.
     scale = path / code.straight if code.straight else 0.0
@@ -1759,7 +1769,7 @@ def measure_trips() -> dict:
                             for line in scaled]
                 resolved = np.array([o["resolved"] for o in outcomes])
                 tau = filter_thresholds(scaled, torch.full((len(scaled),), top_k), torch.full((len(scaled),), top_p))
-                passes, differs, windowed, steps = [], 0, 0, []
+                passes, differs, windowed, steps, plain = [], 0, 0, [], []
                 for n, (line, cut, outcome) in enumerate(zip(scaled, tau.tolist(), outcomes, strict=True)):
                     if outcome["resolved"]:
                         continue
@@ -1767,6 +1777,10 @@ def measure_trips() -> dict:
                                            window_part=part if raw16 else None, top_p_window=top_p_window and top_k == 0)
                     if search["top_p_window"]:
                         steps.append(search["top_p_window"]["steps"])
+                        # (the same line where no top-p window is counted: Triton before 3.9)
+                        plain.append(select_search(line.numpy(), top_k, top_p, raw=(bits[n], "bf16", inv_t), floor_key=outcome["floor_key"])["passes"])
+                    elif search["passes"]:
+                        plain.append(search["passes"])
                     if search["cut"] != fixed_point_cut(line.numpy(), top_k, top_p):
                         raise AssertionError(f"select_search's cut {search['cut']} is not the fixed-point masses' {fixed_point_cut(line.numpy(), top_k, top_p)}")
                     differs += search["cut"] != _order_key(cut)
@@ -1776,6 +1790,7 @@ def measure_trips() -> dict:
                         continue
                     passes.append(search["passes"])
                 trips = _search_trips(passes)
+                plain_trips = _search_trips(plain)
                 above = np.array([o["above_floor"] for o in outcomes])
                 found.append({
                     "source": source, "geometry": f"{label} ({parts} statistics parts of {tiles_per_part} tiles x {rows} rows x {lanes} lanes)",
@@ -1785,6 +1800,9 @@ def measure_trips() -> dict:
                     "top_p_window_share": round(len(steps) / len(outcomes), 4), "top_p_window_steps": round(sum(steps) / len(steps), 3) if steps else 0.0,
                     "search_passes_mean": trips["search_passes"], "searched_cuts_unlike_the_float_reference": differs,
                     **{name: trips.get(name, 0.0) for name in SEARCH_FIELDS},
+                    # Where no top-p window is counted (TOP_P_BINS 0: Triton before 3.9), the lines it settled are searched.
+                    "without_top_p_window": {"search_fraction": round(len(plain) / len(outcomes), 4), "search_passes_mean": plain_trips["search_passes"],
+                                             **{name: plain_trips.get(name, 0.0) for name in SEARCH_FIELDS}},
                     "values_above_floor": {"median": float(np.median(above)), "p1": float(np.percentile(above, 1)), "overflow_fraction": float(np.mean(above < 0))},
                     "part_levels": dict(Counter(level for o in outcomes for level in o["levels"])),
                 })
@@ -1819,6 +1837,8 @@ def _measured_calls(measured: dict) -> list:
     for row in rows:
         if row["top_k"] == 1000 or row["top_p"] == 0.99:
             continue
+        if "without_top_p_window" in row and not top_p_window_on(Call("", **_B64, top_k=row["top_k"], top_p=row["top_p"])):
+            row = row | row["without_top_p_window"] | {"top_p_window_share": 0.0, "top_p_window_steps": 0.0}
         call = Call(f"B=64 K=8 bf16 T={row['temperature']} top-k {row['top_k']} top-p {row['top_p']}, as measured on tiny_llama logits "
                     f"(searched {row['search_fraction']})", **_B64, temperature=row["temperature"], top_k=row["top_k"], top_p=row["top_p"],
                     search_fraction=row["search_fraction"], search_passes=row["search_passes_mean"],
