@@ -117,13 +117,19 @@ def _combine(lane_max, lane_sum):
 
 
 @triton.jit
-def _load_tile(base, start, width, block, MASKED: tl.constexpr):
-    """Values ``start + block`` of a line (a tile's (ROWS, LANES) block, or one row's lanes)."""
+def _load_values(base, start, offsets, width, MASKED: tl.constexpr):
+    """Values ``start + offsets`` of a line in its own dtype (with MASKED, -inf past ``width``)."""
     if MASKED:
-        idx = start + block
-        return tl.load(base + idx, mask=idx < width, other=float("-inf")).to(tl.float32)
+        idx = start + offsets
+        return tl.load(base + idx, mask=idx < width, other=float("-inf"))
     else:
-        return tl.load(base + start + block).to(tl.float32)
+        return tl.load(base + start + offsets)
+
+
+@triton.jit
+def _load_tile(base, start, width, block, MASKED: tl.constexpr):
+    """Values ``start + block`` of a line as float32 (a tile's (ROWS, LANES) block, or one row's lanes)."""
+    return _load_values(base, start, block, width, MASKED).to(tl.float32)
 
 
 @triton.jit
@@ -229,10 +235,7 @@ def first_pass_bin(x, inv_t, window_lo, WINDOW: tl.constexpr):
 def _key_count_blocks(base, start, end, width, inv_t, window_lo, counts, WINDOW: tl.constexpr, MASKED: tl.constexpr, BLOCK: tl.constexpr):
     offsets = tl.arange(0, BLOCK)
     for block in range(start, end, BLOCK):
-        if MASKED:
-            x = tl.load(base + block + offsets, mask=block + offsets < width, other=float("-inf"))
-        else:
-            x = tl.load(base + block + offsets)
+        x = _load_values(base, block, offsets, width, MASKED)
         # No mask on the histogram (a masked one branches per value): skipped values go to bin 0.
         counts += tl.histogram(first_pass_bin(x, inv_t, window_lo, WINDOW), 512 if WINDOW else 256)
     return counts
@@ -295,10 +298,7 @@ def top_p_window_bin(key, lo, zero_lo, zero_span, BINS: tl.constexpr):
 def _top_p_window_blocks(base, start, end, width, lo, zero_lo, zero_span, counts, BINS: tl.constexpr, MASKED: tl.constexpr, BLOCK: tl.constexpr):
     offsets = tl.arange(0, BLOCK)
     for block in range(start, end, BLOCK):
-        if MASKED:
-            x = tl.load(base + block + offsets, mask=block + offsets < width, other=float("-inf"))
-        else:
-            x = tl.load(base + block + offsets)
+        x = _load_values(base, block, offsets, width, MASKED)
         # No test per value: -inf (a padded value's too) and a logit 1 / temperature scales to -inf
         # weigh 0 in whichever bin holds them.
         counts += tl.histogram(top_p_window_bin(raw_key(x, x.dtype == tl.bfloat16, True), lo, zero_lo, zero_span, BINS), BINS)

@@ -740,7 +740,7 @@ def test_top_p_window_edge_cases():
     peaked = base.clone()
     peaked[11] = 40.0
     seeds, offsets = _keys(1)
-    geometry = {"stats_tile": 256, "stats_parts": 1, "line_slots": 256, "sort": 64}  # (eight values a lane, one part a line)
+    geometry = {"stats_tile": 256, "stats_parts": 1, "line_slots": 256, "sort": 64, "top_p_window": True}  # (eight values a lane, one part a line)
     cases = ((special, 1.0, 0.95, True), (huge, 0.125, 0.9, True), (tiny, 1.0, 0.9, True), (negative, 0.8, 0.95, True), (halves, 1.0, 0.9, True),
              (ties, 1.0, 0.9, False), (zero_max, 1.0, 0.95, False), (peaked, 1.0, 0.9, None))
     for line, temperature, top_p, settles in cases:
