@@ -14,8 +14,9 @@ value are the reference's sorted ones, as far as the candidates reach. When the 
 among them (top-k: at least k values; top-p alone: their mass reaches the budget) the cut and the
 line's normaliser over the kept set come from the sorted candidates, and the line is never read
 again. Otherwise (a large k, a flat distribution under top-p) the line gets a search state and the
-whole-line search (select.py) finds the cut in the same launch, with the kept set's statistics.
-Either way the result is the same exact key.
+whole-line search (select.py) finds the cut in the same launch, with the kept set's statistics,
+unless the statistics' windows settle it: a 16-bit top-k's top windows (``_raw_top_k_start``), a
+bf16 top-p's top-p window (``_top_p_window_cut``). Either way the result is the same exact key.
 """
 
 import triton
@@ -416,7 +417,7 @@ def threshold_line(
                         tl.store(state + 6, 0)  # the gather's slot counter
         if TOP_P_BINS > 0:
             if (stage == 2) & (parts == 1) & (use_k == 0):
-                # A 16-bit line whose statistics counted its top-p window (stats.py): settled from
+                # A bf16 line whose statistics counted its top-p window (stats.py): settled from
                 # its exact counts when the window holds the cut.
                 settled, cut_value, kept_mass = _top_p_window_start(line, is_draft, carried, row_max, inv_t, top_p_window_ptr, TDTYPE, DDTYPE,
                                                                     TOP_P_BINS, TOP_P_STEP)
