@@ -48,8 +48,8 @@ INPUTS = ("target 3*randn, draft = target + randn; lines the candidates settle: 
 # parts a line is read in (stats_tile, stats_parts: 65536 bf16 or 32768 fp32 values is the 32-row
 # tile that spilled at 255 registers, the default until 8-row tiles), and the race's ids per step at
 # B=1 (more programs for one row); and a top-k 1000 search's first pass over the line instead of
-# from the statistics launch's key counts (histogram_top_k), and with the top windows switched
-# (key_window). The model cannot rank these: it
+# from the statistics launch's key counts (histogram_top_k), and with the top windows and the top-p
+# windows switched (key_window, top_p_window). The model cannot rank these: it
 # under-estimated the spilling tile 3x. A lent GPU does.
 VARIANTS = [
     ("B=64 K=8 bf16 T=0.7 top-k 50 top-p 0.9", {"stats_tile": 65536, "stats_parts": 1}),
@@ -65,6 +65,9 @@ VARIANTS = [
     # the statistics' top windows switched the other way from this Triton's default (key_window_default:
     # on where tl.histogram takes shared-memory atomics, 3.9; off on 3.6, whose ballots a 512-bin histogram doubles)
     ("B=64 K=8 bf16 top-k 1000 (whole-line search)", {"key_window": not key_window_default()}),
+    # a flat bf16 top-p's top-p window switched the other way likewise (on 3.9: the search's two
+    # passes instead; on 3.6: 8192 bins of ballots, to see what they cost)
+    ("B=64 K=8 bf16 flat top-p 0.99 (whole-line search)", {"top_p_window": not key_window_default()}),
 ]
 
 
