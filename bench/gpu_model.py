@@ -1475,14 +1475,13 @@ def top_p_window_outcome(keys, dtype: str, inv_t, row_max: float, budget: float)
     slots = np.arange(bins)
     bin_keys = lo + slots + np.where(slots > zero_lo - lo, span, 0)
     values = _raw_scaled_all(np.minimum(bin_keys, 32767), dtype, inv_t)
-    with np.errstate(invalid="ignore"):
-        mass = np.where(slots < bins - 1, counts, 0).astype(np.int64) * _fixed_weights(np.nan_to_num(values, nan=-np.inf), row_max)
+    mass = np.where(slots < bins - 1, counts, 0).astype(np.int64) * _fixed_weights(values, row_max)  # (NaN past +inf's key: 0)
     mass_from = np.cumsum(mass[::-1])[::-1]
     ok = mass_from.astype(np.float64) * 2.0**-40 >= budget
     best = int(slots[ok].max()) if ok.any() else -1
-    steps = bins // step - (max(best, 0) // step)
     if best < 0:
         return {"settles": False, "steps": bins // step}
+    steps = bins // step - best // step
     cut_value = f32(values[best])
     lowest = int(bin_keys[best // step * step])
     apart = lowest <= -32768 or _raw_scaled(max(lowest - 1, -32768), dtype, inv_t) < cut_value

@@ -264,14 +264,15 @@ def _reaching(budget):
 
 
 @triton.jit
-def _window_mass(row, first, lo, zero_bin, zero_span, row_max, inv_t, DTYPE: tl.constexpr, BINS: tl.constexpr, STEP: tl.constexpr):
-    """The fixed-point mass of top-p window bins first .. first + STEP - 1 (``row``: the line's
-    counts): each bin's count times its key's weight (the last bin, of the values outside the
-    window, none)."""
+def _window_step(row, first, lo, zero_bin, zero_span, row_max, inv_t, DTYPE: tl.constexpr, BINS: tl.constexpr, STEP: tl.constexpr):
+    """Top-p window bins first .. first + STEP - 1 (``row``: the line's counts): (the bins, their
+    keys (the merged bin's lowest), their scaled values, their fixed-point masses: each bin's count
+    times its key's weight; the last bin, of the values outside the window, none)."""
     bins = first + tl.arange(0, STEP)
     keys = lo + bins + tl.where(bins > zero_bin, zero_span, 0)
+    values = raw_scaled(tl.minimum(keys, 32767), inv_t, DTYPE)
     counts = tl.load(row + bins, mask=bins < BINS - 1, other=0)
-    return counts.to(tl.int64) * fixed_mass(raw_scaled(tl.minimum(keys, 32767), inv_t, DTYPE), row_max)
+    return bins, keys, values, counts.to(tl.int64) * fixed_mass(values, row_max)
 
 
 @triton.jit
@@ -300,7 +301,8 @@ def _top_p_window_cut(line, budget, row_max, inv_t, top_p_window_ptr, DTYPE: tl.
         for step in range(0, BINS // STEP):
             if found < 0:
                 first = (BINS // STEP - 1 - step) * STEP
-                total = tl.sum(_window_mass(row, first, lo, zero_bin, zero_span, row_max, inv_t, DTYPE, BINS, STEP), axis=0)
+                _, _, _, mass = _window_step(row, first, lo, zero_bin, zero_span, row_max, inv_t, DTYPE, BINS, STEP)
+                total = tl.sum(mass, axis=0)
                 if above + total >= least:
                     found = first
                 else:
@@ -312,10 +314,7 @@ def _top_p_window_cut(line, budget, row_max, inv_t, top_p_window_ptr, DTYPE: tl.
     kept_mass = above
     apart = counted
     for first in range(tl.maximum(found, 0), found + 1, STEP):
-        bins = first + tl.arange(0, STEP)
-        mass = _window_mass(row, first, lo, zero_bin, zero_span, row_max, inv_t, DTYPE, BINS, STEP)
-        keys = lo + bins + tl.where(bins > zero_bin, zero_span, 0)
-        values = raw_scaled(tl.minimum(keys, 32767), inv_t, DTYPE)
+        bins, keys, values, mass = _window_step(row, first, lo, zero_bin, zero_span, row_max, inv_t, DTYPE, BINS, STEP)
         best = tl.max(tl.where(from_here(mass) + above >= least, bins, -1), axis=0)
         cut_value = tl.max(tl.where(bins == best, values, float("-inf")), axis=0)
         kept_mass = above + tl.sum(tl.where(values >= cut_value, mass, 0), axis=0)
