@@ -170,6 +170,9 @@ class Loop:
     # last item of a pass that gathered nothing runs at most.
     tail: int = 0
     tail_without_sort: int = 0
+    # Of a work-item loop, its longest path (head and tail) that goes around the sort: a threshold
+    # item that a top-p window settles before its candidates are sorted (0: none such).
+    around_sort: int = 0
 
     def has(self, opcode: str) -> int:
         return sum(n for name, n in self.by_opcode.items() if name == opcode or name.startswith(opcode + "."))
@@ -200,7 +203,9 @@ def basic_blocks(body: list[Instruction]) -> tuple[list[list[Instruction]], list
             target = _branch_target(last)
             if target is not None and target in index:
                 successors.append(block_of[index[target]])
-            if predicated and end < len(body):
+            # (BRA.DIV leaves a diverged warp for the out-of-line code that converges it: the
+            # warp it finds converged, the path counted, goes on)
+            if (predicated or last.opcode.startswith("BRA.DIV")) and end < len(body):
                 successors.append(b + 1)
         elif last.base == "EXIT":
             if predicated and end < len(body):
@@ -211,16 +216,18 @@ def basic_blocks(body: list[Instruction]) -> tuple[list[list[Instruction]], list
     return blocks, edges
 
 
-def longest_path(body: list[Instruction], cold: set[int], counted=lambda instruction: True) -> int:
+def longest_path(body: list[Instruction], cold: set[int], counted=lambda instruction: True, avoid: frozenset = frozenset()) -> int:
     """Instructions on the longest path from entry to exit through the main body, the addresses in
     ``cold`` (slow paths, loop bodies) weighing nothing and the back edges a depth-first search finds
     dropped: what one program executes at most outside its loops (an if/else counts its longer
     branch, not both). ``counted``: the instructions that count (all; the barriers for the most a
-    program meets)."""
+    program meets). ``avoid``: addresses no path may pass (a program that takes the other way
+    around them); -1 when every path does."""
     if not body:
         return 0
     found, edges = basic_blocks(body)
     blocks = [sum(1 for i in block if i.address not in cold and counted(i)) for block in found]
+    dead = {b for b, block in enumerate(found) if any(i.address in avoid for i in block)}
     # Depth-first search from the entry: an edge to a block on the stack closes a loop.
     state = [0] * len(blocks)  # 0 new, 1 on the stack, 2 done
     forward = [[] for _ in blocks]
@@ -254,7 +261,8 @@ def longest_path(body: list[Instruction], cold: set[int], counted=lambda instruc
             stack.append((nxt, iter(forward[nxt])))
     best = {}
     for node in order:  # postorder: successors first
-        best[node] = blocks[node] + max((best[n] for n in forward[node]), default=0)
+        after = [best[n] for n in forward[node] if best[n] >= 0]
+        best[node] = -1 if node in dead or (forward[node] and not after) else blocks[node] + max(after, default=0)
     return best[0]
 
 
@@ -351,10 +359,14 @@ def analyse(sass: str, resources: str) -> KernelCode:
         if tiles_end is not None and loop.instructions:
             inner = {i.address for i in body for a, b in ranges if (a, b) != (loop.start, loop.end) and loop.start <= a and b <= loop.end and a <= i.address <= b}
             skip = cold | inner
-            head = longest_path([i for i in body if loop.start <= i.address <= tiles_end], skip)
+            head_code = [i for i in body if loop.start <= i.address <= tiles_end]
+            head = longest_path(head_code, skip)
             tail = [i for i in body if tiles_end < i.address <= loop.end]
             loop.tail = longest_path(tail, skip)
             loop.tail_without_sort = longest_path(tail, skip | sorted_blocks(tail))
+            sort = frozenset(sorted_blocks(head_code + tail))
+            around = (longest_path(head_code, skip, avoid=sort), longest_path(tail, skip, avoid=sort))
+            loop.around_sort = sum(around) if sort and min(around) >= 0 else 0
             scale = (head + loop.tail) / loop.instructions
             loop.by_pipe = {pipe: n * scale for pipe, n in loop.by_pipe.items()}
             loop.instructions = head + loop.tail
@@ -1019,6 +1031,16 @@ def search_tail(loop: Loop, call: Call) -> float:
     return call.search_gather_share * loop.tail + (1 - call.search_gather_share) * (loop.tail_without_sort or loop.tail)
 
 
+def threshold_item_trips(loop: Loop, call: Call, trips: float) -> float:
+    """The threshold items' trips, weighted as their loop's longest path: a line its top-p window
+    settles (top_p_window_share) is cut before its candidates are sorted and goes around the sort
+    (``around_sort``)."""
+    if not (loop.around_sort and loop.instructions):
+        return trips
+    share = call.top_p_window_share
+    return trips * ((1 - share) + share * loop.around_sort / loop.instructions)
+
+
 def loop_trips(launch, call: Call, phase: str, code: KernelCode) -> list[tuple[Loop, str, float, int]]:
     """(loop, kind, trips per program, values per trip) of every loop of the launch's code in this
     phase: a kind the phase does not run takes 0 trips; copies of one kind share its trips."""
@@ -1034,6 +1056,8 @@ def loop_trips(launch, call: Call, phase: str, code: KernelCode) -> list[tuple[L
         if kind == "search ticket loop" and loop.tail and loop.instructions:
             # Every item runs the body's head; only a line's last item of a pass its tail.
             trips = (trips * (loop.instructions - loop.tail) + work.get("finalisers", 0.0) * search_tail(loop, call)) / loop.instructions
+        if kind == "threshold ticket loop":
+            trips = threshold_item_trips(loop, call, trips)
         found.append((loop, kind, trips / copies[kind], values or work["loops"].get(base(kind), (0, 0))[1]))
     return found
 

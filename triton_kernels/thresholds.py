@@ -16,7 +16,8 @@ line's normaliser over the kept set come from the sorted candidates, and the lin
 again. Otherwise (a large k, a flat distribution under top-p) the line gets a search state and the
 whole-line search (select.py) finds the cut in the same launch, with the kept set's statistics,
 unless the statistics' windows settle it: a 16-bit top-k's top windows (``_raw_top_k_start``), a
-bf16 top-p's top-p window (``_top_p_window_cut``). Either way the result is the same exact key.
+bf16 top-p's top-p window (``_top_p_window_cut``, tried before the candidates are sorted: a line it
+settles needs no sort). Either way the result is the same exact key.
 """
 
 import triton
@@ -69,6 +70,20 @@ def _sorted_candidates(
 
 
 @triton.jit
+def _line_mass(line, parts, part_m_ptr, part_z_ptr, PARTS: tl.constexpr, PP: tl.constexpr):
+    """(max, mass relative to the max, bad) of a line from its statistics partials; bad: a NaN or
+    +inf value, or no finite one."""
+    part = tl.arange(0, PP)
+    present = part < parts
+    part_max = tl.load(part_m_ptr + line.to(tl.int64) * PARTS + part, mask=present, other=float("-inf"))
+    part_sum = tl.load(part_z_ptr + line.to(tl.int64) * PARTS + part, mask=present, other=0.0)
+    row_max = tl.max(part_max, axis=0)
+    bad = (tl.max(((part_sum != part_sum) | (part_max == float("inf"))).to(tl.int32), axis=0) != 0) | (row_max == float("-inf"))
+    line_mass = tl.sum(tl.where(part_max > float("-inf"), part_sum * exp(part_max - row_max), 0.0), axis=0)
+    return row_max, line_mass, bad
+
+
+@triton.jit
 def _line_threshold(
     line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
     PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr,
@@ -79,14 +94,7 @@ def _line_threshold(
     from them; z is NaN for a line with NaN / +inf values or an empty one (the race blanks such a
     row). Otherwise stage (1: top-k, 2: top-p), carried (the top-p budget) and lo (the key the
     search starts from) start the whole-line search (select.py)."""
-    # The line's max and mass (relative to its max), from the statistics partials.
-    part = tl.arange(0, PP)
-    present = part < parts
-    part_max = tl.load(part_m_ptr + line.to(tl.int64) * PARTS + part, mask=present, other=float("-inf"))
-    part_sum = tl.load(part_z_ptr + line.to(tl.int64) * PARTS + part, mask=present, other=0.0)
-    row_max = tl.max(part_max, axis=0)
-    bad = (tl.max(((part_sum != part_sum) | (part_max == float("inf"))).to(tl.int32), axis=0) != 0) | (row_max == float("-inf"))
-    line_mass = tl.sum(tl.where(part_max > float("-inf"), part_sum * exp(part_max - row_max), 0.0), axis=0)
+    row_max, line_mass, bad = _line_mass(line, parts, part_m_ptr, part_z_ptr, PARTS, PP)
     max_key = order_key(row_max).to(tl.int64)
 
     keys, count, floor = _sorted_candidates(line, parts, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, PARTS, PP, LINE_SLOTS, SORT)
@@ -294,10 +302,11 @@ def _top_p_window_cut(line, budget, row_max, inv_t, top_p_window_ptr, DTYPE: tl.
     zero_bin = zero_lo - lo
     top = lo + (BINS - 2) + zero_span
     counted = lo != -2147483648
-    least = _reaching(budget)
+    least = tl.full((), 0, tl.int64)
     found = lo * 0 - 1  # the first bin of the step holding the cut, -1 until found
     above = tl.full((), 0, tl.int64)  # the mass of the bins above the current step
     if counted:
+        least = _reaching(budget)
         for step in range(0, BINS // STEP):
             if found < 0:
                 first = (BINS // STEP - 1 - step) * STEP
@@ -383,48 +392,53 @@ def threshold_line(
     start_k_key = tl.full((), -2147483648, tl.int64)  # the top-k key (none yet)
     state = state_ptr + line.to(tl.int64) * 8
     if active:
-        tau, resolved, row_max, normaliser, stage, max_key, carried, lo, keys, count, floor = _line_threshold(
-            line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
-            PARTS, PP, LINE_SLOTS, SORT,
-        )
-        hi = max_key
-        if histogrammed(use_k, top_k, HISTOGRAM_TOP_K):
-            bins = tl.arange(0, 256)
-            counts = tl.load(hist_ptr + line.to(tl.int64) * 256 + bins, cache_modifier=".cg")
-            tl.store(hist_ptr + line.to(tl.int64) * 256 + bins, tl.zeros((256,), tl.int32))  # for the next call (and graph replay)
-            if stage == 1:
-                # The search's first top-k pass (select.py), from the statistics' counts: the cut
-                # lies in the highest bin whose count from there up reaches k (bin 0 qualifies),
-                # and the next pass takes that bin's keys. A 16-bit line's bins are its raw keys'
-                # high byte (stage 7 from [-32768, 32767]), a float32 line's 2**24 order keys from
-                # -2**31 (stage 1 over [-2**31, the line max]; a gather next when the values from
-                # the bin up fit).
-                count_from = from_here(counts)
-                best = tl.max(tl.where(count_from >= top_k, bins, 0), axis=0)
-                path = path + 7  # recorded as that pass would record itself (a pass that only counted)
-                if tl.where(is_draft, D16, T16):
-                    stage, lo, hi, path, known_mass, start_k_key, resolved, tau, normaliser, carried = _raw_top_k_start(
-                        line, best, top_k, top_p, use_p, inv_t, row_max, max_key, is_draft, parts, window_ptr, keys, count, floor, tau, normaliser,
-                        carried, TDTYPE, DDTYPE, PARTS, PP, SORT, KEY_WINDOW,
-                    )
-                else:
-                    lo = (best.to(tl.int64) << 24) - 2147483648
-                    hi = tl.minimum(lo + 16777215, max_key)
-                    if pick(count_from, best, 256, 0) <= GATHER:
-                        stage = stage * 0 + 4
-                        hi = max_key
-                        tl.store(state + 6, 0)  # the gather's slot counter
+        # A bf16 line cut by top-p alone whose statistics counted its top-p window (stats.py) tries
+        # the window first: its cut needs only the line's partials and the counts, and the
+        # candidates are then sorted only for a line it does not settle (either gives the same
+        # exact cut).
+        windowed = resolved  # False, as a runtime value
         if TOP_P_BINS > 0:
-            if (stage == 2) & (parts == 1) & (use_k == 0):
-                # A bf16 line whose statistics counted its top-p window (stats.py): settled from
-                # its exact counts when the window holds the cut.
-                settled, cut_value, kept_mass = _top_p_window_start(line, is_draft, carried, row_max, inv_t, top_p_window_ptr, TDTYPE, DDTYPE,
-                                                                    TOP_P_BINS, TOP_P_STEP)
-                if settled:
-                    stage = stage * 0
-                    resolved = settled
-                    tau = key_to_float(order_key(cut_value))
-                    normaliser = unfixed(kept_mass).to(tl.float32)
+            if (parts == 1) & (use_k == 0) & use_p:
+                row_max, line_mass, bad = _line_mass(line, parts, part_m_ptr, part_z_ptr, PARTS, PP)
+                if bad == 0:
+                    windowed, cut_value, kept_mass = _top_p_window_start(line, is_draft, top_p * line_mass, row_max, inv_t, top_p_window_ptr,
+                                                                         TDTYPE, DDTYPE, TOP_P_BINS, TOP_P_STEP)
+                    if windowed:
+                        resolved = windowed
+                        tau = key_to_float(order_key(cut_value))
+                        normaliser = unfixed(kept_mass).to(tl.float32)
+        if windowed == 0:
+            tau, resolved, row_max, normaliser, stage, max_key, carried, lo, keys, count, floor = _line_threshold(
+                line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
+                PARTS, PP, LINE_SLOTS, SORT,
+            )
+            hi = max_key
+            if histogrammed(use_k, top_k, HISTOGRAM_TOP_K):
+                bins = tl.arange(0, 256)
+                counts = tl.load(hist_ptr + line.to(tl.int64) * 256 + bins, cache_modifier=".cg")
+                tl.store(hist_ptr + line.to(tl.int64) * 256 + bins, tl.zeros((256,), tl.int32))  # for the next call (and graph replay)
+                if stage == 1:
+                    # The search's first top-k pass (select.py), from the statistics' counts: the cut
+                    # lies in the highest bin whose count from there up reaches k (bin 0 qualifies),
+                    # and the next pass takes that bin's keys. A 16-bit line's bins are its raw keys'
+                    # high byte (stage 7 from [-32768, 32767]), a float32 line's 2**24 order keys from
+                    # -2**31 (stage 1 over [-2**31, the line max]; a gather next when the values from
+                    # the bin up fit).
+                    count_from = from_here(counts)
+                    best = tl.max(tl.where(count_from >= top_k, bins, 0), axis=0)
+                    path = path + 7  # recorded as that pass would record itself (a pass that only counted)
+                    if tl.where(is_draft, D16, T16):
+                        stage, lo, hi, path, known_mass, start_k_key, resolved, tau, normaliser, carried = _raw_top_k_start(
+                            line, best, top_k, top_p, use_p, inv_t, row_max, max_key, is_draft, parts, window_ptr, keys, count, floor, tau, normaliser,
+                            carried, TDTYPE, DDTYPE, PARTS, PP, SORT, KEY_WINDOW,
+                        )
+                    else:
+                        lo = (best.to(tl.int64) << 24) - 2147483648
+                        hi = tl.minimum(lo + 16777215, max_key)
+                        if pick(count_from, best, 256, 0) <= GATHER:
+                            stage = stage * 0 + 4
+                            hi = max_key
+                            tl.store(state + 6, 0)  # the gather's slot counter
     tl.store(tau_ptr + line, tau)
     # Top-p over the whole line: value bins then a gather, or exact key bins (select.py).
     top_p_start = top_p_stage(lo, max_key)

@@ -47,6 +47,37 @@ def test_a_search_items_tail_is_counted_with_and_without_the_sort():
     assert gpu_model.sorted_blocks(gpu_model.parse_sass(_SASS)) == {0x90, 0xA0, 0xB0}
 
 
+def test_a_threshold_item_its_top_p_window_settles_goes_around_the_sort():
+    """around_sort: the longest path of a work item that may not pass the sort's blocks (the head,
+    then the tail's branch past the sort: 0x60, 0x70, 0x80, 0xc0, 0xd0); the threshold items'
+    instructions are weighted by the share of lines that take it."""
+    loop = _item_loop()
+    assert loop.around_sort == 1 + 5
+    for share, expected in ((0.0, 1.0), (1.0, 6 / 9), (0.5, 0.5 + 0.5 * 6 / 9)):
+        call = gpu_model.Call("x", 64, 8, 128256, "bf16", top_p=0.99, top_p_window_share=share)
+        trips = gpu_model.threshold_item_trips(loop, call, 1.0)
+        assert trips == pytest.approx(expected)
+
+
+# A warp-divergence check before a shuffle (BRA.DIV: a diverged warp leaves for the out-of-line
+# code past the final self-branch, a converged one goes on), then the shuffle's sum and a store.
+_DIVERGENCE = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   BRA.DIV UR4, 0x70 ;
+        /*0020*/                   SHFL.BFLY PT, R2, R3, 0x1, 0x1f ;
+        /*0030*/                   FADD R3, R3, R2 ;
+        /*0040*/                   STG.E desc[UR4][R4.64], R3 ;
+        /*0050*/                   EXIT ;
+        /*0060*/                   BRA 0x60 ;
+        /*0070*/                   WARPSYNC.ALL ;
+"""
+
+
+def test_code_after_a_divergence_check_is_on_the_path():
+    code = gpu_model.analyse(_DIVERGENCE, _RESOURCES)
+    assert code.path == 6
+
+
 @pytest.mark.parametrize("gather_share, expected", [(0.0, 5.0), (1.0, 8.0), (0.25, 5.75)])
 def test_only_the_gathers_share_of_the_passes_pays_for_the_sort(gather_share, expected):
     call = gpu_model.Call("x", 64, 8, 128256, "bf16", top_p=0.99, search_fraction=1.0, search_passes=2.0, search_gather_share=gather_share)

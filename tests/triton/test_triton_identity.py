@@ -657,16 +657,36 @@ def test_top_k_window_gives_way_where_temperature_merges_or_overflows():
             assert torch.equal(_triton_thresholds(args, **geometry)[0], _reference_thresholds(args))
 
 
-def _top_p_window_bounds(args, **geometry) -> torch.Tensor:
-    """(lines, 3): each line's top-p window bounds as its statistics left them (lo, zero_lo,
-    zero_span; lo -2**31: not counted), read from the call's workspace after a call."""
+def _call_buffers(args, **geometry):
+    """(the call's workspace buffers, its layout), as a call with this geometry finds them."""
     args = _triton_backend.prepare(args)
     geo = _triton_backend.geometry(args.target_logits.device, **geometry)
     layout = _triton_backend._layout(args, geo)
     ws = _triton_backend.workspace(args.target_logits.device)
-    bufs = _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch, geo.line_slots, geo.sort)
+    return _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch, geo.line_slots, geo.sort), layout
+
+
+def _top_p_window_bounds(args, **geometry) -> torch.Tensor:
+    """(lines, 3): each line's top-p window bounds as its statistics left them (lo, zero_lo,
+    zero_span; lo -2**31: not counted), read from the call's workspace after a call."""
+    bufs, layout = _call_buffers(args, **geometry)
     bins = layout["top_p_bins"]
     return bufs.top_p_windows.view(-1, bins + 4)[:, bins : bins + 3].clone()
+
+
+def _sorted_lines(args, **geometry) -> list[bool]:
+    """Which lines' candidates the threshold items sorted in a call: each line's sort slots are
+    filled with a mark before it, which only the packing of its candidates overwrites."""
+    bufs, _ = _call_buffers(args, **geometry)
+    bufs.sort.fill_(-7)
+    _triton_backend.verify(args, 3, **geometry)
+    bufs, _ = _call_buffers(args, **geometry)
+    return (bufs.sort.view(_lines(args), -1) != -7).any(dim=1).tolist()
+
+
+def _lines(args) -> int:
+    batch, k = args.draft_tokens.shape
+    return batch * (k + 1) + (batch * k if args.draft_logits is not None else 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -699,6 +719,8 @@ def test_top_p_window_settles_flat_lines(dtype):
             assert resolved.tolist() == [int(settled)] * 3, (temperature, window)
             if settled:
                 assert (_top_p_window_bounds(args, **geometry)[:5, 0] != -(2**31)).all()  # every line counted (drafts too)
+            # A line its window settles is cut before its candidates are sorted: it sorts none.
+            assert _sorted_lines(args, top_p_window=window, **geometry) == [not settled] * 5, (temperature, window)
         inv_t = np.float32(1.0) / np.float32(temperature)
         line = target[0, 1]
         raw = (line.view(torch.int16).numpy(), "bf16" if dtype == torch.bfloat16 else "fp16", inv_t)
