@@ -170,9 +170,11 @@ class Loop:
     # last item of a pass that gathered nothing runs at most.
     tail: int = 0
     tail_without_sort: int = 0
-    # Of a work-item loop, its longest path (head and tail) that goes around the sort: a threshold
-    # item that a top-p window settles before its candidates are sorted (0: none such).
+    # Of the threshold items' loop: its longest path around the sort (a line its statistics' top
+    # windows settle before its candidates are sorted), and the longest around it through its tile
+    # loops (a line its top-p window settles: that window's steps); 0 where it has no sort.
     around_sort: int = 0
+    through_tiles: int = 0
 
     def has(self, opcode: str) -> int:
         return sum(n for name, n in self.by_opcode.items() if name == opcode or name.startswith(opcode + "."))
@@ -216,13 +218,15 @@ def basic_blocks(body: list[Instruction]) -> tuple[list[list[Instruction]], list
     return blocks, edges
 
 
-def longest_path(body: list[Instruction], cold: set[int], counted=lambda instruction: True, avoid: frozenset = frozenset()) -> int:
+def longest_path(body: list[Instruction], cold: set[int], counted=lambda instruction: True, avoid: frozenset = frozenset(),
+                 through: frozenset = frozenset()) -> int:
     """Instructions on the longest path from entry to exit through the main body, the addresses in
     ``cold`` (slow paths, loop bodies) weighing nothing and the back edges a depth-first search finds
     dropped: what one program executes at most outside its loops (an if/else counts its longer
     branch, not both). ``counted``: the instructions that count (all; the barriers for the most a
     program meets). ``avoid``: addresses no path may pass (a program that takes the other way
-    around them); -1 when every path does."""
+    around them); ``through``: addresses one of which every path passes (a program that runs that
+    code); -1 when no path is left."""
     if not body:
         return 0
     found, edges = basic_blocks(body)
@@ -263,7 +267,20 @@ def longest_path(body: list[Instruction], cold: set[int], counted=lambda instruc
     for node in order:  # postorder: successors first
         after = [best[n] for n in forward[node] if best[n] >= 0]
         best[node] = -1 if node in dead or (forward[node] and not after) else blocks[node] + max(after, default=0)
-    return best[0]
+    if not through:
+        return best[0]
+    # The longest way from the entry to each block (reverse postorder: predecessors first), then
+    # the longest path through a block that holds a ``through`` address.
+    upto = {node: -1 for node in order}
+    upto[0] = -1 if 0 in dead else blocks[0]
+    for node in reversed(order):
+        if upto[node] >= 0:
+            for n in forward[node]:
+                if n not in dead:
+                    upto[n] = max(upto[n], upto[node] + blocks[n])
+    passing = [upto[b] + best[b] - blocks[b] for b, block in enumerate(found) if b in upto and upto[b] >= 0 and best[b] >= 0
+               and any(i.address in through for i in block)]
+    return max(passing, default=-1)
 
 
 @dataclass
@@ -359,17 +376,28 @@ def analyse(sass: str, resources: str) -> KernelCode:
         if tiles_end is not None and loop.instructions:
             inner = {i.address for i in body for a, b in ranges if (a, b) != (loop.start, loop.end) and loop.start <= a and b <= loop.end and a <= i.address <= b}
             skip = cold | inner
-            head_code = [i for i in body if loop.start <= i.address <= tiles_end]
-            head = longest_path(head_code, skip)
-            tail = [i for i in body if tiles_end < i.address <= loop.end]
-            loop.tail = longest_path(tail, skip)
-            loop.tail_without_sort = longest_path(tail, skip | sorted_blocks(tail))
-            sort = frozenset(sorted_blocks(head_code + tail))
-            around = (longest_path(head_code, skip, avoid=sort), longest_path(tail, skip, avoid=sort))
-            loop.around_sort = sum(around) if sort and min(around) >= 0 else 0
-            scale = (head + loop.tail) / loop.instructions
+            if wait is not None and loop.end < wait:
+                # The threshold items (before the acquire): each line takes one branch per kind
+                # (its statistics' top-p window, top windows, or candidates alone), which may rejoin
+                # after its tile loops: its longest path whole.
+                own = [i for i in body if loop.start <= i.address <= loop.end]
+                sort = frozenset(sorted_blocks(own))
+                tiles = frozenset(i.address for i in own for c in loops if c.parent == loop.start and c.has("LDG") and c.has("MUFU")
+                                  and c.start <= i.address <= c.end)
+                whole = longest_path(own, skip)
+                if sort:
+                    loop.around_sort = max(longest_path(own, skip, avoid=sort), 0)
+                    loop.through_tiles = max(longest_path(own, skip, avoid=sort, through=tiles), 0)
+            else:
+                head_code = [i for i in body if loop.start <= i.address <= tiles_end]
+                head = longest_path(head_code, skip)
+                tail = [i for i in body if tiles_end < i.address <= loop.end]
+                loop.tail = longest_path(tail, skip)
+                loop.tail_without_sort = longest_path(tail, skip | sorted_blocks(tail))
+                whole = head + loop.tail
+            scale = whole / loop.instructions
             loop.by_pipe = {pipe: n * scale for pipe, n in loop.by_pipe.items()}
-            loop.instructions = head + loop.tail
+            loop.instructions = whole
     in_loops = {i.address for i in hot if any(a <= i.address <= b for a, b in ranges)}
     straight = [i for i in hot if i.address not in in_loops]
     straight_pipes, _ = _mix(straight)
@@ -464,6 +492,8 @@ class Call:
     # item's scan steps over it per such line (thresholds.py), MEASURED like the search's.
     top_p_window_share: float = 0.0
     top_p_window_steps: float = 0.0
+    top_p_settled_share: float = 0.0  # lines a top-p window settles (their threshold items sort no candidates)
+    top_k_window_share: float = 0.0  # lines whose top windows hold k values (likewise)
     # "token" (verify), "block" (verify(method="block")) or "tree" (verify_tree: k is then the
     # number of nodes N, the target and draft logits have N+1 contexts).
     method: str = "token"
@@ -609,7 +639,8 @@ LOOP_KINDS = {
     "bonus race tile": "race tiles of an accepted row: 0 (every row rejects)",
     "zero-residual race (rare)": "the finalising program's race on p when every residual is zero: 0 (rounding corner)",
     "finalising block": "the last program of a row reads the chunk results: ceil(chunks / FINAL_BLOCK), once per row",
-    "threshold ticket loop": "one work item per line over the candidates (the sort unrolled: no inner loop)",
+    "threshold ticket loop": "one work item per line over the candidates (the sort unrolled: no inner loop; a line cut from its statistics' "
+                             "windows goes around it: unsorted_share, MEASURED)",
     "spin wait": "waits for other programs' items: no instructions of its own beyond the wait (latency of what it waits for)",
     "search ticket loop": "whole-line search items: searched lines x runs of 1, 2 or 4 chunks (cutoffs.py) per pass over the programs (search_fraction, search_passes: MEASURED)",
     "mass histogram tile": "CHUNK / TILE steps per search item of a pass that bins masses (stage 3: search_exact_share of the passes, MEASURED)",
@@ -851,6 +882,13 @@ def top_p_window_on(call: Call) -> bool:
     return bool(stats.constexprs["TOP_P_BINS"]) and stats.grid[1] == 1 and call.top_p < 1 and not 0 < call.top_k < call.vocab
 
 
+def unsorted_kind(search: dict) -> dict:
+    """The Call fields of a line select_search followed, cut before its candidates are sorted
+    (thresholds.py tries its statistics' windows first): its top-p window settles it, or its top
+    windows hold k values."""
+    return {"top_p_settled_share": bool(search["top_p_window"] and search["top_p_window"]["settles"]), "top_k_window_share": bool(search["top_k_window"])}
+
+
 def synthetic_search(call: Call, lines: int = 4) -> dict:
     """What select.py's search takes (select_search, pass by pass) on ``lines`` synthetic flat
     lines: standard normal logits at the call's vocabulary (rounded to its 16-bit dtype), scaled by
@@ -865,7 +903,7 @@ def synthetic_search(call: Call, lines: int = 4) -> dict:
     geometry = candidate_geometry(call)
     part = window_part(call)
     top_p_window = top_p_window_on(call)
-    passes, steps = [], []
+    passes, steps, unsorted = [], [], Counter()
     for _ in range(lines):
         values = rng.standard_normal(call.vocab).astype(np.float32)
         if call.dtype in ("bf16", "fp16"):
@@ -878,11 +916,13 @@ def synthetic_search(call: Call, lines: int = 4) -> dict:
             passes.append(search["passes"])
             if search["top_p_window"]:
                 steps.append(search["top_p_window"]["steps"])
+            unsorted.update(unsorted_kind(search))
         else:
             passes.append(select_search(values / np.float32(call.temperature), call.top_k, call.top_p)["passes"])
     # (a line its statistics' top window, or top-p window, settles is never listed for the search)
     listed = [line for line in passes if line]
-    window = {"top_p_window_share": len(steps) / lines, "top_p_window_steps": sum(steps) / len(steps) if steps else 0.0}
+    window = {"top_p_window_share": len(steps) / lines, "top_p_window_steps": sum(steps) / len(steps) if steps else 0.0,
+              **{name: unsorted[name] / lines for name in ("top_p_settled_share", "top_k_window_share")}}
     return window | ({"search_fraction": len(listed) / lines, **_search_trips(listed)} if listed else {"search_fraction": 0.0, "search_passes": 0.0})
 
 
@@ -1032,13 +1072,14 @@ def search_tail(loop: Loop, call: Call) -> float:
 
 
 def threshold_item_trips(loop: Loop, call: Call, trips: float) -> float:
-    """The threshold items' trips, weighted as their loop's longest path: a line its top-p window
-    settles (top_p_window_share) is cut before its candidates are sorted and goes around the sort
-    (``around_sort``)."""
+    """The threshold items' trips, weighted as their loop's longest path: a line cut before its
+    candidates are sorted goes around the sort, through the top-p window's steps where that
+    window settles it (``through_tiles``), or the longest way (``around_sort``) where its top
+    windows hold k values."""
     if not (loop.around_sort and loop.instructions):
         return trips
-    share = call.top_p_window_share
-    return trips * ((1 - share) + share * loop.around_sort / loop.instructions)
+    p_share, k_share = call.top_p_settled_share, call.top_k_window_share
+    return trips * ((1 - p_share - k_share) + (p_share * loop.through_tiles + k_share * loop.around_sort) / loop.instructions)
 
 
 def loop_trips(launch, call: Call, phase: str, code: KernelCode) -> list[tuple[Loop, str, float, int]]:
@@ -1567,13 +1608,15 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         if p_window["settles"]:
             cut = _order_key(p_window["cut_value"])
             kept = int(weights[s_all >= f32(p_window["cut_value"])].sum())
-            return {"cut": cut, "kept_mass": kept, "passes": [], "stages": [], "path": [], "top_p_window": p_window}
+            return {"cut": cut, "kept_mass": kept, "passes": [], "stages": [], "path": [], "top_p_window": p_window, "top_k_window": False}
     slots = np.arange(2 * bins_n)
     passes, kept = [], 0
     counted = True  # (the statistics counted the first top-k pass's bins, under a top-k above HISTOGRAM_TOP_K)
+    k_window = False  # (its top windows hold k values: the threshold item sorts no candidates)
     if stage == 1 and raw is not None and window_part and top_k > _histogram_top_k():
         window = window_outcome(values, _raw_keys(raw[0]), window_part, raw[1], raw[2], top_k)
         counted = window["usable"]
+        k_window = bool(window["settles"])
         if window["settles"]:
             cut = _order_key(window["cut_value"])
             lo = hi = cut
@@ -1719,7 +1762,8 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         stage = next_stage
     # path: the passes as the kernel records them (a top-k pass that only counts as 7)
     return {"cut": lo, "kept_mass": kept, "passes": passes, "stages": [q["stage"] for q in passes],
-            "path": [7 if q["counts_only"] else 1 if q["stage"] == 7 else q["stage"] for q in passes], "top_p_window": p_window}
+            "path": [7 if q["counts_only"] else 1 if q["stage"] == 7 else q["stage"] for q in passes], "top_p_window": p_window,
+            "top_k_window": k_window}
 
 
 def _order_key(value: float) -> int:
@@ -1792,12 +1836,13 @@ def measure_trips() -> dict:
                             for line in scaled]
                 resolved = np.array([o["resolved"] for o in outcomes])
                 tau = filter_thresholds(scaled, torch.full((len(scaled),), top_k), torch.full((len(scaled),), top_p))
-                passes, differs, windowed, steps, plain = [], 0, 0, [], []
+                passes, differs, windowed, steps, plain, unsorted = [], 0, 0, [], [], Counter()
                 for n, (line, cut, outcome) in enumerate(zip(scaled, tau.tolist(), outcomes, strict=True)):
                     if outcome["resolved"]:
                         continue
                     search = select_search(line.numpy(), top_k, top_p, raw=(bits[n], "bf16", inv_t) if raw16 else None, floor_key=outcome["floor_key"],
                                            window_part=part if raw16 else None, top_p_window=top_p_window and top_k == 0)
+                    unsorted.update(unsorted_kind(search))
                     if search["top_p_window"]:
                         steps.append(search["top_p_window"]["steps"])
                         # (the same line where no top-p window is counted: Triton before 3.9)
@@ -1821,6 +1866,7 @@ def measure_trips() -> dict:
                     "resolved_fraction": round(float(resolved.mean()), 4), "search_fraction": round(1 - float(resolved.mean()), 4),
                     "window_settled_fraction": round(windowed / len(outcomes), 4),
                     "top_p_window_share": round(len(steps) / len(outcomes), 4), "top_p_window_steps": round(sum(steps) / len(steps), 3) if steps else 0.0,
+                    **{name: round(unsorted[name] / len(outcomes), 4) for name in ("top_p_settled_share", "top_k_window_share")},
                     "search_passes_mean": trips["search_passes"], "searched_cuts_unlike_the_float_reference": differs,
                     **{name: trips.get(name, 0.0) for name in SEARCH_FIELDS},
                     # Where no top-p window is counted (TOP_P_BINS 0: Triton before 3.9), the lines it settled are searched.
@@ -1861,11 +1907,13 @@ def _measured_calls(measured: dict) -> list:
         if row["top_k"] == 1000 or row["top_p"] == 0.99:
             continue
         if "without_top_p_window" in row and not top_p_window_on(Call("", **_B64, top_k=row["top_k"], top_p=row["top_p"])):
-            row = row | row["without_top_p_window"] | {"top_p_window_share": 0.0, "top_p_window_steps": 0.0}
+            row = row | row["without_top_p_window"] | {"top_p_window_share": 0.0, "top_p_window_steps": 0.0, "top_p_settled_share": 0.0,
+                                                       "top_k_window_share": 0.0}
         call = Call(f"B=64 K=8 bf16 T={row['temperature']} top-k {row['top_k']} top-p {row['top_p']}, as measured on tiny_llama logits "
                     f"(searched {row['search_fraction']})", **_B64, temperature=row["temperature"], top_k=row["top_k"], top_p=row["top_p"],
                     search_fraction=row["search_fraction"], search_passes=row["search_passes_mean"],
                     top_p_window_share=row.get("top_p_window_share", 0.0), top_p_window_steps=row.get("top_p_window_steps", 0.0),
+                    top_p_settled_share=row.get("top_p_settled_share", 0.0), top_k_window_share=row.get("top_k_window_share", 0.0),
                     **{name: row.get(name, 0.0) for name in SEARCH_FIELDS})
         found.append((call, {"x_unfiltered": 2.0}, "B=64 K=8 V=128256 bf16"))
     return found

@@ -190,12 +190,14 @@ def _line_window(line, parts, window_ptr, PARTS: tl.constexpr, PP: tl.constexpr)
 
 @triton.jit
 def _raw_top_k_start(
-    line, best, top_k, top_p, use_p, inv_t, row_max, max_key, is_draft, parts, window_ptr, keys, count, floor, tau, normaliser, carried,
-    TDTYPE: tl.constexpr, DDTYPE: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, SORT: tl.constexpr, KEY_WINDOW: tl.constexpr,
+    best, top_k, top_p, use_p, inv_t, row_max, max_key, is_draft, window, first, usable, keys, count, floor, tau, normaliser, carried,
+    TDTYPE: tl.constexpr, DDTYPE: tl.constexpr, SORT: tl.constexpr, KEY_WINDOW: tl.constexpr,
 ):
     """Where a 16-bit line's top-k goes after its statistics' counts (``best``, the highest byte of
     its raw keys whose count from there up reaches k): (stage, lo, hi, path, known mass, top-k key,
-    resolved, tau, normaliser, budget).
+    resolved, tau, normaliser, budget). With KEY_WINDOW, ``window``, ``first`` and ``usable`` are
+    its parts' top windows (``_line_window``); ``keys``, ``count`` and ``floor`` its sorted
+    candidates (count -1: none sorted, as for a line whose window holds k values).
 
     * With KEY_WINDOW, when its top window holds k values (their counts exact per key): the cut
       is the scaled value of the highest key whose count from there up reaches k, the kept set
@@ -217,10 +219,8 @@ def _raw_top_k_start(
     others) keeps every value, the window's mass being the line's."""
     bins = tl.arange(0, 256)
     settles = top_k < 0  # False, as a runtime value
-    usable = top_k > 0  # True, likewise
     path = top_k.to(tl.int32) * 0 + 7  # recorded as the first pass would record itself (a pass that only counted)
     if KEY_WINDOW:
-        window, first, usable = _line_window(line, parts, window_ptr, PARTS, PP)
         values = _raw_value(tl.minimum(tl.maximum(first + bins, -32768), 32767), inv_t, is_draft, TDTYPE, DDTYPE)
         window_from = from_here(window)
         settles = usable & (pick(window_from, 0, 256, 0) >= top_k)
@@ -392,13 +392,24 @@ def threshold_line(
     start_k_key = tl.full((), -2147483648, tl.int64)  # the top-k key (none yet)
     state = state_ptr + line.to(tl.int64) * 8
     if active:
-        # A bf16 line cut by top-p alone whose statistics counted its top-p window (stats.py) tries
-        # the window first: its cut needs only the line's partials and the counts, and the
-        # candidates are then sorted only for a line it does not settle (either gives the same
-        # exact cut).
+        # A line its statistics' windows may settle tries them first: the candidates are then
+        # sorted only for a line they do not settle (either gives the same exact cut). The two
+        # kinds take apart branches, each with its own sort, so that a line of one runs nothing
+        # of the other.
         windowed = resolved  # False, as a runtime value
+        window = tl.zeros((256,), tl.int32)
+        first = line * 0
+        usable = line < 0  # (no window read)
+        keys = tl.full((SORT,), -2147483648, tl.int32)  # (no candidates sorted)
+        count = line * 0 - 1
+        floor = tl.full((), -2147483648, tl.int64)
+        top_p_route = resolved
         if TOP_P_BINS > 0:
-            if (parts == 1) & (use_k == 0) & use_p:
+            top_p_route = (parts == 1) & (use_k == 0) & use_p
+        if top_p_route:
+            # A bf16 line cut by top-p alone whose statistics counted its top-p window (stats.py):
+            # its cut needs only the line's partials and the counts.
+            if TOP_P_BINS > 0:
                 row_max, line_mass, bad = _line_mass(line, parts, part_m_ptr, part_z_ptr, PARTS, PP)
                 if bad == 0:
                     windowed, cut_value, kept_mass = _top_p_window_start(line, is_draft, top_p * line_mass, row_max, inv_t, top_p_window_ptr,
@@ -407,11 +418,29 @@ def threshold_line(
                         resolved = windowed
                         tau = key_to_float(order_key(cut_value))
                         normaliser = unfixed(kept_mass).to(tl.float32)
-        if windowed == 0:
-            tau, resolved, row_max, normaliser, stage, max_key, carried, lo, keys, count, floor = _line_threshold(
-                line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
-                PARTS, PP, LINE_SLOTS, SORT,
-            )
+            if windowed == 0:
+                tau, resolved, row_max, normaliser, stage, max_key, carried, lo, keys, count, floor = _line_threshold(
+                    line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
+                    PARTS, PP, LINE_SLOTS, SORT,
+                )
+                hi = max_key
+        else:
+            # A 16-bit line under a large top-k whose parts' top windows (stats.py) hold k values:
+            # its cut comes from them (``_raw_top_k_start``).
+            if KEY_WINDOW:
+                if histogrammed(use_k, top_k, HISTOGRAM_TOP_K) & tl.where(is_draft, D16, T16):
+                    window, first, usable = _line_window(line, parts, window_ptr, PARTS, PP)
+                    if usable & (tl.sum(window, axis=0) >= top_k):
+                        row_max, line_mass, bad = _line_mass(line, parts, part_m_ptr, part_z_ptr, PARTS, PP)
+                        if bad == 0:
+                            windowed = usable
+                            stage = stage * 0 + 1
+                            max_key = order_key(row_max).to(tl.int64)
+            if windowed == 0:
+                tau, resolved, row_max, normaliser, stage, max_key, carried, lo, keys, count, floor = _line_threshold(
+                    line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
+                    PARTS, PP, LINE_SLOTS, SORT,
+                )
             hi = max_key
             if histogrammed(use_k, top_k, HISTOGRAM_TOP_K):
                 bins = tl.arange(0, 256)
@@ -429,8 +458,8 @@ def threshold_line(
                     path = path + 7  # recorded as that pass would record itself (a pass that only counted)
                     if tl.where(is_draft, D16, T16):
                         stage, lo, hi, path, known_mass, start_k_key, resolved, tau, normaliser, carried = _raw_top_k_start(
-                            line, best, top_k, top_p, use_p, inv_t, row_max, max_key, is_draft, parts, window_ptr, keys, count, floor, tau, normaliser,
-                            carried, TDTYPE, DDTYPE, PARTS, PP, SORT, KEY_WINDOW,
+                            best, top_k, top_p, use_p, inv_t, row_max, max_key, is_draft, window, first, usable, keys, count, floor, tau,
+                            normaliser, carried, TDTYPE, DDTYPE, SORT, KEY_WINDOW,
                         )
                     else:
                         lo = (best.to(tl.int64) << 24) - 2147483648

@@ -47,16 +47,42 @@ def test_a_search_items_tail_is_counted_with_and_without_the_sort():
     assert gpu_model.sorted_blocks(gpu_model.parse_sass(_SASS)) == {0x90, 0xA0, 0xB0}
 
 
-def test_a_threshold_item_its_top_p_window_settles_goes_around_the_sort():
-    """around_sort: the longest path of a work item that may not pass the sort's blocks (the head,
-    then the tail's branch past the sort: 0x60, 0x70, 0x80, 0xc0, 0xd0); the threshold items'
-    instructions are weighted by the share of lines that take it."""
-    loop = _item_loop()
-    assert loop.around_sort == 1 + 5
-    for share, expected in ((0.0, 1.0), (1.0, 6 / 9), (0.5, 0.5 + 0.5 * 6 / 9)):
-        call = gpu_model.Call("x", 64, 8, 128256, "bf16", top_p=0.99, top_p_window_share=share)
-        trips = gpu_model.threshold_item_trips(loop, call, 1.0)
-        assert trips == pytest.approx(expected)
+# The threshold items' loop (0x10-0xd0, before the kernel's acquire, CCTL.IVALL): a line of the
+# top-p route runs its window's steps (the tile loop 0x30-0x50) and rejoins at the store; any other
+# takes the top-k route (0x70-0x90: 3 instructions), whose window may settle it (to 0xc0) before
+# the sort (0xa0-0xb0).
+_THRESHOLDS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0020*/               @P0 BRA 0x70 ;
+        /*0030*/                   LDG.E R3, desc[UR4][R4.64] ;
+        /*0040*/                   MUFU.EX2 R3, R3 ;
+        /*0050*/               @P1 BRA 0x30 ;
+        /*0060*/                   BRA 0xc0 ;
+        /*0070*/                   IADD3 R6, R6, 0x1, RZ ;
+        /*0080*/                   IADD3 R7, R7, 0x1, RZ ;
+        /*0090*/               @P2 BRA 0xc0 ;
+        /*00a0*/                   ISETP.GT.XOR P3, PT, R7, R8, P4 ;
+        /*00b0*/                   SEL R7, R7, R8, P3 ;
+        /*00c0*/                   STG.E desc[UR4][R4.64], R7 ;
+        /*00d0*/               @P5 BRA 0x10 ;
+        /*00e0*/                   CCTL.IVALL ;
+        /*00f0*/                   EXIT ;
+        /*0100*/                   BRA 0x100 ;
+"""
+
+
+def test_a_threshold_item_takes_its_longest_path_whole_and_around_the_sort():
+    """A threshold item's loop counts its longest path whole (0x10, 0x20, the top-k route, the
+    sort, the store and the branch: 9), around the sort (the top-k route settled: 7) and through
+    its tile loop around the sort (the top-p route: 5); each line weighs the path its kind takes."""
+    code = gpu_model.analyse(_THRESHOLDS, _RESOURCES)
+    loop = next(loop for loop in code.loops if loop.parent is None)
+    assert (loop.instructions, loop.around_sort, loop.through_tiles) == (9, 7, 5)
+    for p_share, k_share in ((0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (0.25, 0.5)):
+        call = gpu_model.Call("x", 64, 8, 128256, "bf16", top_p=0.99, top_p_settled_share=p_share, top_k_window_share=k_share)
+        expected = (1 - p_share - k_share) + (5 * p_share + 7 * k_share) / 9
+        assert gpu_model.threshold_item_trips(loop, call, 2.0) == pytest.approx(2.0 * expected)
 
 
 # A warp-divergence check before a shuffle (BRA.DIV: a diverged warp leaves for the out-of-line

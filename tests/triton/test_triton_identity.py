@@ -628,6 +628,12 @@ def test_top_k_in_the_top_window_needs_no_search(dtype):
         settled = dtype == torch.bfloat16 and top_p is None
         assert resolved.tolist() == [int(settled)] * 2
         assert (modelled["passes"] == []) == settled
+        # A line whose windows hold k values takes its cut from them before any sort: it sorts none
+        # (every bf16 line; fp16's, whose cut lies below their windows, sort), as modelled. (More
+        # candidate slots, so that every line that sorts has some to store.)
+        sorted_lines = _sorted_lines(args, **(geometry | {"line_slots": 256, "sort": 64}))
+        assert sorted_lines == [dtype == torch.float16] * 3, top_p
+        assert sorted_lines[0] == (not modelled["top_k_window"])
         if not settled:
             assert [int(d, 16) for d in hex(path)[2:]] == modelled["path"][:7]
         if dtype == torch.bfloat16:
@@ -675,7 +681,7 @@ def _top_p_window_bounds(args, **geometry) -> torch.Tensor:
 
 
 def _sorted_lines(args, **geometry) -> list[bool]:
-    """Which lines' candidates the threshold items sorted in a call: each line's sort slots are
+    """Which lines' candidates the threshold items sorted in a call (a verify): each line's sort slots are
     filled with a mark before it, which only the packing of its candidates overwrites."""
     bufs, _ = _call_buffers(args, **geometry)
     bufs.sort.fill_(-7)
