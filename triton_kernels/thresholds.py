@@ -16,8 +16,8 @@ line's normaliser over the kept set come from the sorted candidates, and the lin
 again. Otherwise (a large k, a flat distribution under top-p) the line gets a search state and the
 whole-line search (select.py) finds the cut in the same launch, with the kept set's statistics,
 unless the statistics' windows settle it: a 16-bit top-k's top windows (``_raw_top_k_start``), a
-bf16 top-p's top-p window (``_top_p_window_cut``, tried before the candidates are sorted: a line it
-settles needs no sort). Either way the result is the same exact key.
+bf16 top-p's top-p window (``_top_p_window_cut``). The windows are tried before the candidates are
+sorted, so a line they settle sorts none. Either way the result is the same exact key.
 """
 
 import triton
@@ -371,7 +371,7 @@ def threshold_line(
     line is read once less. A 16-bit line's second pass, over single raw keys, then only counts
     when the candidates hold every value above its keys: their mass, which that pass would sum,
     comes from them (``_mass_above_window``, in the state's words 4 and 5; -1 otherwise). With
-    KEY_WINDOW its parts' top windows may settle the cut with no pass (``_raw_top_k_start``)."""
+    KEY_WINDOW its parts' top windows may settle the cut with no pass and no sort (``_raw_top_k_start``)."""
     T16: tl.constexpr = TDTYPE.primitive_bitwidth == 16
     D16: tl.constexpr = DDTYPE.primitive_bitwidth == 16
     row, pos, is_draft, width, inv_t, top_k, top_p, use_k, use_p, active = filter_of(
