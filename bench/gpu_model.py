@@ -369,35 +369,38 @@ def analyse(sass: str, resources: str) -> KernelCode:
         parent = min(outer, key=lambda r: r[1] - r[0])[0] if outer else None
         loops.append(Loop(start, end, len(own), by_pipe, by_opcode, parent, wait is not None and start > wait, atomic is not None and start > atomic))
     for loop in loops:
-        # A work-item loop (the search's): each trip takes one branch of its body to its tile loops
-        # (one stage's), and a line's last item one branch of the tail: the longest of each, as
-        # for the code outside loops (longest_path), with its pipe mix scaled to match.
+        if not loop.instructions:
+            continue
+        inner = {i.address for i in body for a, b in ranges if (a, b) != (loop.start, loop.end) and loop.start <= a and b <= loop.end and a <= i.address <= b}
+        skip = cold | inner
+        own = [i for i in body if loop.start <= i.address <= loop.end]
         tiles_end = max((c.end for c in loops if c.parent == loop.start and c.has("LDG") and (c.has("MUFU") or c.has("ATOMS"))), default=None)
-        if tiles_end is not None and loop.instructions:
-            inner = {i.address for i in body for a, b in ranges if (a, b) != (loop.start, loop.end) and loop.start <= a and b <= loop.end and a <= i.address <= b}
-            skip = cold | inner
-            if wait is not None and loop.end < wait:
-                # The threshold items (before the acquire): each line takes one branch per kind
-                # (its statistics' top-p window, top windows, or candidates alone), which may rejoin
-                # after its tile loops: its longest path whole.
-                own = [i for i in body if loop.start <= i.address <= loop.end]
-                sort = frozenset(sorted_blocks(own))
-                tiles = frozenset(i.address for i in own for c in loops if c.parent == loop.start and c.has("LDG") and c.has("MUFU")
-                                  and c.start <= i.address <= c.end)
-                whole = longest_path(own, skip)
-                if sort:
-                    loop.around_sort = max(longest_path(own, skip, avoid=sort), 0)
-                    loop.through_tiles = max(longest_path(own, skip, avoid=sort, through=tiles), 0)
-            else:
-                head_code = [i for i in body if loop.start <= i.address <= tiles_end]
-                head = longest_path(head_code, skip)
-                tail = [i for i in body if tiles_end < i.address <= loop.end]
-                loop.tail = longest_path(tail, skip)
-                loop.tail_without_sort = longest_path(tail, skip | sorted_blocks(tail))
-                whole = head + loop.tail
-            scale = whole / loop.instructions
-            loop.by_pipe = {pipe: n * scale for pipe, n in loop.by_pipe.items()}
-            loop.instructions = whole
+        sort = frozenset(sorted_blocks(own)) if loop.parent is None else frozenset()
+        if wait is not None and loop.end < wait and sort:
+            # The threshold items (work items before the acquire, which sort): each line takes one
+            # branch per kind (its statistics' top-p window, its top windows, or its candidates
+            # alone), which may rejoin after its tile loops: the longest path whole, as for the code
+            # outside loops, and the longest around the sort, through the tile loops or any way.
+            tiles = frozenset(i.address for i in own for c in loops if c.parent == loop.start and c.has("LDG") and c.has("MUFU")
+                              and c.start <= i.address <= c.end)
+            whole = longest_path(own, skip)
+            loop.around_sort = max(longest_path(own, skip, avoid=sort), 0)
+            loop.through_tiles = max(longest_path(own, skip, avoid=sort, through=tiles), 0) if tiles else 0
+        elif tiles_end is not None:
+            # A search item: each trip takes one branch of its body to its tile loops (one stage's),
+            # and a line's last item one branch of the tail: the longest of each.
+            head_code = [i for i in body if loop.start <= i.address <= tiles_end]
+            head = longest_path(head_code, skip)
+            tail = [i for i in body if tiles_end < i.address <= loop.end]
+            loop.tail = longest_path(tail, skip)
+            loop.tail_without_sort = longest_path(tail, skip | sorted_blocks(tail))
+            whole = head + loop.tail
+        else:
+            continue
+        # (the pipe mix scaled to match)
+        scale = whole / loop.instructions
+        loop.by_pipe = {pipe: n * scale for pipe, n in loop.by_pipe.items()}
+        loop.instructions = whole
     in_loops = {i.address for i in hot if any(a <= i.address <= b for a, b in ranges)}
     straight = [i for i in hot if i.address not in in_loops]
     straight_pipes, _ = _mix(straight)
