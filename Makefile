@@ -98,8 +98,11 @@ $(VLLM_VENV)/.installed: $(VLLM_VENV)/.vllm-installed pyproject.toml setup.py RE
 	touch $@
 
 # The pytest script (not `python -m pytest`) keeps the repository root off sys.path: the installed copy is tested.
+# Then every Triton kernel variant compiled for sm_90 by the Triton that torch 2.14 installs there (3.8: the key
+# windows on, as with 3.9), its loops checked against the GPU model (the source tree's, C++ kernel unused).
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_BIN)/pytest -q -p no:cacheprovider --durations=10 tests/vllm
+	TRITON_INTERPRET=0 $(VLLM_BIN)/python tests/support/triton_compile_check.py
 
 $(OLDEST_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(OLDEST_VENV)
@@ -108,7 +111,8 @@ $(OLDEST_VENV)/.installed: pyproject.toml
 		"matplotlib>=3.8" "pytest>=8" "pytest-benchmark>=4" "scipy>=1.11" "hypothesis>=6.100"
 	touch $@
 
-# The default suite again on the oldest supported Triton and transformers (the kernels compiled for sm_90 by
-# Triton 3.6 included: tests/triton/test_triton_compile.py).
+# The default suite again on the oldest supported Triton and transformers, then every kernel variant compiled for
+# sm_90 by Triton 3.6 (the GPU image's: no key windows there) and its loops checked against the GPU model.
 test-oldest: setup $(OLDEST_VENV)/.installed
 	PYTHONPATH=$(CURDIR) $(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests
+	TRITON_INTERPRET=0 PYTHONPATH=$(CURDIR) $(OLDEST_VENV)/bin/python tests/support/triton_compile_check.py

@@ -705,7 +705,7 @@ def loop_kinds(kernel: str, code: KernelCode) -> list[str | None]:
             if not ex2 and loop.has("ATOMS") and loop.has("LDS") >= 16:
                 groups["top-p window count block"].append(loop)  # a histogram of thousands of bins: its read-back is many shared loads a step
             elif not ex2 and (loop.has("ATOMS") or loop.has("VOTE")):
-                groups["key count block"].append(loop)  # a histogram's shared atomics (Triton 3.9) or ballots (3.6)
+                groups["key count block"].append(loop)  # a histogram's shared atomics (Triton 3.8, 3.9) or ballots (3.6, 3.7)
             elif not ex2 or loop.has("IMNMX") or loop.has("VIMNMX"):
                 groups["greedy tile"].append(loop)  # the argmax keeps an index (integer min); raw sums only with logprobs
             elif loop.has("FMNMX") >= 3 * ex2:
@@ -1848,7 +1848,7 @@ def measure_trips() -> dict:
                     unsorted.update(unsorted_kind(search))
                     if search["top_p_window"]:
                         steps.append(search["top_p_window"]["steps"])
-                        # (the same line where no top-p window is counted: Triton before 3.9)
+                        # (the same line where no top-p window is counted: Triton before 3.8)
                         plain.append(select_search(line.numpy(), top_k, top_p, raw=(bits[n], "bf16", inv_t), floor_key=outcome["floor_key"])["passes"])
                     elif search["passes"]:
                         plain.append(search["passes"])
@@ -1872,7 +1872,7 @@ def measure_trips() -> dict:
                     **{name: round(unsorted[name] / len(outcomes), 4) for name in ("top_p_settled_share", "top_k_window_share")},
                     "search_passes_mean": trips["search_passes"], "searched_cuts_unlike_the_float_reference": differs,
                     **{name: trips.get(name, 0.0) for name in SEARCH_FIELDS},
-                    # Where no top-p window is counted (TOP_P_BINS 0: Triton before 3.9), the lines it settled are searched.
+                    # Where no top-p window is counted (TOP_P_BINS 0: Triton before 3.8), the lines it settled are searched.
                     "without_top_p_window": {"search_fraction": round(len(plain) / len(outcomes), 4), "search_passes_mean": plain_trips["search_passes"],
                                              **{name: plain_trips.get(name, 0.0) for name in SEARCH_FIELDS}},
                     "values_above_floor": {"median": float(np.median(above)), "p1": float(np.percentile(above, 1)), "overflow_fraction": float(np.mean(above < 0))},

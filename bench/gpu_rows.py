@@ -63,9 +63,9 @@ VARIANTS = [
     ("B=64 K=8 bf16 top-k 1000 (whole-line search)", {"histogram_top_k": 2**31}),
     ("B=1 K=4 fp32 top-k 1000 (whole-line search)", {"histogram_top_k": 2**31}),
     # the statistics' top windows switched the other way from this Triton's default (key_window_default:
-    # on where tl.histogram takes shared-memory atomics, 3.9; off on 3.6, whose ballots a 512-bin histogram doubles)
+    # on where tl.histogram takes shared-memory atomics, 3.8 and later; off on 3.6 and 3.7, whose ballots a 512-bin histogram doubles)
     ("B=64 K=8 bf16 top-k 1000 (whole-line search)", {"key_window": not key_window_default()}),
-    # a flat bf16 top-p's top-p window switched the other way likewise (on 3.9: the search's two
+    # a flat bf16 top-p's top-p window switched the other way likewise (on 3.8 and later: the search's two
     # passes instead; on 3.6: 8192 bins of ballots, to see what they cost)
     ("B=64 K=8 bf16 flat top-p 0.99 (whole-line search)", {"top_p_window": not key_window_default()}),
 ]

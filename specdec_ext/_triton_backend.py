@@ -93,17 +93,18 @@ TOP_P_WINDOW_STEP = 1024
 def key_window_default() -> bool:
     """Whether such a line's statistics also count the single raw keys of each part's top window
     (a histogram of 512 bins, not 256: stats.py), so that a top-k whose cut lies there needs no
-    search pass. Only where tl.histogram takes one shared-memory atomic a value (Triton 3.9's
-    lowering; 3.6 takes a warp ballot per bit of the bin and a popcount per bin a lane owns,
-    about 88 instructions a value at 256 bins and twice that at 512). Versions between were not
-    compiled here: they keep the 256 bins, the same cuts either way."""
+    search pass. Only where tl.histogram takes one shared-memory atomic a value: Triton 3.8's
+    lowering and later (3.8 is the one torch 2.14, hence vLLM 0.33, installs). Triton 3.6 and 3.7
+    take a warp ballot per bit of the bin and a popcount per bin a lane owns, about 88
+    instructions a value at 256 bins and twice that at 512: they keep the 256 bins, the same cuts
+    either way (tests/support/triton_histogram_lowering.py reads each version's SASS)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         found = tuple(int(part) for part in version("triton").split(".")[:2])
     except (PackageNotFoundError, ValueError):
         return False
-    return found >= (3, 9)
+    return found >= (3, 8)
 
 
 def gather_slots(select_chunks: int, most: int = SELECT_GATHER) -> int:
@@ -578,7 +579,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
         the candidates). A filtered one of 16-bit lines without log-probabilities is capped at 128
         registers (two programs per multiprocessor): ptxas gives its candidate loop up to 177
         uncapped, from a build that also holds the first-pass key counts, and needs no more (no spill at
-        128 with Triton 3.6 or 3.9: tests/support/triton_compile_check.py)."""
+        128 with Triton 3.6, 3.8 or 3.9: tests/support/triton_compile_check.py)."""
         sixteen = args.target_logits.dtype.itemsize == 2 or (has_draft and args.draft_logits.dtype.itemsize == 2)
         cap = {"maxnreg": 128} if phase == 1 and sixteen and args.logprobs == LOGPROBS_NONE else {}
         return Template(
@@ -596,7 +597,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
     # whole-line search of every line, and each exits after one more draw when none is listed.
     # ptxas's register cap ("maxnreg", a compile option passed with the constexprs) keeps two
     # programs per multiprocessor: Triton 3.6 gives the sort's straight-line code 199 registers
-    # uncapped (no spill at 128 with 3.6 or 3.9: tests/support/triton_compile_check.py).
+    # uncapped (no spill at 128 with 3.6, 3.8 or 3.9: tests/support/triton_compile_check.py).
     programs = max(1, min(lines * sc, geo.select_programs))
     cutoff_fixed = (b.tau, b.part_m, b.part_z, b.search, b.search_f, b.search_progress, b.search_count, b.search_mass, b.search_counters,
                     b.cutoff_control, b.searching, b.search_list)

@@ -7,13 +7,15 @@ down to a cubin, without a GPU: ptxas ships with Triton's NVIDIA backend.
 (``_triton_backend.compile_launch``: 16-divisible pointers and integers, the real constexprs), so
 the binaries are the ones a launch would run. The calls together take every constexpr branch.
 Also checked: a call's specialisation is the same at every batch size (no recompilation, no new
-CUDA-graph capture when B changes), and every loop of every variant's SASS (each backward branch)
-is one the GPU model knows and counts (``bench.gpu_model.unknown_loops``).
+CUDA-graph capture when B changes), every loop of every variant's SASS (each backward branch) is
+one the GPU model knows and counts (``bench.gpu_model.unknown_loops``), and the key windows are on
+(``key_window_default``) exactly where this Triton lowers ``tl.histogram`` to shared-memory
+atomics (``histogram_takes_shared_atomics``).
 
 Run as a script with TRITON_INTERPRET unset or 0 (the interpreter replaces the compiler):
 ``python tests/support/triton_compile_check.py`` prints one line per compiled variant (registers, spills)
-and ``ok N`` last. Exit status 0: all compiled; 1: a kernel failed to compile or a batch size
-changed a specialisation, or the model misses a loop; 3: this Triton cannot compile for sm_90 here. Works with Triton 3.6 and
+and ``ok N`` last (``--lowering``: only the windows' check). Exit status 0: all compiled; 1: a kernel failed to compile or a batch size
+changed a specialisation, or the model misses a loop, or the windows do not follow the lowering; 3: this Triton cannot compile for sm_90 here. Works with Triton 3.6 and
 later. tests/triton/test_triton_compile.py runs it in a subprocess.
 """
 
@@ -62,7 +64,50 @@ def specialisation(launch) -> tuple:
     return tuple(spec)
 
 
-def main() -> int:
+def histogram_takes_shared_atomics() -> bool:
+    """Whether this Triton lowers ``tl.histogram`` to one shared-memory atomic a value (3.8 and
+    later), not to warp ballots and popcounts (3.6, 3.7): a 512-bin histogram of 16384 keys
+    compiled for sm_90, its SASS read for ATOMS and VOTE. ``key_window_default`` turns the key
+    windows on by Triton's version; this is the lowering that choice stands for."""
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from bench.gpu_model import disassemble
+
+    @triton.jit
+    def histogram_probe(keys_ptr, counts_ptr, BINS: tl.constexpr, BLOCK: tl.constexpr):
+        offsets = tl.arange(0, BLOCK)
+        counts = tl.zeros((BINS,), tl.int32)
+        for step in range(0, 4):
+            counts += tl.histogram(tl.load(keys_ptr + step * BLOCK + offsets) & (BINS - 1), BINS)
+        tl.store(counts_ptr + tl.arange(0, BINS), counts)
+
+    source = ASTSource(fn=histogram_probe, signature={"keys_ptr": "*i32", "counts_ptr": "*i32", "BINS": "constexpr", "BLOCK": "constexpr"},
+                       constexprs={"BINS": 512, "BLOCK": 16384})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    sass = disassemble(compiled.asm["cubin"])[0]
+    return "ATOMS" in sass and "VOTE" not in sass
+
+
+def check_lowering() -> int:
+    """0 when the key windows are on exactly where tl.histogram takes shared-memory atomics, else 1."""
+    import triton
+
+    from specdec_ext import _triton_backend
+
+    shared = histogram_takes_shared_atomics()
+    windows = _triton_backend.key_window_default()
+    lowering = "shared-memory atomics" if shared else "warp ballots and popcounts"
+    if shared != windows:
+        print(f"FAILED Triton {triton.__version__}: tl.histogram takes {lowering}, but key_window_default() is {windows}")
+        return 1
+    print(f"Triton {triton.__version__}: tl.histogram takes {lowering}; key windows {'on' if windows else 'off'}")
+    return 0
+
+
+def main(lowering_only: bool = False) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("unset TRITON_INTERPRET: the interpreter replaces the compiler", file=sys.stderr)
         return 2
@@ -79,6 +124,12 @@ def main() -> int:
     from specdec_ext import _triton_backend
 
     print(f"triton {triton.__version__}")
+    if lowering_only:
+        try:
+            return check_lowering()
+        except Exception as error:  # no ptxas for sm_90 here
+            print(f"cannot compile for sm_90 here: {type(error).__name__}: {str(error)[:300]}")
+            return 3
     seen = {}
     count = 0
     for call in calls():
@@ -115,9 +166,11 @@ def main() -> int:
                 print(f"FAILED {launch.name} of {call.name}: loops the GPU model does not count: "
                       + ", ".join(f"{loop.start:#x}-{loop.end:#x} ({loop.instructions} instructions, {loop.by_opcode})" for loop in missing))
                 return 1
+    if check_lowering():
+        return 1
     print(f"ok {count}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(lowering_only="--lowering" in sys.argv[1:]))

@@ -47,3 +47,15 @@ def test_the_model_finds_every_backward_branch():
     assert [(loop.start, loop.end, loop.instructions) for loop in code.loops] == [(0x10, 0x30, 3)]
     assert unknown_loops("line_stats", code) == []  # a statistics tile (a load, no exp: greedy)
     assert unknown_loops("no such kernel", code) == code.loops
+
+
+
+def test_key_windows_follow_the_histogram_lowering():
+    """The top-k and top-p key windows (``key_window_default``, chosen by Triton's version) are on
+    exactly where this Triton's tl.histogram takes one shared-memory atomic a value (3.8 and later;
+    3.6 and 3.7 take warp ballots and popcounts): the probe's SASS decides, not the version."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    result = subprocess.run([sys.executable, str(CHECK), "--lowering"], capture_output=True, text=True, env=env, timeout=300)
+    if result.returncode == 3:
+        pytest.skip(result.stdout.strip().splitlines()[-1])
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
