@@ -166,6 +166,8 @@ for name in ("triton", "transformers", "pytest", "pytest_benchmark", "hypothesis
     except Exception as error:
         print(name, "MISSING", type(error).__name__, error)
 import specdec_ext
+from specdec_ext._triton_backend import key_window_default
+print("statistics key windows (Triton 3.8 or later: tl.histogram by shared-memory atomics):", "on" if key_window_default() else "off")
 print("backends: cuda", specdec_ext.available_backends("cuda") if torch.cuda.is_available() else "-", "| cpu", specdec_ext.available_backends("cpu"))
 EOF
 ' "$ROOT" "$PY"
