@@ -45,6 +45,12 @@ STATS_WARPS = 8
 STATS_PROGRAMS_PER_SM = 16
 FILTERED_STATS_ROWS = 8
 FILTERED_PART_ROWS = 32
+# A filtered bf16 call with the top-p windows (Triton 3.8 and later) reads each line in one
+# statistics program from this many lines up (B=8 at K=4): only a line read whole has its top-p
+# window counted, which settles a flat top-p line with no search pass (about half the call's time
+# at B=8 to 62, K=8; ESTIMATES, docs/performance.md). Below it, one program a line is too few
+# programs: the peaked lines would pay more than the flat ones gain.
+WHOLE_LINE_STATS_LINES = 64
 # The race: ids per loop step and warps per program on a GPU (one warp: the walk's reductions over
 # positions stay in the warp, no block barriers); programs per multiprocessor wanted at any batch
 # size (chunks per row = that many programs over B, at most one per tile).
@@ -334,8 +340,11 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
         stats_tile, step = geo.stats_tile or STATS_TILE, 1
     tiles = _cdiv(vocab, stats_tile)  # statistics tiles per line, and partial slots per line
     blocks = _cdiv(tiles, step)
+    bf16 = args.target_logits.dtype == torch.bfloat16 or (has_draft and args.draft_logits.dtype == torch.bfloat16)
     if geo.interpret:
         tiles_per_part = step
+    elif args.filtered and bf16 and geo.top_p_window and lines >= WHOLE_LINE_STATS_LINES:
+        tiles_per_part = step * blocks  # one program a line: its top-p window is counted
     else:  # enough programs to fill the device several times over, then longer ones
         tiles_per_part = step * max(1, min(blocks, _cdiv(lines * blocks, STATS_PROGRAMS_PER_SM * geo.multiprocessors)))
     if geo.stats_parts is not None:
@@ -358,7 +367,6 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
     searched = lines if args.filtered else 0
     stats += _next_power_of_2(tiles)  # the race reads whole power-of-two rows of partials
     histograms = searched * select_chunks * (SELECT_BINS + 1)
-    bf16 = args.target_logits.dtype == torch.bfloat16 or (has_draft and args.draft_logits.dtype == torch.bfloat16)
     top_p_bins = TOP_P_WINDOW_BINS if args.filtered and bf16 and geo.top_p_window else 0
     floats = padded(stats, stats, stats, stats, lines, lines, batch * chunks, searched * geo.line_slots, searched * 2)
     ints = padded(stats, batch * chunks, searched * tiles, 2 * searched * tiles, searched * geo.sort, searched * SEARCH_STATE, histograms, 2 * histograms,

@@ -266,3 +266,21 @@ def test_tree_and_block_batch_size_does_not_enter_the_compiled_signature():
         constexprs = [[launch.constexprs for launch in _triton_tree.launches_for(meta_args(dataclasses.replace(call, batch=batch)), 0, sm_count=132)]
                       for batch in (1, 3, 64)]
         assert constexprs[0] == constexprs[1] == constexprs[2]
+
+
+def test_filtered_bf16_lines_are_read_whole_from_64_lines():
+    """A filtered bf16 call from WHOLE_LINE_STATS_LINES lines up reads each line in one statistics
+    program where the top-p windows are on (only a line read whole has its window counted); fewer
+    lines, other dtypes and unfiltered calls keep several programs a line."""
+    from bench.gpu_model import Call, launches
+    from specdec_ext._triton_backend import WHOLE_LINE_STATS_LINES, key_window_default
+
+    def parts(batch, k, dtype, **filters):
+        return next(launch.grid for launch in launches(Call("", batch, k, 128256, dtype, **filters), 132) if launch.name == "line_stats")[1]
+
+    assert 8 * (2 * 4 + 1) >= WHOLE_LINE_STATS_LINES > 4 * (2 * 4 + 1)
+    assert parts(8, 4, "bf16", top_p=0.95) == (1 if key_window_default() else 2)
+    assert parts(32, 8, "bf16", temperature=0.7, top_k=50, top_p=0.9) == (1 if key_window_default() else 2)
+    assert parts(4, 4, "bf16", top_p=0.95) == 2
+    assert parts(8, 4, "fp32", top_p=0.95) > 1
+    assert parts(8, 4, "bf16") > 1
