@@ -83,7 +83,7 @@ SELECT_GATHER = 2048
 # keys counted by the statistics launch (256 bins of their high byte, zeroed by the threshold item
 # that reads them): its whole-line search starts at its second pass, and the line is read once less.
 HISTOGRAM_TOP_K = 256
-# A bf16 line cut by top-p alone, which one statistics program reads whole (a serving batch's) and
+# A bf16 line cut by top-p alone, which one statistics program reads whole (from WHOLE_LINE_STATS_LINES up) and
 # its candidates do not settle (a flat distribution), has its raw keys counted by that program, one
 # key a bin from two above its max down (the keys near 0 that weigh the same in one bin): the
 # threshold item settles the cut from those exact counts, with no search pass (stats.py,

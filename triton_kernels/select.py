@@ -2,7 +2,7 @@
 gather of the few values around the cut.
 
 ``threshold_line`` (thresholds.py) settles a line's cut from its candidates when it can (or from
-the statistics' windows: a bf16 top-p line's at a serving batch, stats.py). When it cannot (a
+the statistics' windows: a bf16 top-p line's from 64 lines up, stats.py). When it cannot (a
 large top-k, a flat distribution under top-p) it leaves the line a search state instead
 (``state``: a stage, an interval [lo, hi] of order keys, the top-k key, a bracket, a gather's count,
 the passes taken; ``state_f``: the line max and the top-p budget). Each search pass reads the line

@@ -45,8 +45,8 @@ them to the high bytes' counts by their keys' high byte. Every value of a raw ke
 scaled value, hence the same mass: when the windows hold k values, the threshold item finds the
 top-k cut and the kept set's mass exactly from them, and the line is read no more.
 
-Top-p windows (TOP_P_BINS, a bf16 line cut by top-p alone that one program reads whole: a serving
-batch's): when the part's candidates may not settle the cut (their mass short of the budget, or
+Top-p windows (TOP_P_BINS, a bf16 line cut by top-p alone that one program reads whole: the
+launcher plans that from 64 lines up): when the part's candidates may not settle the cut (their mass short of the budget, or
 more than the sort takes: a flat distribution), the part, read again from L2, counts its raw keys
 in TOP_P_BINS bins, one key a bin from two above its max's logit down, but the keys whose scaled
 values lie within a quarter of the max's ulp from 0, which share one bin (each of their s - max
