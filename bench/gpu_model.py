@@ -502,6 +502,9 @@ class Call:
     method: str = "token"
     siblings: str = "iid"  # a tree's sibling mode
     tree_depth: int | None = None  # how deep a tree's walks go (default: k, a chain-shaped tree); the outputs are k + 1 wide whatever it is
+    # A launcher geometry override (a chain call's): the statistics programs a line, for a study of
+    # the plan (None: the launcher's own).
+    stats_parts: int | None = None
 
     @property
     def whole_line(self) -> bool:
@@ -554,7 +557,8 @@ def launches(call: Call, multiprocessors: int):
     from specdec_ext import _triton_backend, _triton_tree
 
     if call.method == "token":
-        return _triton_backend.launches_for(meta_args(call), base_key=(1 << 40) + 3, sm_count=multiprocessors)
+        overrides = {"stats_parts": call.stats_parts} if call.stats_parts else {}
+        return _triton_backend.launches_for(meta_args(call), base_key=(1 << 40) + 3, sm_count=multiprocessors, **overrides)
     return _triton_tree.launches_for(meta_args(call), base_key=(1 << 40) + 3, sm_count=multiprocessors)
 
 
@@ -1262,6 +1266,15 @@ def sweep_calls() -> list[Call]:
         calls.append(Call(f"B=1 K=4 top-p {top_p}", top_p=top_p, **base))
     calls.append(Call("B=64 K=8 bf16 logprobs raw + accept_probs + seeds/offsets", **_B64, logprobs=2, accept_probs=True, seeds=True, offsets=True))
     calls.append(Call("B=8 K=4 V=32000 bf16", 8, 4, 32000, "bf16"))
+    # Below B=64 K=8: a filtered bf16 line is one statistics program from 64 lines up (its top-p
+    # window counted), beside the two programs a line planned there before 2026-12-05.
+    for batch, k in ((8, 4), (32, 4), (8, 8), (32, 8)):
+        shape = {"batch": batch, "k": k, "vocab": 128256, "dtype": "bf16"}
+        calls.append(Call(f"B={batch} K={k} V=128256 bf16", **shape))
+        calls.append(Call(f"B={batch} K={k} bf16 T=0.7 top-k 50 top-p 0.9", **shape, temperature=0.7, top_k=50, top_p=0.9))
+        calls.append(Call(f"B={batch} K={k} bf16 flat top-p 0.99 (whole-line)", **shape, top_p=0.99, search_fraction=1.0))
+        calls.append(Call(f"B={batch} K={k} bf16 flat top-p 0.99, two statistics programs a line", **shape, top_p=0.99, search_fraction=1.0,
+                          stats_parts=2))
     calls.append(Call("sample B=1 V=128256 fp32", 1, 0, 128256, "fp32", draft="one-hot", stream=2))
     # Blocks and trees (the tree: 8 nodes, 4 deep)
     calls.append(Call("block B=1 K=4 V=128256 fp32", **_B1, method="block"))

@@ -328,8 +328,10 @@ class Sizes(NamedTuple):
     counters: int
 
 
-def _layout(args: VerifyArgs, geo: Geometry) -> dict:
-    """Sizes and launch constants of a call (everything but the tensors)."""
+def _layout(args: VerifyArgs, geo: Geometry, whole_lines: bool = True) -> dict:
+    """Sizes and launch constants of a call (everything but the tensors). ``whole_lines``: a filtered
+    bf16 call from WHOLE_LINE_STATS_LINES lines up reads each line in one statistics program (the
+    chains'; trees and blocks keep the plan by the device's fill)."""
     batch, k, vocab = args.batch, args.num_positions, args.vocab
     has_draft = args.draft_logits is not None and k > 0
     lines = batch * (k + 1) + (batch * k if has_draft else 0)
@@ -343,7 +345,7 @@ def _layout(args: VerifyArgs, geo: Geometry) -> dict:
     bf16 = args.target_logits.dtype == torch.bfloat16 or (has_draft and args.draft_logits.dtype == torch.bfloat16)
     if geo.interpret:
         tiles_per_part = step
-    elif args.filtered and bf16 and geo.top_p_window and lines >= WHOLE_LINE_STATS_LINES:
+    elif whole_lines and args.filtered and bf16 and geo.top_p_window and lines >= WHOLE_LINE_STATS_LINES:
         tiles_per_part = step * blocks  # one program a line: its top-p window is counted
     else:  # enough programs to fill the device several times over, then longer ones
         tiles_per_part = step * max(1, min(blocks, _cdiv(lines * blocks, STATS_PROGRAMS_PER_SM * geo.multiprocessors)))

@@ -179,7 +179,7 @@ def _plan(args: TreeArgs | VerifyArgs, geo: chain.Geometry, floats: torch.Tensor
           counters: torch.Tensor | None = None) -> list[chain.Template]:
     """The templates of a call over the workspace of its device (or buffers like the given ones)."""
     view = _chain_view(args)
-    layout = chain._layout(view, geo)
+    layout = chain._layout(view, geo, whole_lines=False)  # (the chains' plan of whole lines is theirs alone)
     slots = _node_slots(args)
     extra = _row_sizes(view.batch, slots)
     sizes = layout["sizes"]

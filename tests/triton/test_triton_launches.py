@@ -271,7 +271,7 @@ def test_tree_and_block_batch_size_does_not_enter_the_compiled_signature():
 def test_filtered_bf16_lines_are_read_whole_from_64_lines():
     """A filtered bf16 call from WHOLE_LINE_STATS_LINES lines up reads each line in one statistics
     program where the top-p windows are on (only a line read whole has its window counted); fewer
-    lines, other dtypes and unfiltered calls keep several programs a line."""
+    lines, other dtypes, unfiltered calls, trees and blocks keep several programs a line."""
     from bench.gpu_model import Call, launches
     from specdec_ext._triton_backend import WHOLE_LINE_STATS_LINES, key_window_default
 
@@ -284,3 +284,5 @@ def test_filtered_bf16_lines_are_read_whole_from_64_lines():
     assert parts(4, 4, "bf16", top_p=0.95) == 2
     assert parts(8, 4, "fp32", top_p=0.95) > 1
     assert parts(8, 4, "bf16") > 1
+    tree = Call("", 64, 8, 128256, "bf16", draft="one-hot", temperature=0.7, top_p=0.95, method="tree", tree_depth=4)
+    assert next(launch.grid for launch in launches(tree, 132) if launch.name == "line_stats")[1] == 2  # trees and blocks keep their plan
