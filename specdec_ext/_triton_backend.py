@@ -103,7 +103,7 @@ def key_window_default() -> bool:
     lowering and later (3.8 is the one torch 2.14, hence vLLM 0.33, installs). Triton 3.6 and 3.7
     take a warp ballot per bit of the bin and a popcount per bin a lane owns, about 88
     instructions a value at 256 bins and twice that at 512: they keep the 256 bins, the same cuts
-    either way (tests/support/triton_histogram_lowering.py reads each version's SASS)."""
+    either way (tests/support/triton_compile_check.py --lowering reads each version's SASS)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
