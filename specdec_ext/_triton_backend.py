@@ -91,7 +91,7 @@ HISTOGRAM_TOP_K = 256
 # the max lies in [0, 2**-8) (an fp16 line's 1024 keys a binade would not fit: fp16 lines are left
 # out). Values a step of that count, and bins a threshold item sums a step.
 TOP_P_WINDOW_BINS = 8192
-TOP_P_WINDOW_BLOCK = 16384
+TOP_P_WINDOW_BLOCK = 32768
 TOP_P_WINDOW_STEP = 1024
 
 

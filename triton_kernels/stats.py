@@ -180,30 +180,31 @@ def _candidate_tiles(base, first, last, width, lanes, inv_t, lane_max, lane_sum,
                      RAW_STATS: tl.constexpr, MASKED: tl.constexpr, LANES: tl.constexpr, ROWS: tl.constexpr):
     """The sampled-line statistics of tiles [first, last) row by row, each value also inserted into
     its lane's top three. The tile's rows are read twice (the second time from L1): first for the
-    maxima and the top three, then for the sums at the new maxima (one rescale per lane and tile)."""
+    top three, then for the sums at the new maxima (one rescale per lane and tile). The top three
+    are of the raw logits (``_part`` scales them): scaling by inv_t > 0 keeps their order, so t1 is
+    the lane's raw max and t1 * inv_t its scaled one, and the sums' exponent is one fused
+    multiply-add, exp(raw * inv_t - ref) = exp2(raw * (inv_t * log2 e) - ref * log2 e) (a sum,
+    not a kept weight: an ulp of its terms is as the order of its additions)."""
+    scale = inv_t * 1.4426950408889634
     for tile in range(first, last):
         start = tile * (ROWS * LANES)
-        tile_max = lane_max
-        tile_raw_max = raw_max
         for r in tl.static_range(ROWS):
-            raw = _load_tile(base, start + r * LANES, width, lanes, MASKED)
-            s = raw * inv_t
-            tile_max = tl.maximum(tile_max, s)
-            t1, t2, t3 = _insert(t1, t2, t3, s)
-            if RAW_STATS:
-                tile_raw_max = tl.maximum(tile_raw_max, raw)
+            t1, t2, t3 = _insert(t1, t2, t3, _load_tile(base, start + r * LANES, width, lanes, MASKED))
+        tile_max = t1 * inv_t
         ref = tl.where(tile_max == float("-inf"), 0.0, tile_max)
-        raw_ref = tl.where(tile_raw_max == float("-inf"), 0.0, tile_raw_max)
+        raw_ref = tl.where(t1 == float("-inf"), 0.0, t1)
         lane_sum = lane_sum * exp(lane_max - ref)
         if RAW_STATS:
             raw_sum = raw_sum * exp(raw_max - raw_ref)
+        shift = ref * 1.4426950408889634
+        raw_shift = raw_ref * 1.4426950408889634
         for r in tl.static_range(ROWS):
             raw = _load_tile(base, start + r * LANES, width, lanes, MASKED)
-            lane_sum += exp(raw * inv_t - ref)
+            lane_sum += tl.exp2(tl.fma(raw, scale, -shift))
             if RAW_STATS:
-                raw_sum += exp(raw - raw_ref)
+                raw_sum += tl.exp2(tl.fma(raw, 1.4426950408889634, -raw_shift))
         lane_max = tile_max
-        raw_max = tile_raw_max
+        raw_max = t1
     return lane_max, lane_sum, raw_max, raw_sum, t1, t2, t3
 
 
@@ -399,6 +400,7 @@ def _part(
                     base, first, whole, width, lanes, inv_t, lane_max, lane_sum, raw_max, raw_sum, t1, t2, t3, RAW_STATS, False, LANES, ROWS)
                 lane_max, lane_sum, raw_max, raw_sum, t1, t2, t3 = _candidate_tiles(
                     base, whole, last, width, lanes, inv_t, lane_max, lane_sum, raw_max, raw_sum, t1, t2, t3, RAW_STATS, True, LANES, ROWS)
+                t1, t2, t3 = t1 * inv_t, t2 * inv_t, t3 * inv_t  # (the raw top three, scaled)
                 floor, kept = _store_candidates(t1, t2, t3, line, part, quota, cand_ptr, cand_count_ptr, cand_floor_ptr, PARTS, LINE_SLOTS)
                 if TOP_P_BINS > 0:
                     if window_p:
