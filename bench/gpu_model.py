@@ -76,7 +76,8 @@ ASSUMPTIONS = {
     "rejected_rows": "every row rejects at its last draft position: the race reads a target and a draft line (the heavier loop)",
     "sampled_rows": "every row samples (temperature > 0); greedy rows would skip the race and read no draft line",
     "tree_rows": "a tree row walks tree_depth contexts and rejects one child at each before entering the next (one residual-mass pass over its line "
-                 "per context); a block row stops one position before n (one residual-mass pass); both race a residual with a draft line",
+                 "per context); a block row's walk items sum every chunk of S_i (the most; the embedded pair's share, MEASURED, in its own rows); "
+                 "both race a residual with a draft line",
 }
 
 # Opcode -> execution pipe. Anything unlisted is "alu".
@@ -505,6 +506,10 @@ class Call:
     # A launcher geometry override (a chain call's): the statistics programs a line, for a study of
     # the plan (None: the launcher's own).
     stats_parts: int | None = None
+    # A block walk's work items that sum their chunk of a residual mass S_i (a sampled row's position
+    # below n whose coin may stop the walk there: tree.py's _may_stop), of all (K-1) a row:
+    # MEASURED on the embedded pair (measure_block_walks), or None for every item (the most).
+    block_summed: float | None = None
 
     @property
     def whole_line(self) -> bool:
@@ -657,7 +662,7 @@ LOOP_KINDS = {
                             "search_value_share less search_value_count_share, MEASURED)",
     "gather tile": "CHUNK / TILE steps per search item of a top-k gather (stage 4: search_gather_share less search_window_share, MEASURED)",
     "window gather tile": "CHUNK / TILE steps per search item of a top-p window's gather, which sums the mass above it (stage 5: search_window_share, MEASURED)",
-    "walk ticket loop": "a filtered tree or block call's walk items, in the cut-offs launch: one row per program",
+    "walk ticket loop": "a filtered tree or block call's walk items, in the cut-offs launch: a tree's one a row, a block's B * (K-1) * chunks",
     "histogram tile": "CHUNK / TILE steps per search item of a top-k pass over key bins that can end the search (it sums the mass above)",
     "count histogram tile": "CHUNK / TILE steps per search item of a top-k pass over key bins that only counts (search_count_share, MEASURED)",
     "raw count histogram tile": "CHUNK / TILE steps per search item of a 16-bit line's first top-k pass, over its raw keys (stage 7: search_raw_count_share, MEASURED)",
@@ -668,10 +673,12 @@ LOOP_KINDS = {
     "context step": "a tree walk's contexts: tree_depth + 1 per row",
     "line check step": "check=True: every context a tree row could use, N + 1 per row",
     "sibling test": "a tree walk's test of each node at each context (is it a child?): N per context",
-    "residual-mass tile": "a pass over a line after a rejection (tree) or at a stop candidate (block): the line's vocabulary in walk blocks",
+    "residual-mass tile": "a pass over a line after a rejection (tree), or a block walk item's chunk of S_i where the coin may stop the walk (block_summed "
+                          "of the items, MEASURED): walk blocks of ids",
     "removed-id test": "one removed sibling per step of a residual tile (a tree without replacement or with deterministic siblings): 1 per tile",
     "block position step": "block verification's p_i, one per draft position: K per row",
-    "stop search step": "block verification's search for the last passing coin from n down: 2 per row (a stop one position before n)",
+    "stop search step": "block verification's search for the last passing coin from n down, by a row's last walk item: K per row (the most)",
+    "walk sum step": "that search's read of a position's summed chunks of S_i: chunks per position, K positions per row (the most)",
 }
 
 
@@ -764,13 +771,16 @@ def _walk_kinds(kernel: str, loops: list[Loop], top: int | None, kinds: list, at
         parent = kind_of.get(loop.parent)
         if loop.parent == top:
             if kernel == "block_walk":
-                kind = "stop search step" if loop.start in has_children else "block position step"
+                kind = ("residual-mass tile" if loop.has("LDG") and loop.has("MUFU") else "stop search step" if loop.start in has_children
+                        else "block position step")
             else:
                 kind = "context step" if loop.start in has_children else "line check step" if loop.has("LDG") else None
         elif parent in ("context step",):
             kind = "sibling test"
-        elif parent in ("sibling test", "stop search step"):
+        elif parent == "sibling test":
             kind = "residual-mass tile"
+        elif parent == "stop search step":
+            kind = "walk sum step"  # (a row's last item: its positions' summed chunks)
         elif parent == "residual-mass tile":
             kind = "removed-id test"
         else:
@@ -818,7 +828,9 @@ def _logits_bytes(call: Call) -> int:
 
 def _tree_work(launch, call: Call, phase: str) -> dict:
     """What each program of a tree or block walk or race executes (ASSUMPTIONS["tree_rows"])."""
-    from specdec_ext import _triton_backend
+    import torch
+
+    from specdec_ext import _triton_backend, _triton_tree
 
     c = launch.constexprs
     has_draft = call.draft == "logits"
@@ -851,13 +863,21 @@ def _tree_work(launch, call: Call, phase: str) -> dict:
             # per context: its line statistics, then the rejected child's logits, then the line (a residual-mass pass)
             "rounds": ["l2", "l2"] * (depth + 1) + ["dram"] * depth,
         }
-    # block_walk: every position's p_i, then the stop one position before n (one residual-mass pass)
+    # block_walk: work items of a chunk of the vocabulary at a position i < K, B * (K-1) * chunks
+    # in all; each reads the row's partials and weights p_i, sums its chunk of S_i where the coin
+    # may stop the walk there (block_summed of them), and arrives; a row's last item searches the
+    # stop from n down (as the row that searches furthest: K steps), reading the summed chunks.
+    chunks = _triton_tree.walk_chunks(meta_args(call), _triton_backend.geometry(torch.device("meta"), sm_count=ASSUMPTIONS["multiprocessors"]))
+    items = call.batch * max((call.k - 1) * chunks, 1)
+    summed = 1.0 if call.block_summed is None else call.block_summed
+    steps = math.ceil(tiles / chunks) * summed if call.k > 1 else 0.0
     return {
-        "loops": {"block position step": (call.k, 1), "stop search step": (2, 1), "residual-mass tile": (tiles, block)},
-        "programs_used": call.batch,
-        "bytes": call.batch * (2 if has_draft else 1) * call.vocab * itemsize + call.batch * (2 * call.k + 1) * c["PARTS"] * 8,
-        # the partials of every line (one round), the coin's line, the residual-mass pass
-        "rounds": ["l2", "l2", "dram"],
+        "loops": {"block position step": (call.k, 1), "residual-mass tile": (steps, block), "stop search step": (call.k * call.batch / items, 1),
+                  "walk sum step": (call.k * chunks * call.batch / items, 1)},
+        "programs_used": items,
+        "bytes": call.batch * max(call.k - 1, 0) * summed * (2 if has_draft else 1) * call.vocab * itemsize + items * (2 * call.k + 1) * c["PARTS"] * 8,
+        # the partials of every line, the item's chunk of its lines, its arrival, the last item's read of the sums
+        "rounds": ["l2", "dram", "l2", "l2"],
     }
 
 
@@ -961,9 +981,12 @@ def _work(launch, call: Call, phase: str) -> dict:
 
     if phase in ("tree_walk", "tree_race", "block_walk", "block_race"):
         return _tree_work(launch, call, phase)
-    if phase.endswith(":walk"):  # the walk items of a filtered tree or block call, one row per program
+    if phase.endswith(":walk"):  # the walk items of a filtered tree (one a row) or block call, over the launch's programs
         work = _tree_work(launch, call, phase.split(":")[0].replace("_cut", ""))
-        return work | {"loops": work["loops"] | {"walk ticket loop": (1.0, 1)}, "programs_used": min(call.batch, launch.grid[0])}
+        items = work["programs_used"]
+        programs = min(items, launch.grid[0])
+        loops = {kind: (trips * items / programs, values) for kind, (trips, values) in work["loops"].items()}
+        return work | {"loops": loops | {"walk ticket loop": (items / programs, 1)}, "programs_used": programs}
     phase = phase.removeprefix(launch.name + ":") if launch.name.endswith("_cut_walk") else phase  # its cut-offs phases
     args = launch.args
     c = launch.constexprs
@@ -1895,6 +1918,92 @@ def measure_trips() -> dict:
                       f"search passes {found[-1]['search_passes_mean']}, above floor {found[-1]['values_above_floor']}")
     return {"method": "bench.gpu_model.candidate_outcome on every line (the kernels' rules; tests/triton/test_triton_identity.py checks them against the "
                       "kernels), select_search (select.py's search, pass by pass; its cuts checked against the reference's) for the search passes",
+            "results": found, "block_walks": measure_block_walks()}
+
+
+BLOCK_MEASURE_SETTINGS = [(1.0, 0, 1.0), (0.7, 50, 0.9)]
+BLOCK_BATCH = 64
+
+
+def _expected_max(values, batch: int) -> float:
+    """E[max of ``batch`` independent draws] from the empirical distribution of integer ``values``."""
+    import numpy as np
+
+    values = np.asarray(values)
+    return float(sum(1.0 - np.mean(values < m) ** batch for m in range(1, int(values.max()) + 1)))
+
+
+def measure_block_walks(k: int = 8, coins: int = 16) -> dict:
+    """Block walks on the embedded pair (specdec_ext/demo): drafts of k tokens sampled from the
+    draft's processed distribution after contexts cut from the demo corpus, the target's logits
+    after them, then verify(method="block", backend="eager") with ``coins`` seeds per row. Per row
+    and position i < k: whether the coin may stop the walk there (tree.py's _may_stop: p_i >
+    0.99 eta_i), the work items that sum their chunks of S_i ("summed_share"); and the positions a
+    walk that sums S_i from n down until a coin stops it would read one after another (a row
+    stopping at tau < k: k - max(tau, 1); one accepting every draft: none), with the expected most
+    of any row of BLOCK_BATCH."""
+    import numpy as np
+    import torch
+
+    import specdec_ext
+    from specdec_ext._philox import coin_uniforms
+    from specdec_ext.demo import assets, corpus
+    from specdec_ext.reference import process_lines
+    from specdec_ext.reference_tree import block_weights
+
+    target, distilled, tokenizer = assets.load_pair()
+    contexts: dict[int, list] = {}
+    for text in corpus.generate_corpus(24, seed=11):
+        ids = tokenizer(text, return_tensors="pt").input_ids[0]
+        for length in (24, 48, 72):
+            if len(ids) >= length:
+                contexts.setdefault(length, []).append(ids[:length])
+    generator = torch.Generator().manual_seed(7)
+
+    def probs(logits, temperature, top_k, top_p):
+        lines = logits.reshape(-1, logits.shape[-1])
+        n = len(lines)
+        return process_lines(lines, torch.full((n,), temperature), torch.full((n,), top_k), torch.full((n,), top_p)).probs().reshape(logits.shape)
+
+    found = []
+    for draft_name, draft in (("distilled draft", distilled), ("early-exit draft (the target's first layer)", assets.early_exit_draft(target, 1))):
+        for temperature, top_k, top_p in BLOCK_MEASURE_SETTINGS:
+            passes, accepted, summed = [], [], []
+            for length, rows in contexts.items():
+                sequences = torch.stack(rows)
+                batch = len(rows)
+                draft_lines, tokens = [], []
+                with torch.no_grad():
+                    for _ in range(k):
+                        logits = draft(sequences).logits[:, -1].float()
+                        token = torch.multinomial(probs(logits, temperature, top_k, top_p), 1, generator=generator)
+                        draft_lines.append(logits)
+                        tokens.append(token)
+                        sequences = torch.cat([sequences, token], dim=1)
+                    target_logits = target(sequences).logits[:, length - 1 :].float()
+                draft_logits, tokens = torch.stack(draft_lines, 1), torch.cat(tokens, 1)
+                p_x = probs(target_logits, temperature, top_k, top_p)[:, :k].gather(2, tokens[:, :, None])[..., 0]
+                q_x = probs(draft_logits, temperature, top_k, top_p).gather(2, tokens[:, :, None])[..., 0]
+                weights = block_weights(p_x, q_x)  # (batch, k): p_1 .. p_k
+                for coin in range(coins):
+                    seeds = torch.arange(batch) + 1000 * coin
+                    result = specdec_ext.verify(target_logits, draft_logits, tokens, temperature=temperature, top_k=top_k or None,
+                                                top_p=top_p if top_p < 1 else None, seeds=seeds, method="block", backend="eager")
+                    tau = result.num_accepted
+                    passes += torch.where(tau < k, k - tau.clamp(min=1), 0).tolist()
+                    accepted += tau.tolist()
+                    eta = coin_uniforms(seeds, torch.arange(k)[None, :].expand(batch, k))  # eta_i at column i - 1
+                    summed += (weights[:, : k - 1] > 0.99 * eta[:, : k - 1]).flatten().tolist()
+            counts = np.bincount(passes, minlength=k)
+            found.append({"draft": draft_name, "temperature": temperature, "top_k": top_k, "top_p": top_p, "rows": len(passes),
+                          "accepted_mean": round(float(np.mean(accepted)), 3), "summed_share": round(float(np.mean(summed)), 4),
+                          "sequential_passes_mean": round(float(np.mean(passes)), 3), "sequential_passes_histogram": counts.tolist(),
+                          f"sequential_passes_most_of_{BLOCK_BATCH}": round(_expected_max(passes, BLOCK_BATCH), 3)})
+            print(f"  block walks, {draft_name}, T={temperature} top-k {top_k} top-p {top_p}: accepted {found[-1]['accepted_mean']} of {k}, "
+                  f"items summed {found[-1]['summed_share']}; one after another: {found[-1]['sequential_passes_mean']} a row, "
+                  f"{found[-1][f'sequential_passes_most_of_{BLOCK_BATCH}']} in the row of {BLOCK_BATCH} that reads most")
+    return {"method": f"verify(method='block', backend='eager') on drafts of k={k} sampled from the embedded pair's draft after contexts of 24, 48 "
+                      f"and 72 tokens of 24 demo-corpus documents, {coins} coin seeds a row",
             "results": found}
 
 
@@ -1932,6 +2041,15 @@ def _measured_calls(measured: dict) -> list:
                     top_p_settled_share=row.get("top_p_settled_share", 0.0), top_k_window_share=row.get("top_k_window_share", 0.0),
                     **{name: row.get(name, 0.0) for name in SEARCH_FIELDS})
         found.append((call, {"x_unfiltered": 2.0}, "B=64 K=8 V=128256 bf16"))
+    # Block calls whose walks sum the share of their items measured on the embedded pair's drafts.
+    for row in measured.get("block_walks", {}).get("results", []):
+        if not row["draft"].startswith("distilled"):
+            continue
+        filters = {"temperature": row["temperature"], "top_k": row["top_k"], "top_p": row["top_p"]}
+        label = "" if row["top_k"] == 0 and row["top_p"] == 1.0 else f" T={row['temperature']} top-k {row['top_k']} top-p {row['top_p']}"
+        call = Call(f"block B=64 K=8 bf16{label}, walks as measured on the embedded pair (items summed {row['summed_share']})", **_B64, method="block",
+                    block_summed=row["summed_share"], **filters)
+        found.append((call, {}, None))
     return found
 
 

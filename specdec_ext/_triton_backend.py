@@ -266,13 +266,14 @@ class Geometry(NamedTuple):
     histogram_top_k: int  # HISTOGRAM_TOP_K (2**31: no line's raw keys are counted by the statistics launch)
     key_window: bool  # key_window_default(): histogrammed 16-bit lines' statistics also count their parts' top windows
     top_p_window: bool  # key_window_default(): bf16 top-p lines read whole by one program have their top-p windows counted
+    walk_chunks: int | None  # None: a block walk's items per position from the multiprocessors (_triton_tree.walk_chunks)
 
 
 def geometry(
     device: torch.device, *, race_chunks: int | None = None, race_block: int | None = None, stats_tile: int | None = None, stats_parts: int | None = None,
     line_slots: int | None = None, sort: int | None = None, select_chunk: int | None = None, select_programs: int | None = None,
     select_gather: int | None = None, histogram_top_k: int | None = None, key_window: bool | None = None, top_p_window: bool | None = None,
-    sm_count: int | None = None,
+    walk_chunks: int | None = None, sm_count: int | None = None,
 ) -> Geometry:
     """The geometry a call on ``device`` uses (arguments override it: tests cover several chunks per
     row, ragged tiles and each way of the candidates on small vocabularies; the model sets sm_count)."""
@@ -301,6 +302,7 @@ def geometry(
         histogram_top_k=HISTOGRAM_TOP_K if histogram_top_k is None else histogram_top_k,
         key_window=key_window_default() if key_window is None else key_window,
         top_p_window=key_window_default() if top_p_window is None else top_p_window,
+        walk_chunks=walk_chunks,
     )
 
 

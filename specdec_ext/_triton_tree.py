@@ -30,13 +30,19 @@ import torch
 from . import _triton_backend as chain
 from ._params import LOGPROBS_NONE, TreeArgs, VerifyArgs
 
-# The walk: warps per program (one program per row: its residual-mass passes over a line are on
-# the call's critical path, so a wide program) and ids per step of such a pass (8 per thread; the
-# interpreter, which pays per step, takes small vocabularies in one).
+# The walk: warps per program (a tree's one program a row: its residual-mass passes over a line
+# are on the call's critical path, so a wide program; a block's work items take the same) and ids
+# per step of such a pass (8 per thread; the interpreter, which pays per step, takes small
+# vocabularies in one).
 WALK_WARPS = 16
 WALK_BLOCK = 4096
 # A filtered call's walk runs in the cut-offs launch, at its warps: the same 8 ids per thread.
 CUT_WALK_BLOCK = WALK_BLOCK * chain.CUTOFF_WARPS // WALK_WARPS
+# A block walk sums each position's residual mass S_i in work items, chunks of the vocabulary, about
+# WALK_ITEMS_PER_SM items a multiprocessor in all (tree.py's _block_walk_item): the row whose coins
+# search furthest down then reads no line after another, and the call's slowest row no longer sets
+# its time.
+WALK_ITEMS_PER_SM = 4
 STATE = 8  # floats and ints of row state per row (tree.py's module docstring)
 
 kernels = chain.kernels
@@ -65,6 +71,7 @@ class _Rows(NamedTuple):
     state_i: torch.Tensor  # (B, STATE) int32
     removed: torch.Tensor  # (B, NP) int32 a tree residual's removed ids
     path: torch.Tensor  # (B, NP) int32 the nodes a tree walk entered
+    walk_part: torch.Tensor  # (B, walk items) float32 a block walk's partial sums of S_i
 
 
 def _chain_view(args: TreeArgs | VerifyArgs) -> VerifyArgs:
@@ -79,16 +86,40 @@ def _node_slots(args: TreeArgs | VerifyArgs) -> int:
     return _pow2(max(args.num_tree_nodes, 1)) if isinstance(args, TreeArgs) else 2
 
 
-def _row_sizes(batch: int, slots: int) -> chain.Sizes:
-    return chain.Sizes(_pad(batch * STATE), _pad(batch * STATE) + 2 * _pad(batch * slots), 0)
+def walk_block(geo: chain.Geometry, filtered: bool) -> int:
+    """Ids per step of a block walk's residual-mass chunk (the interpreter's: at most its race block)."""
+    block = CUT_WALK_BLOCK if filtered else WALK_BLOCK
+    return min(block, geo.race_block) if geo.interpret else block
 
 
-def _rows(floats: torch.Tensor, ints: torch.Tensor, after: chain.Sizes, batch: int, slots: int) -> _Rows:
+def walk_chunks(view: VerifyArgs, geo: chain.Geometry) -> int:
+    """A block walk's items per position i < K: chunks of whole steps of the vocabulary, about
+    WALK_ITEMS_PER_SM items a multiprocessor (the interpreter's: two, where the line has them)."""
+    steps = chain._cdiv(view.vocab, walk_block(geo, view.filtered))
+    if geo.walk_chunks:
+        return max(1, min(geo.walk_chunks, steps))
+    if geo.interpret:
+        return min(steps, 2)
+    return max(1, min(steps, chain._cdiv(WALK_ITEMS_PER_SM * geo.multiprocessors, max(view.batch * max(view.num_positions - 1, 1), 1))))
+
+
+def _walk_items(view: VerifyArgs, chunks: int) -> int:
+    """A block row's walk items (tree.py's _block_walk_item)."""
+    return max((view.num_positions - 1) * chunks, 1)
+
+
+def _row_sizes(batch: int, slots: int, walk_items: int) -> chain.Sizes:
+    return chain.Sizes(_pad(batch * STATE) + _pad(batch * walk_items), _pad(batch * STATE) + 2 * _pad(batch * slots), 0)
+
+
+def _rows(floats: torch.Tensor, ints: torch.Tensor, after: chain.Sizes, batch: int, slots: int, walk_items: int) -> _Rows:
     """The row buffers, carved after the chain's part of the workspace (``after``)."""
     f0, i0 = after.floats, after.ints
+    f1 = f0 + _pad(batch * STATE)
     i1 = i0 + _pad(batch * STATE)
     i2 = i1 + _pad(batch * slots)
-    return _Rows(floats[f0 : f0 + batch * STATE], ints[i0 : i0 + batch * STATE], ints[i1 : i1 + batch * slots], ints[i2 : i2 + batch * slots])
+    return _Rows(floats[f0 : f0 + batch * STATE], ints[i0 : i0 + batch * STATE], ints[i1 : i1 + batch * slots], ints[i2 : i2 + batch * slots],
+                 floats[f1 : f1 + batch * walk_items])
 
 
 def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, bufs: chain.Buffers, rows: _Rows) -> list[chain.Template]:
@@ -130,7 +161,7 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
             found.append(chain.Template(
                 "tree_cut_walk", k.cut_walk_kernel, cutoff.grid,
                 lambda c, key, o: (*cutoff.arguments(c.chain, key, o), c.chain.draft_tokens, c.parents, *keys(c.chain), b.part_i, b.tau, rows.state_f,
-                                   rows.state_i, rows.removed, rows.path, key, sh.tok_stride, c.parents.stride(0)),
+                                   rows.state_i, rows.removed, rows.path, rows.state_f, rows.state_i, 1, key, sh.tok_stride, c.parents.stride(0)),
                 {**cutoff.constexprs, "TREE": True, "KP": 1, **walk_constexprs, **keyed, "BLOCK": CUT_WALK_BLOCK},
                 cutoff.num_warps,
             ))
@@ -145,21 +176,24 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
         return found
     kp = _pow2(positions + 1)
     walk_constexprs = {"KP": kp, "CHECK": view.check}
+    chunks = walk_chunks(view, geo)
+    walk_counters = b.counters[:batch]  # the race's, free until it starts (the walk leaves them at zero)
     if cutoff is None:
         found.append(chain.Template(
-            "block_walk", k.block_walk_kernel, (batch,),
+            "block_walk", k.block_walk_kernel, (batch * _walk_items(view, chunks),),
             lambda c, key, o: (*logits(c.chain, sh.has_draft), c.chain.draft_tokens, c.chain.temperature, c.chain.top_k, c.chain.top_p,
                                c.chain.num_draft_tokens, *keys(c.chain), b.tau, b.part_m, b.part_z, b.part_i, b.gathered, rows.state_f, rows.state_i,
-                               key, batch, positions, *tail[:-1], sh.tok_stride, sh.t_parts, sh.d_parts),
-            {**walk, **walk_constexprs},
+                               rows.walk_part, walk_counters, chunks, key, batch, positions, *tail[:-1], sh.tok_stride, sh.t_parts, sh.d_parts),
+            {**walk, **walk_constexprs, "BLOCK": walk_block(geo, False)},
             WALK_WARPS,
         ))
     else:
         found.append(chain.Template(
             "block_cut_walk", k.cut_walk_kernel, cutoff.grid,
             lambda c, key, o: (*cutoff.arguments(c.chain, key, o), c.chain.draft_tokens, c.chain.num_draft_tokens, *keys(c.chain), b.part_i,
-                               b.gathered, rows.state_f, rows.state_i, rows.state_i, rows.state_i, key, sh.tok_stride, 0),
-            {**cutoff.constexprs, "TREE": False, "NP": 1, "WITHOUT_REPLACEMENT": False, **walk_constexprs, **keyed, "BLOCK": CUT_WALK_BLOCK},
+                               b.gathered, rows.state_f, rows.state_i, rows.state_i, rows.state_i, rows.walk_part, walk_counters, chunks, key,
+                               sh.tok_stride, 0),
+            {**cutoff.constexprs, "TREE": False, "NP": 1, "WITHOUT_REPLACEMENT": False, **walk_constexprs, **keyed, "BLOCK": walk_block(geo, True)},
             cutoff.num_warps,
         ))
     found.append(chain.Template(
@@ -181,7 +215,8 @@ def _plan(args: TreeArgs | VerifyArgs, geo: chain.Geometry, floats: torch.Tensor
     view = _chain_view(args)
     layout = chain._layout(view, geo, whole_lines=False)  # (the chains' plan of whole lines is theirs alone)
     slots = _node_slots(args)
-    extra = _row_sizes(view.batch, slots)
+    walk_items = 1 if isinstance(args, TreeArgs) else _walk_items(view, walk_chunks(view, geo))
+    extra = _row_sizes(view.batch, slots, walk_items)
     sizes = layout["sizes"]
     total = chain.Sizes(sizes.floats + extra.floats, sizes.ints + extra.ints, sizes.counters + extra.counters)
     if floats is None:
@@ -191,7 +226,7 @@ def _plan(args: TreeArgs | VerifyArgs, geo: chain.Geometry, floats: torch.Tensor
     else:
         floats, ints, counters = (torch.empty(n, dtype=t.dtype, device=t.device) for n, t in zip(total, (floats, ints, counters), strict=True))
     bufs = chain.buffers(floats, ints, counters, layout, view.batch, geo.line_slots, geo.sort)
-    rows = _rows(floats, ints, sizes, view.batch, slots)
+    rows = _rows(floats, ints, sizes, view.batch, slots, walk_items)
     return _templates(args, geo, layout, bufs, rows)
 
 

@@ -23,8 +23,9 @@ the next call and a CUDA graph's next replay start from zero.
 
 Either way a cut line leaves its statistics over the kept values (max and normaliser, in its first
 partial slot), so nothing reads a line again for them. ``cutoff_items`` is the ticket loop as a
-function: tree.py's filtered walks append their own items (one per row, after every search item)
-to the same tickets, in the same launch.
+function: tree.py's filtered walks append their own items (a tree's one a row, a block's one per
+position and chunk of the vocabulary), after every search item, to the same tickets, in the same
+launch.
 """
 
 import triton

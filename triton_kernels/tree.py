@@ -6,12 +6,18 @@ numbered as stats.py's ``line_of`` reads them with K = N for a tree (the target'
 contexts, then the draft's first N contexts per row: context N, the last node's, has no
 children). Then two launches:
 
-1. ``tree_walk_kernel`` / ``block_walk_kernel``, grid (B,): the walk down the tree (recursive
-   rejection sampling, one residual-mass pass over the line after each rejection) or block
-   verification's joint stop. Nothing of size V is written: each row leaves its final residual
-   w(y) = max(a p(y) - c q(y) - [y = h], 0) [y not in S] as a few scalars (the row state below).
-   With top-k / top-p the walk is ``cut_walk_kernel``: the cut-offs launch's work items (cutoffs.py: each line's cut and its statistics over the kept
-   values), then one walk item per row, which waits until every line's cut is final.
+1. ``tree_walk_kernel``, grid (B,): the walk down the tree (recursive rejection sampling, one
+   residual-mass pass over the line after each rejection). ``block_walk_kernel``, grid
+   (B * (K-1) * chunks,): block verification's joint stop, in work items: each sums one chunk of
+   the vocabulary of one position's residual mass S_i = sum_y max(p_i P_i(y) - Q_i(y), 0) (where
+   the coin may stop the walk there), and the row's last item to arrive searches the stop from n
+   down over the summed chunks. (One program a row summing S_i from n down until a coin stops it
+   would read line after line: at B = 64 some row nearly always reads K - 1 of them.) Nothing of
+   size V is written: each row leaves its final residual w(y) = max(a p(y) - c q(y) - [y = h], 0)
+   [y not in S] as a few scalars (the row state below). With top-k / top-p the walk is
+   ``cut_walk_kernel``: the cut-offs launch's work items (cutoffs.py: each line's cut and its
+   statistics over the kept values), then the walk items (a tree's one a row), which wait until
+   every line's cut is final.
 2. ``tree_race_kernel`` / ``block_race_kernel``, grid (B, chunks): the exponential race argmax
    w(y) / E_y over each chunk of the vocabulary; the last program of a row to arrive picks the
    winner, writes the row's outputs and resets the row's counter (a CUDA graph replays as is).
@@ -295,20 +301,19 @@ def tree_walk_kernel(
 
 
 @triton.jit
-def _block_walk_row(
-    row, target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr, tau_ptr, part_m_ptr,
-    part_z_ptr, part_i_ptr, gathered_ptr, state_f_ptr, state_i_ptr, base_key, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k,
-    tok_stride_b, t_parts, d_parts,
+def _block_row(
+    row, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr, tau_ptr, part_m_ptr, part_z_ptr, gathered_ptr,
+    base_key, batch, K, Vd, tok_stride_b, t_parts, d_parts,
     PARTS: tl.constexpr, PP: tl.constexpr, KP: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_SEEDS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
-    CHECK: tl.constexpr, FILTERED: tl.constexpr, BLOCK: tl.constexpr,
+    FILTERED: tl.constexpr,
 ):
-    """Block verification's walk of one row (arguments as block_walk_kernel's)."""
-    # The row, all positions at once where they do not depend on each other (as the chain's race).
+    """What every work item of a block row reads (a few loads): the row's parameters, its lines'
+    statistics, per position: the draft token, the lines' bad values, and the weight
+    p_i = min(1, p_{i-1} p(x_i) / q(x_i)) (that of a sampled row; per-position vectors of KP)."""
     positions = tl.arange(0, KP)
     temperature, inv_t, n, key, offset, invalid = row_parameters(temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr,
                                                                  base_key, row, K, HAS_SEEDS, HAS_OFFSETS)
     row64 = row.to(tl.int64)
-    greedy = temperature == 0
     sampled_v = tl.where(temperature != 0, positions >= 0, positions < 0)  # per-position copy of a row flag
     t_first = row * (K + 1)
     d_first = batch * (K + 1) + row * K
@@ -337,6 +342,114 @@ def _block_walk_row(
             d_tau = tl.where(sampled_v, tl.load(tau_ptr + d_first + positions, mask=d_lines, other=float("-inf")), float("-inf"))
         q_x = _prob(tl.load(gathered_ptr + d_first + positions, mask=d_lines, other=0.0) * inv_t, d_max, d_norm, d_rcp, d_tau, FILTERED)
         read_bad = read_bad | (drafted & d_bad)
+    carried = tl.where(positions == 0, 1.0, 0.0)
+    previous = 1.0
+    for i in range(1, K + 1):
+        if i <= n:
+            joint = previous * _at(p_x, positions, i - 1)
+            q_i = _at(q_x, positions, i - 1)
+            ratio = tl.where(q_i > 0.0, tl.math.div_rn(joint, tl.where(q_i > 0.0, q_i, 1.0)), tl.where(joint > 0.0, 1.0, 0.0))
+            previous = tl.minimum(ratio, 1.0)
+            carried = tl.where(positions == i, previous, carried)
+    return (temperature, inv_t, n, key, offset, invalid, t_first, t_lines, tokens, t_bad, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau,
+            read_bad, carried)
+
+
+@triton.jit
+def _may_stop(weight, eta):
+    """Whether the coin eta may stop a block walk at a position below n with weight p_i: it stops
+    when eta (S + 1 - p_i) < S, and S = sum_y max(p_i P(y) - Q(y), 0) <= p_i, so never when
+    p_i <= eta. The 1 % margin covers S's float sums (over p_i by less): such a position's S is
+    then not summed at all, and its test is false in the reference's floats too."""
+    return weight > 0.99 * eta
+
+
+@triton.jit
+def _residual_mass(t_line, d_line, start, end, draft_end, inv_t, t_max, t_norm, t_tau, d_max, d_norm, d_tau, a, hot,
+                   HAS_DRAFT: tl.constexpr, FILTERED: tl.constexpr, BLOCK: tl.constexpr):
+    """sum_y max(a P(y) - Q(y) - [y = hot], 0) over the ids [start, end) (Q = 0 past ``draft_end``;
+    without HAS_DRAFT, Q is one-hot at ``hot``), lines of finite statistics. A mass the walk's coin
+    is compared with, as a whole: its terms are not the race's weights, so each is exp2 of one
+    fused multiply-add, exp(s - m) / z = exp2(x inv_t log2 e - (m log2 e + log2 z)) (a few ulps
+    from the race's; its sum's order moves it as much), and each lane sums its own terms, one block
+    reduction at the end."""
+    t_scale = inv_t * 1.4426950408889634
+    t_shift = t_max * 1.4426950408889634 + tl.log2(t_norm)
+    d_shift = d_max * 1.4426950408889634 + tl.log2(d_norm)
+    lanes = tl.zeros((BLOCK,), tl.float32)
+    for tile in range(start, end, BLOCK):
+        idx = tile + tl.arange(0, BLOCK)
+        x = tl.load(t_line + idx, mask=idx < end, other=float("-inf")).to(tl.float32)
+        p = tl.exp2(tl.fma(x, t_scale, -t_shift))
+        if FILTERED:
+            p = tl.where(x * inv_t >= t_tau, p, 0.0)
+        w = a * p - tl.where(idx == hot, 1.0, 0.0)
+        if HAS_DRAFT:
+            y = tl.load(d_line + idx, mask=idx < draft_end, other=float("-inf")).to(tl.float32)
+            q = tl.exp2(tl.fma(y, t_scale, -d_shift))
+            if FILTERED:
+                q = tl.where(y * inv_t >= d_tau, q, 0.0)
+            w = w - q
+        lanes += tl.maximum(w, 0.0)
+    return tl.sum(lanes, axis=0)
+
+
+@triton.jit
+def _block_walk_item(
+    item, target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr, tau_ptr, part_m_ptr,
+    part_z_ptr, part_i_ptr, gathered_ptr, state_f_ptr, state_i_ptr, walk_part_ptr, walk_counter_ptr, walk_chunks, base_key, batch, K, V, Vd,
+    t_stride_b, t_stride_k, d_stride_b, d_stride_k, tok_stride_b, t_parts, d_parts,
+    PARTS: tl.constexpr, PP: tl.constexpr, KP: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_SEEDS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+    CHECK: tl.constexpr, FILTERED: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One work item of block verification's walk: a chunk of the residual mass S_i of one row at
+    one position i < K (module docstring), then its arrival; the row's last item to arrive walks."""
+    items = tl.maximum((K - 1) * walk_chunks, 1)  # per row
+    row = item // items
+    j = item % items
+    at = 1 + j // walk_chunks
+    chunk = j % walk_chunks
+    row64 = row.to(tl.int64)
+    positions = tl.arange(0, KP)
+    (temperature, inv_t, n, key, offset, invalid, t_first, t_lines, tokens, t_bad, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau,
+     read_bad, carried) = _block_row(
+        row, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr, tau_ptr, part_m_ptr, part_z_ptr, gathered_ptr,
+        base_key, batch, K, Vd, tok_stride_b, t_parts, d_parts, PARTS, PP, KP, HAS_DRAFT, HAS_SEEDS, HAS_OFFSETS, FILTERED)
+    weight = _at(carried, positions, at)
+    # S_at's chunk: a sampled valid row's, at a position below n where the coin may stop the walk.
+    summed = (temperature != 0) & (invalid == 0) & (tl.max(read_bad.to(tl.int32), axis=0) == 0) & (at < n) & (j < (K - 1) * walk_chunks)
+    summed = summed & _may_stop(weight, _coin(key, offset + at - 1, 0))
+    partial = 0.0
+    if summed:
+        per_chunk = tl.cdiv(tl.cdiv(V, BLOCK), walk_chunks) * BLOCK
+        start = chunk * per_chunk
+        hot = -1
+        if not HAS_DRAFT:
+            hot = _at(tokens, positions, at)
+        partial = _residual_mass(target_ptr + row64 * t_stride_b + at.to(tl.int64) * t_stride_k,
+                                 draft_ptr + row64 * d_stride_b + at.to(tl.int64) * d_stride_k, start, tl.minimum(start + per_chunk, V), Vd, inv_t,
+                                 _at(t_max, positions, at), _at(t_norm, positions, at), _at(t_tau, positions, at), _at(d_max, positions, at),
+                                 _at(d_norm, positions, at), _at(d_tau, positions, at), weight, hot, HAS_DRAFT, FILTERED, BLOCK)
+    tl.store(walk_part_ptr + row64 * items + j, partial)
+    tl.debug_barrier()  # every thread's store precedes the release below
+    if tl.atomic_add(walk_counter_ptr + row, 1, sem="acq_rel", scope="gpu") == items - 1:
+        tl.store(walk_counter_ptr + row, 0)  # ready for the race (and the next call)
+        _block_walk_row(row, temperature, n, key, offset, invalid, t_first, t_lines, tokens, t_bad, t_max, t_norm, t_tau, d_max, d_norm, d_tau,
+                        read_bad, carried, part_m_ptr, part_i_ptr, state_f_ptr, state_i_ptr, walk_part_ptr + row64 * items, walk_chunks, K, t_parts,
+                        PARTS, PP, KP, HAS_DRAFT, CHECK)
+
+
+@triton.jit
+def _block_walk_row(
+    row, temperature, n, key, offset, invalid, t_first, t_lines, tokens, t_bad, t_max, t_norm, t_tau, d_max, d_norm, d_tau, read_bad, carried,
+    part_m_ptr, part_i_ptr, state_f_ptr, state_i_ptr, sums_ptr, walk_chunks, K, t_parts,
+    PARTS: tl.constexpr, PP: tl.constexpr, KP: tl.constexpr, HAS_DRAFT: tl.constexpr, CHECK: tl.constexpr,
+):
+    """Block verification's walk of one row, once its items have summed S_i in ``sums_ptr``
+    (walk_chunks partial sums per position i = 1 .. K-1): the stop searched from n down."""
+    positions = tl.arange(0, KP)
+    greedy = temperature == 0
+    drafted = positions < n
     tau = row * 0
     a = 1.0
     argmax = tl.zeros((KP,), tl.int32)
@@ -347,16 +460,6 @@ def _block_walk_row(
             read_bad = t_bad & (positions <= tau)
     invalid = invalid | (tl.max(read_bad.to(tl.int32), axis=0) != 0)
     if (greedy == 0) & (invalid == 0):
-        # p_i = min(1, p_{i-1} p(x_i) / q(x_i)), kept per position.
-        carried = tl.where(positions == 0, 1.0, 0.0)
-        previous = 1.0
-        for i in range(1, K + 1):
-            if i <= n:
-                joint = previous * _at(p_x, positions, i - 1)
-                q_i = _at(q_x, positions, i - 1)
-                ratio = tl.where(q_i > 0.0, tl.math.div_rn(joint, tl.where(q_i > 0.0, q_i, 1.0)), tl.where(joint > 0.0, 1.0, 0.0))
-                previous = tl.minimum(ratio, 1.0)
-                carried = tl.where(positions == i, previous, carried)
         # The last i whose coin passes, searched from n down (0 when none does).
         found = invalid
         for step in range(0, K):
@@ -367,19 +470,12 @@ def _block_walk_row(
                 stop = eta < weight
                 if at < n:
                     # S_at = sum_y max(p_at P(y) - Q(y), 0): Q the draft line, or one-hot at x_{at+1}.
-                    t_line = target_ptr + row64 * t_stride_b + at.to(tl.int64) * t_stride_k
-                    d_line = draft_ptr + row64 * d_stride_b + at.to(tl.int64) * d_stride_k
-                    hot = -1
-                    if not HAS_DRAFT:
-                        hot = _at(tokens, positions, at)
-                    inner = 0.0
-                    for start in range(0, V, BLOCK):
-                        w, _ = _residual_tile(t_line, d_line, start + tl.arange(0, BLOCK), V, Vd, inv_t, _at(t_max, positions, at),
-                                              _at(t_norm, positions, at), _at(t_rcp, positions, at), _at(t_tau, positions, at),
-                                              _at(d_max, positions, at), _at(d_norm, positions, at), _at(d_rcp, positions, at),
-                                              _at(d_tau, positions, at), weight, 1.0, hot, HAS_DRAFT, positions, 0, HAS_DRAFT, FILTERED)
-                        inner += tl.sum(w, axis=0)
-                    stop = eta * (inner + (1.0 - weight)) < inner
+                    stop = at < 0  # False, unless the coin may stop it
+                    if _may_stop(weight, eta):
+                        inner = 0.0
+                        for chunk in range(0, walk_chunks):
+                            inner += tl.load(sums_ptr + (at - 1) * walk_chunks + chunk, cache_modifier=".cg")
+                        stop = eta * (inner + (1.0 - weight)) < inner
                 tau = tl.where(stop, at, tau)
                 found = stop
         a = tl.where(tau < n, _at(carried, positions, tau), 1.0)
@@ -399,7 +495,7 @@ def _block_walk_row(
                  tau, draft_position, tau, hot, invalid, _at(argmax, positions, tau), 0)
 
 
-@triton.jit(do_not_specialize=["base_key", "batch", "t_parts", "d_parts"])
+@triton.jit(do_not_specialize=["base_key", "batch", "t_parts", "d_parts", "walk_chunks"])
 def block_walk_kernel(
     target_ptr,  # (B, K+1, V) raw target logits, last dim contiguous
     draft_ptr,  # (B, K, Vd) raw draft logits (unused without HAS_DRAFT)
@@ -417,6 +513,9 @@ def block_walk_kernel(
     gathered_ptr,  # (lines,) float32: each position's raw logit at its draft token (stats.py)
     state_f_ptr,  # (B, 8) float32 out: row state (module docstring)
     state_i_ptr,  # (B, 8) int32 out
+    walk_part_ptr,  # (B, max((K-1) * walk_chunks, 1)) float32 workspace: the items' partial sums of S_i
+    walk_counter_ptr,  # (B,) int32, 0 between launches: the row's items that arrived
+    walk_chunks,  # items per position i < K: chunks of the vocabulary
     base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
     batch, K, V, Vd,  # sizes
     t_stride_b, t_stride_k, d_stride_b, d_stride_k, tok_stride_b,  # strides, in elements
@@ -428,13 +527,15 @@ def block_walk_kernel(
     HAS_SEEDS: tl.constexpr,  # per-row keys
     HAS_OFFSETS: tl.constexpr,  # per-row positions
     CHECK: tl.constexpr,  # blank for a bad value in any used line (greedy rows' draft lines too)
-    BLOCK: tl.constexpr,  # ids per step of a residual-mass pass
+    BLOCK: tl.constexpr,  # ids per step of a residual-mass chunk
 ):
-    """An unfiltered call's walk, one program per row (a filtered one walks in cut_walk_kernel)."""
-    _block_walk_row(
+    """An unfiltered call's walk, one work item per program: grid (B * max((K-1) * walk_chunks, 1),)
+    (a filtered one walks in cut_walk_kernel)."""
+    _block_walk_item(
         tl.program_id(0), target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr, tau_ptr,
-        part_m_ptr, part_z_ptr, part_i_ptr, gathered_ptr, state_f_ptr, state_i_ptr, base_key, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b,
-        d_stride_k, tok_stride_b, t_parts, d_parts, PARTS, PP, KP, HAS_DRAFT, HAS_SEEDS, HAS_OFFSETS, CHECK, False, BLOCK,
+        part_m_ptr, part_z_ptr, part_i_ptr, gathered_ptr, state_f_ptr, state_i_ptr, walk_part_ptr, walk_counter_ptr, walk_chunks, base_key, batch, K,
+        V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, tok_stride_b, t_parts, d_parts, PARTS, PP, KP, HAS_DRAFT, HAS_SEEDS, HAS_OFFSETS,
+        CHECK, False, BLOCK,
     )
 
 
@@ -442,7 +543,7 @@ def block_walk_kernel(
 # Filtered walks: the cut-offs launch's work items, then the walk of each row, in one launch
 
 
-@triton.jit(do_not_specialize=["base_key", "batch", "t_parts", "d_parts"])
+@triton.jit(do_not_specialize=["base_key", "batch", "t_parts", "d_parts", "walk_chunks"])
 def cut_walk_kernel(
     target_ptr,  # (B, K+1, V) raw target logits, last dim contiguous (a tree: K = N)
     draft_ptr,  # (B, K(+1), Vd) raw draft logits (unused without HAS_DRAFT)
@@ -482,6 +583,9 @@ def cut_walk_kernel(
     row_i_ptr,  # (B, 8) int32 out
     removed_ptr,  # (B, NP) int32 out: a tree residual's removed ids (TREE)
     path_ptr,  # (B, NP) int32 out: the nodes a tree walk entered (TREE)
+    walk_part_ptr,  # (B, max((K-1) * walk_chunks, 1)) float32 workspace: a block walk's partial sums of S_i (not TREE)
+    walk_counter_ptr,  # (B,) int32, 0 between launches: a block row's walk items that arrived (not TREE)
+    walk_chunks,  # a block walk's items per position i < K (not TREE)
     base_key: tl.int64,  # row b's key is base_key + b without HAS_SEEDS
     tok_stride_b, parent_stride_b,  # strides, in elements
     HAS_DRAFT: tl.constexpr,
@@ -515,11 +619,15 @@ def cut_walk_kernel(
         sort_ptr, hist_ptr, window_ptr, top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
         HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES, GATHER, HISTOGRAM_TOP_K, KEY_WINDOW, TOP_P_BINS, TOP_P_STEP,
     )
-    # The walk items: one per row, after every search item; a row's lines are final once every
-    # search has ended.
-    if ticket < walks + batch:
+    # The walk items, after every search item: one per row for a tree, a block row's own
+    # (_block_walk_item); a row's lines are final once every search has ended.
+    if TREE:
+        items = batch
+    else:
+        items = batch * tl.maximum((K - 1) * walk_chunks, 1)
+    if ticket < walks + items:
         searches_ended(control_ptr, searching_ptr)
-    while ticket < walks + batch:
+    while ticket < walks + items:
         if TREE:
             _tree_walk_row(
                 ticket - walks, target_ptr, draft_ptr, tokens_ptr, parents_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr,
@@ -528,10 +636,11 @@ def cut_walk_kernel(
                 WITHOUT_REPLACEMENT, HAS_SEEDS, HAS_OFFSETS, CHECK, True, BLOCK,
             )
         else:
-            _block_walk_row(
+            _block_walk_item(
                 ticket - walks, target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr,
-                tau_ptr, part_m_ptr, part_z_ptr, part_i_ptr, gathered_ptr, row_f_ptr, row_i_ptr, base_key, batch, K, V, Vd, t_stride_b, t_stride_k,
-                d_stride_b, d_stride_k, tok_stride_b, t_parts, d_parts, PARTS, PP, KP, HAS_DRAFT, HAS_SEEDS, HAS_OFFSETS, CHECK, True, BLOCK,
+                tau_ptr, part_m_ptr, part_z_ptr, part_i_ptr, gathered_ptr, row_f_ptr, row_i_ptr, walk_part_ptr, walk_counter_ptr, walk_chunks,
+                base_key, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, tok_stride_b, t_parts, d_parts, PARTS, PP, KP, HAS_DRAFT,
+                HAS_SEEDS, HAS_OFFSETS, CHECK, True, BLOCK,
             )
         ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
     cutoff_exit(control_ptr)

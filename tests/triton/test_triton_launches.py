@@ -286,3 +286,20 @@ def test_filtered_bf16_lines_are_read_whole_from_64_lines():
     assert parts(8, 4, "bf16") > 1
     tree = Call("", 64, 8, 128256, "bf16", draft="one-hot", temperature=0.7, top_p=0.95, method="tree", tree_depth=4)
     assert next(launch.grid for launch in launches(tree, 132) if launch.name == "line_stats")[1] == 2  # trees and blocks keep their plan
+
+
+def test_block_walk_items_spread_over_the_device():
+    """An unfiltered block call's walk is one work item a program: every position i < K of every
+    row in chunks of whole walk blocks, about WALK_ITEMS_PER_SM items a multiprocessor (a row of
+    one position, one item); the grid does not follow the coins."""
+    from bench.gpu_model import Call, launches
+
+    def walk_grid(batch, k, vocab=128256, dtype="bf16"):
+        found = [launch for launch in launches(Call("block", batch, k, vocab, dtype, method="block"), 132) if launch.name == "block_walk"]
+        return found[0].grid
+
+    assert _triton_tree.WALK_ITEMS_PER_SM == 4
+    assert walk_grid(64, 8) == (64 * 7 * 2,)  # 448 positions: two chunks each for 528 items
+    assert walk_grid(1, 4, dtype="fp32") == (3 * 32,)  # three positions: every walk block of 4096 ids its own item
+    assert walk_grid(8, 1) == (8,)  # no position below K: one item a row, which only walks
+    assert walk_grid(200, 8) == (200 * 7,)
