@@ -1937,8 +1937,9 @@ def measure_block_walks(k: int = 8, coins: int = 16) -> dict:
     """Block walks on the embedded pair (specdec_ext/demo): drafts of k tokens sampled from the
     draft's processed distribution after contexts cut from the demo corpus, the target's logits
     after them, then verify(method="block", backend="eager") with ``coins`` seeds per row. Per row
-    and position i < k: whether the coin may stop the walk there (tree.py's _may_stop: p_i >
-    0.99 eta_i), the work items that sum their chunks of S_i ("summed_share"); and the positions a
+    and position i < k: whether the row walks below n (eta_n >= p_n) and the coin may stop it at i
+    (tree.py's _may_stop: p_i > 0.99 eta_i), the work items that sum their chunks of S_i
+    ("summed_share"); and the positions a
     walk that sums S_i from n down until a coin stops it would read one after another (a row
     stopping at tau < k: k - max(tau, 1); one accepting every draft: none), with the expected most
     of any row of BLOCK_BATCH."""
@@ -1993,7 +1994,8 @@ def measure_block_walks(k: int = 8, coins: int = 16) -> dict:
                     passes += torch.where(tau < k, k - tau.clamp(min=1), 0).tolist()
                     accepted += tau.tolist()
                     eta = coin_uniforms(seeds, torch.arange(k)[None, :].expand(batch, k))  # eta_i at column i - 1
-                    summed += (weights[:, : k - 1] > 0.99 * eta[:, : k - 1]).flatten().tolist()
+                    walks_down = eta[:, k - 1 :] >= weights[:, k - 1 :]  # (the row does not stop at n = k)
+                    summed += ((weights[:, : k - 1] > 0.99 * eta[:, : k - 1]) & walks_down).flatten().tolist()
             counts = np.bincount(passes, minlength=k)
             found.append({"draft": draft_name, "temperature": temperature, "top_k": top_k, "top_p": top_p, "rows": len(passes),
                           "accepted_mean": round(float(np.mean(accepted)), 3), "summed_share": round(float(np.mean(summed)), 4),

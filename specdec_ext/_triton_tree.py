@@ -41,8 +41,11 @@ CUT_WALK_BLOCK = WALK_BLOCK * chain.CUTOFF_WARPS // WALK_WARPS
 # A block walk sums each position's residual mass S_i in work items, chunks of the vocabulary, about
 # WALK_ITEMS_PER_SM items a multiprocessor in all (tree.py's _block_walk_item): the row whose coins
 # search furthest down then reads no line after another, and the call's slowest row no longer sets
-# its time.
+# its time. Every warp of an item reads the row's statistics and weights, and most items sum
+# nothing (their row stops at n): narrow programs, the same 8 ids per thread.
 WALK_ITEMS_PER_SM = 4
+BLOCK_WALK_WARPS = 4
+BLOCK_WALK_BLOCK = WALK_BLOCK * BLOCK_WALK_WARPS // WALK_WARPS
 STATE = 8  # floats and ints of row state per row (tree.py's module docstring)
 
 kernels = chain.kernels
@@ -88,7 +91,7 @@ def _node_slots(args: TreeArgs | VerifyArgs) -> int:
 
 def walk_block(geo: chain.Geometry, filtered: bool) -> int:
     """Ids per step of a block walk's residual-mass chunk (the interpreter's: at most its race block)."""
-    block = CUT_WALK_BLOCK if filtered else WALK_BLOCK
+    block = CUT_WALK_BLOCK if filtered else BLOCK_WALK_BLOCK
     return min(block, geo.race_block) if geo.interpret else block
 
 
@@ -185,7 +188,7 @@ def _templates(args: TreeArgs | VerifyArgs, geo: chain.Geometry, layout: dict, b
                                c.chain.num_draft_tokens, *keys(c.chain), b.tau, b.part_m, b.part_z, b.part_i, b.gathered, rows.state_f, rows.state_i,
                                rows.walk_part, walk_counters, chunks, key, batch, positions, *tail[:-1], sh.tok_stride, sh.t_parts, sh.d_parts),
             {**walk, **walk_constexprs, "BLOCK": walk_block(geo, False)},
-            WALK_WARPS,
+            BLOCK_WALK_WARPS,
         ))
     else:
         found.append(chain.Template(

@@ -9,9 +9,9 @@ children). Then two launches:
 1. ``tree_walk_kernel``, grid (B,): the walk down the tree (recursive rejection sampling, one
    residual-mass pass over the line after each rejection). ``block_walk_kernel``, grid
    (B * (K-1) * chunks,): block verification's joint stop, in work items: each sums one chunk of
-   the vocabulary of one position's residual mass S_i = sum_y max(p_i P_i(y) - Q_i(y), 0) (where
-   the coin may stop the walk there), and the row's last item to arrive searches the stop from n
-   down over the summed chunks. (One program a row summing S_i from n down until a coin stops it
+   the vocabulary of one position's residual mass S_i = sum_y max(p_i P_i(y) - Q_i(y), 0) (unless
+   the row stops at n, or the coin cannot stop the walk at i), and the row's last item to arrive
+   searches the stop from n down over the summed chunks. (One program a row summing S_i from n down until a coin stops it
    would read line after line: at B = 64 some row nearly always reads K - 1 of them.) Nothing of
    size V is written: each row leaves its final residual w(y) = max(a p(y) - c q(y) - [y = h], 0)
    [y not in S] as a few scalars (the row state below). With top-k / top-p the walk is
@@ -416,9 +416,10 @@ def _block_walk_item(
         row, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr, tau_ptr, part_m_ptr, part_z_ptr, gathered_ptr,
         base_key, batch, K, Vd, tok_stride_b, t_parts, d_parts, PARTS, PP, KP, HAS_DRAFT, HAS_SEEDS, HAS_OFFSETS, FILTERED)
     weight = _at(carried, positions, at)
-    # S_at's chunk: a sampled valid row's, at a position below n where the coin may stop the walk.
+    # S_at's chunk: a sampled valid row's that does not stop at n (its coin there needs no mass: the
+    # walk ends before any position below), at a position below n where the coin may stop the walk.
     summed = (temperature != 0) & (invalid == 0) & (tl.max(read_bad.to(tl.int32), axis=0) == 0) & (at < n) & (j < (K - 1) * walk_chunks)
-    summed = summed & _may_stop(weight, _coin(key, offset + at - 1, 0))
+    summed = summed & (_coin(key, offset + n - 1, 0) >= _at(carried, positions, n)) & _may_stop(weight, _coin(key, offset + at - 1, 0))
     partial = 0.0
     if summed:
         per_chunk = tl.cdiv(tl.cdiv(V, BLOCK), walk_chunks) * BLOCK

@@ -300,6 +300,6 @@ def test_block_walk_items_spread_over_the_device():
 
     assert _triton_tree.WALK_ITEMS_PER_SM == 4
     assert walk_grid(64, 8) == (64 * 7 * 2,)  # 448 positions: two chunks each for 528 items
-    assert walk_grid(1, 4, dtype="fp32") == (3 * 32,)  # three positions: every walk block of 4096 ids its own item
+    assert walk_grid(1, 4, dtype="fp32") == (3 * 126,)  # three positions: every walk block of 1024 ids its own item
     assert walk_grid(8, 1) == (8,)  # no position below K: one item a row, which only walks
     assert walk_grid(200, 8) == (200 * 7,)
