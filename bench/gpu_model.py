@@ -867,8 +867,9 @@ def _tree_work(launch, call: Call, phase: str) -> dict:
     # in all; each reads the row's partials and weights p_i, sums its chunk of S_i where the coin
     # may stop the walk there (block_summed of them), and arrives; a row's last item searches the
     # stop from n down (as the row that searches furthest: K steps), reading the summed chunks.
-    chunks = _triton_tree.walk_chunks(meta_args(call), _triton_backend.geometry(torch.device("meta"), sm_count=ASSUMPTIONS["multiprocessors"]))
-    items = call.batch * max((call.k - 1) * chunks, 1)
+    view = meta_args(call)
+    chunks = _triton_tree.walk_chunks(view, _triton_backend.geometry(torch.device("meta"), sm_count=ASSUMPTIONS["multiprocessors"]))
+    items = call.batch * _triton_tree._walk_items(view, chunks)
     summed = 1.0 if call.block_summed is None else call.block_summed
     steps = math.ceil(tiles / chunks) * summed if call.k > 1 else 0.0
     return {
@@ -1939,8 +1940,8 @@ def measure_block_walks(k: int = 8, coins: int = 16) -> dict:
     after them, then verify(method="block", backend="eager") with ``coins`` seeds per row. Per row
     and position i < k: whether the row walks below n (eta_n >= p_n) and the coin may stop it at i
     (tree.py's _may_stop: p_i > 0.99 eta_i), the work items that sum their chunks of S_i
-    ("summed_share"); and the positions a
-    walk that sums S_i from n down until a coin stops it would read one after another (a row
+    ("summed_share"); and the positions a walk that sums S_i from n down until a coin stops it
+    would read one after another (a row
     stopping at tau < k: k - max(tau, 1); one accepting every draft: none), with the expected most
     of any row of BLOCK_BATCH."""
     import numpy as np

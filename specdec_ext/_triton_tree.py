@@ -30,10 +30,9 @@ import torch
 from . import _triton_backend as chain
 from ._params import LOGPROBS_NONE, TreeArgs, VerifyArgs
 
-# The walk: warps per program (a tree's one program a row: its residual-mass passes over a line
-# are on the call's critical path, so a wide program; a block's work items take the same) and ids
-# per step of such a pass (8 per thread; the interpreter, which pays per step, takes small
-# vocabularies in one).
+# A tree's walk: warps per program (one program a row: its residual-mass passes over a line are on
+# the call's critical path, so a wide program) and ids per step of such a pass (8 per thread; the
+# interpreter, which pays per step, takes small vocabularies in one).
 WALK_WARPS = 16
 WALK_BLOCK = 4096
 # A filtered call's walk runs in the cut-offs launch, at its warps: the same 8 ids per thread.

@@ -351,8 +351,7 @@ def _block_row(
             ratio = tl.where(q_i > 0.0, tl.math.div_rn(joint, tl.where(q_i > 0.0, q_i, 1.0)), tl.where(joint > 0.0, 1.0, 0.0))
             previous = tl.minimum(ratio, 1.0)
             carried = tl.where(positions == i, previous, carried)
-    return (temperature, inv_t, n, key, offset, invalid, t_first, t_lines, tokens, t_bad, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau,
-            read_bad, carried)
+    return temperature, inv_t, n, key, offset, invalid, t_first, t_lines, tokens, t_bad, t_max, t_norm, t_tau, d_max, d_norm, d_tau, read_bad, carried
 
 
 @triton.jit
@@ -362,6 +361,12 @@ def _may_stop(weight, eta):
     p_i <= eta. The 1 % margin covers S's float sums (over p_i by less): such a position's S is
     then not summed at all, and its test is false in the reference's floats too."""
     return weight > 0.99 * eta
+
+
+@triton.jit
+def _block_walk_items(K, walk_chunks):
+    """A block row's walk items: walk_chunks per position i < K, one at least."""
+    return tl.maximum((K - 1) * walk_chunks, 1)
 
 
 @triton.jit
@@ -404,21 +409,20 @@ def _block_walk_item(
 ):
     """One work item of block verification's walk: a chunk of the residual mass S_i of one row at
     one position i < K (module docstring), then its arrival; the row's last item to arrive walks."""
-    items = tl.maximum((K - 1) * walk_chunks, 1)  # per row
+    items = _block_walk_items(K, walk_chunks)
     row = item // items
     j = item % items
     at = 1 + j // walk_chunks
     chunk = j % walk_chunks
     row64 = row.to(tl.int64)
     positions = tl.arange(0, KP)
-    (temperature, inv_t, n, key, offset, invalid, t_first, t_lines, tokens, t_bad, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau,
-     read_bad, carried) = _block_row(
+    temperature, inv_t, n, key, offset, invalid, t_first, t_lines, tokens, t_bad, t_max, t_norm, t_tau, d_max, d_norm, d_tau, read_bad, carried = _block_row(
         row, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr, tau_ptr, part_m_ptr, part_z_ptr, gathered_ptr,
         base_key, batch, K, Vd, tok_stride_b, t_parts, d_parts, PARTS, PP, KP, HAS_DRAFT, HAS_SEEDS, HAS_OFFSETS, FILTERED)
     weight = _at(carried, positions, at)
     # S_at's chunk: a sampled valid row's that does not stop at n (its coin there needs no mass: the
     # walk ends before any position below), at a position below n where the coin may stop the walk.
-    summed = (temperature != 0) & (invalid == 0) & (tl.max(read_bad.to(tl.int32), axis=0) == 0) & (at < n) & (j < (K - 1) * walk_chunks)
+    summed = (temperature != 0) & (invalid == 0) & (tl.max(read_bad.to(tl.int32), axis=0) == 0) & (at < n)  # (at < n <= K: the row's single item at K <= 1 sums nothing)
     summed = summed & (_coin(key, offset + n - 1, 0) >= _at(carried, positions, n)) & _may_stop(weight, _coin(key, offset + at - 1, 0))
     partial = 0.0
     if summed:
@@ -625,7 +629,7 @@ def cut_walk_kernel(
     if TREE:
         items = batch
     else:
-        items = batch * tl.maximum((K - 1) * walk_chunks, 1)
+        items = batch * _block_walk_items(K, walk_chunks)
     if ticket < walks + items:
         searches_ended(control_ptr, searching_ptr)
     while ticket < walks + items:
