@@ -76,7 +76,7 @@ ASSUMPTIONS = {
     "rejected_rows": "every row rejects at its last draft position: the race reads a target and a draft line (the heavier loop)",
     "sampled_rows": "every row samples (temperature > 0); greedy rows would skip the race and read no draft line",
     "tree_rows": "a tree row walks tree_depth contexts and rejects one child at each before entering the next (one residual-mass pass over its line "
-                 "per context); a block row's walk items sum every chunk of S_i (the most; the embedded pair's share, MEASURED, in its own rows); "
+                 "per context, for the next sibling's test; a rejection that ends the walk sums nothing: the race tests its residual); a block row's walk items sum every chunk of S_i (the most; the embedded pair's share, MEASURED, in its own rows); "
                  "both race a residual with a draft line",
 }
 
@@ -510,6 +510,10 @@ class Call:
     # below n whose coin may stop the walk there: tree.py's _may_stop), of all (K-1) a row:
     # MEASURED on the embedded pair (measure_block_walks), or None for every item (the most).
     block_summed: float | None = None
+    # The residual-mass passes over a line of the tree row that walks most (its program lasts
+    # longest; every row is charged as many): None for one at each of tree_depth contexts (the most
+    # a walk that enters tree_depth contexts makes), or counted on the rows' inputs (tree_walk_passes).
+    tree_passes: float | None = None
 
     @property
     def whole_line(self) -> bool:
@@ -853,15 +857,16 @@ def _tree_work(launch, call: Call, phase: str) -> dict:
     tiles = math.ceil(call.vocab / block)
     if phase == "tree_walk":
         depth = call.tree_depth if call.tree_depth is not None else call.k
+        passes = depth if call.tree_passes is None else call.tree_passes
         removes = call.siblings == "without_replacement" or not has_draft
         return {
             "loops": {"context step": (depth + 1, 1), "line check step": (call.k + 1 if call.check else 0, 1),
-                      "sibling test": ((depth + 1) * call.k, 1), "residual-mass tile": (depth * tiles, block),
-                      "removed-id test": (depth * tiles if removes else 0.0, block)},
+                      "sibling test": ((depth + 1) * call.k, 1), "residual-mass tile": (passes * tiles, block),
+                      "removed-id test": (passes * tiles if removes else 0.0, block)},
             "programs_used": call.batch,
-            "bytes": call.batch * depth * (2 if has_draft else 1) * call.vocab * itemsize + call.batch * (depth + 1) * c["PARTS"] * 16,
-            # per context: its line statistics, then the rejected child's logits, then the line (a residual-mass pass)
-            "rounds": ["l2", "l2"] * (depth + 1) + ["dram"] * depth,
+            "bytes": call.batch * passes * (2 if has_draft else 1) * call.vocab * itemsize + call.batch * (depth + 1) * c["PARTS"] * 16,
+            # per context: its line statistics, then the rejected child's logits; per pass, the line
+            "rounds": ["l2", "l2"] * (depth + 1) + ["dram"] * math.ceil(passes),
         }
     # block_walk: work items of a chunk of the vocabulary at a position i < K, B * (K-1) * chunks
     # in all; each reads the row's partials and weights p_i, sums its chunk of S_i where the coin
@@ -2056,6 +2061,44 @@ def _measured_calls(measured: dict) -> list:
     return found
 
 
+def tree_walk_passes(call: Call) -> dict:
+    """The residual-mass passes over a line that each row's walk makes on ``call``'s inputs
+    (bench.call_inputs: the ones bench.gpu_rows measures), COUNTED from the C++ kernel's outputs
+    (every backend draws the same tokens): at each context a row enters, one per child rejected
+    before the one entered; at its last context, one per child but the last (the rejection that
+    ends a walk leaves its residual to the race: tree.py), where a walk that summed every
+    rejection's residual made one per child ("every_*")."""
+    import specdec_ext
+
+    from .call_inputs import inputs
+
+    made = inputs(call, "cpu")
+    a = made["args"]
+    out = specdec_ext.verify_tree(a["target"], a["draft"], a["tokens"], a["parents"], **(made["kwargs"] | {"backend": "cpp"}))
+    now, every = [], []
+    for row in range(call.batch):
+        parents = a["parents"][row].tolist()
+        context, rejected = -1, 0
+        for node in out.accepted_nodes[row, : int(out.num_accepted[row])].tolist():
+            rejected += [i for i, parent in enumerate(parents) if parent == context].index(node)
+            context = node
+        last = parents.count(context)
+        now.append(rejected + max(last - 1, 0))
+        every.append(rejected + last)
+    return {"most": max(now), "mean": round(sum(now) / len(now), 3), "every_most": max(every), "every_mean": round(sum(every) / len(every), 3)}
+
+
+def _counted_tree_calls() -> list:
+    """The B=64 tree call again, its walk's passes counted on the inputs the suite measures it on
+    (tree_walk_passes), and as many as a walk summing every rejection's residual made."""
+    base = next(call for call in sweep_calls() if call.name == "tree B=64 N=8 D=4 V=128256 bf16 without replacement")
+    counted = tree_walk_passes(base)
+    return [(replace(base, name=f"{base.name}, walks as on the suite's inputs (passes: {counted['mean']} a row, the most {counted['most']})",
+                     tree_passes=counted["most"]), {}, None),
+            (replace(base, name=f"{base.name}, the same walks summing every rejection's residual (passes: {counted['every_mean']} a row, "
+                               f"the most {counted['every_most']})", tree_passes=counted["every_most"]), {}, None)]
+
+
 def _versions() -> dict:
     import torch
     import triton
@@ -2095,6 +2138,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     by_name: dict = {}
     calls = [(c, g, base) for c, g, base in GOAL_CALLS] + _measured_calls(measured) + ([] if options.no_sweep else [(c, {}, None) for c in sweep_calls()])
+    if not options.no_sweep and (not options.only or any("tree" in word for word in options.only)):
+        calls += _counted_tree_calls()
     if options.only:
         calls = [entry for entry in calls if any(word in entry[0].name for word in options.only) or entry[0].name in {e[2] for e in calls}]
     for call, goals, base in calls:

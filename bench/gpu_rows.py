@@ -35,13 +35,9 @@ from pathlib import Path
 
 from specdec_ext._triton_backend import key_window_default
 
+from .call_inputs import INPUTS, inputs
 from .gpu_model import GOAL_CALLS, Call, sweep_calls
 from .harness import report
-
-TREE_PARENTS = [-1, 0, 0, 1, 2, 3, -1, 6]  # the model's tree: 8 nodes, 4 deep
-INPUTS = ("target 3*randn, draft = target + randn; lines the candidates settle: four tokens raised by 20 (~99 % of the mass); "
-          "whole-line rows: flat lines, 0.2*randn")
-
 
 # Launch geometries measured beside the default on the same inputs (the launcher's geometry
 # overrides, which never change a result): the rows per statistics tile of a filtered call and the
@@ -79,40 +75,6 @@ def calls() -> list[Call]:
 def dry_shape(call: Call) -> Call:
     """A small version of ``call`` for a rehearsal on CPU (B <= 2, V = 3000)."""
     return replace(call, name=f"{call.name} (dry run: B<=2 V=3000)", batch=min(call.batch, 2), vocab=3000)
-
-
-def inputs(call: Call, device: str, seed: int = 0) -> dict:
-    """The tensors and keyword arguments of ``call``, generated on ``device`` as the module says."""
-    import torch
-
-    g = torch.Generator(device=device).manual_seed(seed)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[call.dtype]
-    batch, k, vocab = call.batch, call.k, call.vocab
-    contexts = k + 1
-    draft_lines = k + 1 if call.method == "tree" else k
-    if call.whole_line:
-        target = 0.2 * torch.randn(batch, contexts, vocab, device=device, generator=g)
-    else:
-        target = 3 * torch.randn(batch, contexts, vocab, device=device, generator=g)
-        raised = torch.randint(0, vocab, (batch, contexts, 4), device=device, generator=g)
-        target.scatter_add_(2, raised, torch.full(raised.shape, 20.0, device=device))
-    draft = target[:, :draft_lines] + torch.randn(batch, draft_lines, vocab, device=device, generator=g)
-    tokens = torch.randint(0, vocab, (batch, k), device=device, generator=g)
-    kwargs = {"backend": "triton", "check": False, "seeds": torch.arange(batch, device=device) + 7}
-    if call.temperature != 1.0:
-        kwargs["temperature"] = call.temperature
-    if call.top_k:
-        kwargs["top_k"] = call.top_k
-    if call.top_p < 1.0:
-        kwargs["top_p"] = call.top_p
-    if call.method == "tree":
-        kwargs["siblings"] = call.siblings
-    elif call.method == "block":
-        kwargs["method"] = "block"
-    args = {"target": target.to(dtype), "draft": None if call.draft == "one-hot" else draft.to(dtype), "tokens": tokens}
-    if call.method == "tree":
-        args["parents"] = torch.tensor([TREE_PARENTS[:k]] * batch, device=device)
-    return {"args": args, "kwargs": kwargs}
 
 
 def runner(call: Call, device: str, geometry: dict | None = None):

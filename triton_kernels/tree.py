@@ -7,7 +7,8 @@ contexts, then the draft's first N contexts per row: context N, the last node's,
 children). Then two launches:
 
 1. ``tree_walk_kernel``, grid (B,): the walk down the tree (recursive rejection sampling, one
-   residual-mass pass over the line after each rejection). ``block_walk_kernel``, grid
+   residual-mass pass over the line after each rejection but the one that ends the walk, whose
+   residual the race tests: row state's undo). ``block_walk_kernel``, grid
    (B * (K-1) * chunks,): block verification's joint stop, in work items: each sums one chunk of
    the vocabulary of one position's residual mass S_i = sum_y max(p_i P_i(y) - Q_i(y), 0) (unless
    the row stops at n, or the coin cannot stop the walk at i), and the row's last item to arrive
@@ -25,7 +26,9 @@ children). Then two launches:
 Row state (written by the walks, read by the races), per row:
   state_f (8 float32): a, c, target line (m, z, tau), draft line (m, z, tau)
   state_i (8 int32): context / position of the residual, its draft line's context (-1: q = 0),
-  depth, h (-1: none), bad, greedy winner, |S|, unused
+  depth, h (-1: none), bad, greedy winner, |S|, undo (-1: none; else a tree walk's last rejection
+  left its residual unsummed, and undo holds the c before it as float32 bits: the residual before
+  that rejection is c = undo, S less its last id; the race takes it where the last is zero everywhere)
   removed (NP int32): the ids of S.
 
 Random numbers: random.py (coins of sibling rank r: word 0 of (r, P_lo, P_hi, 0); the race: word
@@ -80,7 +83,7 @@ def _coin(key, position, rank):
 
 @triton.jit
 def _store_state(state_f_ptr, state_i_ptr, row, a, c, t_max, t_norm, t_tau, d_max, d_norm, d_tau, position, draft_position, depth, hot, bad,
-                 winner, removed_count):
+                 winner, removed_count, undo):
     f = state_f_ptr + row.to(tl.int64) * 8
     tl.store(f, a)
     tl.store(f + 1, c)
@@ -98,6 +101,7 @@ def _store_state(state_f_ptr, state_i_ptr, row, a, c, t_max, t_norm, t_tau, d_ma
     tl.store(i + 4, bad.to(tl.int32))
     tl.store(i + 5, winner)
     tl.store(i + 6, removed_count)
+    tl.store(i + 7, undo)
 
 
 @triton.jit
@@ -172,6 +176,7 @@ def _tree_walk_row(
     t_max, t_norm, t_tau = 0.0, 1.0, float("-inf")
     d_max, d_norm, d_tau = 0.0, 1.0, float("-inf")
     argmax = row * 0
+    undo = row * 0 - 1
     walking = invalid == 0
     for _ in range(0, N + 1):
         if walking:
@@ -196,6 +201,7 @@ def _tree_walk_row(
             removed_count = row * 0
             entered = row * 0 - 1
             rank = row * 0
+            last_child = tl.max(tl.where(children, nodes, -1), axis=0)
             for j in range(0, N):
                 if (_at(children.to(tl.int32), nodes, j) != 0) & (entered < 0) & (invalid == 0):
                     x = _at(tokens, nodes, j)
@@ -227,21 +233,31 @@ def _tree_walk_row(
                             if WITHOUT_REPLACEMENT or not HAS_DRAFT:
                                 new_removed = tl.where(nodes == removed_count, x, removed)
                                 new_count = removed_count + 1
-                            new_mass = 0.0
-                            new_draft_mass = draft_mass
-                            if WITHOUT_REPLACEMENT:
-                                new_draft_mass = 0.0
-                            for start in range(0, V, BLOCK):
-                                idx = start + tl.arange(0, BLOCK)
-                                w, q = _residual_tile(t_line, d_line, idx, V, Vd, inv_t, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau, 1.0,
-                                                      new_c, -1, HAS_DRAFT, new_removed, new_count, HAS_DRAFT, FILTERED)
-                                new_mass += tl.sum(w, axis=0)
+                            if j < last_child:  # a later sibling's test reads the new residual's masses
+                                new_mass = 0.0
+                                new_draft_mass = draft_mass
                                 if WITHOUT_REPLACEMENT:
-                                    new_draft_mass += tl.sum(q, axis=0)
-                            if new_mass > 0.0:
+                                    new_draft_mass = 0.0
+                                for start in range(0, V, BLOCK):
+                                    idx = start + tl.arange(0, BLOCK)
+                                    w, q = _residual_tile(t_line, d_line, idx, V, Vd, inv_t, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau, 1.0,
+                                                          new_c, -1, HAS_DRAFT, new_removed, new_count, HAS_DRAFT, FILTERED)
+                                    new_mass += tl.sum(w, axis=0)
+                                    if WITHOUT_REPLACEMENT:
+                                        new_draft_mass += tl.sum(q, axis=0)
+                                if new_mass > 0.0:
+                                    c = new_c
+                                    mass = new_mass
+                                    draft_mass = new_draft_mass
+                                    removed = new_removed
+                                    removed_count = new_count
+                            else:
+                                # The walk ends at this rejection and nothing reads the new residual's
+                                # masses but the test that it is not zero everywhere: the race makes
+                                # it (its weights are these), and races the residual before (undo)
+                                # where it is. One pass over the line less per row.
+                                undo = tl.where(row >= 0, c, 0.0).to(tl.int32, bitcast=True)
                                 c = new_c
-                                mass = new_mass
-                                draft_mass = new_draft_mass
                                 removed = new_removed
                                 removed_count = new_count
                     rank += 1
@@ -252,7 +268,7 @@ def _tree_walk_row(
                 depth += 1
     use_draft = (c > 0.0) & HAS_DRAFT
     _store_state(state_f_ptr, state_i_ptr, row, 1.0, c, t_max, t_norm, t_tau, d_max, d_norm, d_tau, ctx, tl.where(use_draft, ctx, -1), depth, -1,
-                 invalid, argmax, removed_count)
+                 invalid, argmax, removed_count, undo)
     tl.store(removed_ptr + row64 * NP + nodes, removed)
     tl.store(path_ptr + row64 * NP + nodes, path)
 
@@ -497,7 +513,7 @@ def _block_walk_row(
         hot = tl.where(residual, _at(tokens, positions, tau), -1)
     _store_state(state_f_ptr, state_i_ptr, row, tl.where(residual, a, 1.0), c, _at(t_max, positions, tau), _at(t_norm, positions, tau),
                  _at(t_tau, positions, tau), _at(d_max, positions, tau), _at(d_norm, positions, tau), _at(d_tau, positions, tau),
-                 tau, draft_position, tau, hot, invalid, _at(argmax, positions, tau), 0)
+                 tau, draft_position, tau, hot, invalid, _at(argmax, positions, tau), 0, -1)
 
 
 @triton.jit(do_not_specialize=["base_key", "batch", "t_parts", "d_parts", "walk_chunks"])
@@ -741,9 +757,14 @@ def _race_and_arrive(
     if last:
         winner_key, winner = chunk_winner(race_val_ptr, race_idx_ptr, row64, num_chunks, FINAL_BLOCK)
         if races & (winner_key <= 0.0):
-            # Every residual weight is zero (p equals q up to rounding): race p over the whole line.
+            # Every residual weight is zero. After a tree walk's last rejection (undo), the walk keeps
+            # the residual before it (whose mass it found positive); otherwise (p equals q up to
+            # rounding) race p over the whole line.
+            undo = tl.load(i + 7)
+            c_before = tl.where(undo >= 0, undo.to(tl.float32, bitcast=True), 0.0)
+            removed_before = tl.where(undo >= 0, tl.maximum(removed_count - 1, 0), 0)
             _, winner = _residual_race(key, t_line, d_line, 0, V, Vd, p_lo, p_hi, inv_t, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau,
-                                       1.0, 0.0, -1, use_draft & (row < 0), removed, 0, HAS_DRAFT, FILTERED, INTERPRET, BLOCK)
+                                       1.0, c_before, -1, use_draft & (c_before > 0.0), removed, removed_before, HAS_DRAFT, FILTERED, INTERPRET, BLOCK)
         winner = tl.where(temperature == 0, tl.load(i + 5), winner)
         tl.store(counter_ptr + row, 0)  # ready for the next call (and the next graph replay)
     return last, winner, position, depth, bad | (winner < 0) | (winner >= V)

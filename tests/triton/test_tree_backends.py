@@ -93,6 +93,33 @@ def test_trees_match_the_reference(backend, siblings, params):
     _same(reference, fused, (siblings, params))
 
 
+@pytest.mark.parametrize("siblings", ["iid", "without_replacement"])
+@pytest.mark.parametrize("backend", FUSED)
+def test_a_walk_ending_on_a_zero_residual_keeps_the_one_before(backend, siblings):
+    """The draft equals the target, and some children are tokens neither gives any probability: such
+    a child is always rejected, and its residual max(p - c q, 0) is zero everywhere. The walk keeps
+    the residual before it (the reference's rule); a row's last rejection leaves that test to the race
+    (tree.py's undo), which must then race the residual before, not the zero one: a single child, two
+    such siblings, and one a level down after an accepted child."""
+    g = torch.Generator().manual_seed(3)
+    batch, nodes, vocab = 4, 3, 48
+    target = torch.randn(batch, nodes + 1, vocab, generator=g) * 2
+    target[:, :, :4] = float("-inf")  # ids 0-3: probability 0 under both
+    draft = target.clone()
+    parents = torch.tensor([[-1, -1, -1], [-1, -1, -1], [-1, 0, -1], [-1, 0, 0]])
+    num_nodes = torch.tensor([1, 2, 2, 3])
+    liked = target[:, 0, 4:].argmax(-1) + 4  # accepted with probability 1 (p = q)
+    tokens = torch.tensor([[0, 0, 0], [1, 2, 0], [0, 3, 0], [0, 1, 2]])
+    tokens[2, 0] = liked[2]
+    tokens[3, 0] = liked[3]
+    kwargs = dict(num_nodes=num_nodes, seeds=torch.arange(batch) * 11 + 5, siblings=siblings)
+    reference = verify_tree(target, draft, tokens, parents, backend="eager", **kwargs)
+    assert reference.num_accepted.tolist() == [0, 0, 1, 1]
+    emitted = reference.tokens.gather(1, reference.num_accepted[:, None]).squeeze(1)
+    assert (emitted >= 4).all() and (emitted < vocab).all(), reference.tokens  # drawn from p: never a zero-probability id
+    _same(reference, verify_tree(target, draft, tokens, parents, backend=backend, **kwargs), siblings)
+
+
 @pytest.mark.parametrize("backend", FUSED)
 def test_mixed_greedy_rows_small_draft_vocabulary_and_bf16(backend):
     target, draft, tokens, parents, num_nodes, seeds, offsets = _case(5, draft_vocab=200, dtype=torch.bfloat16, backend=backend)
