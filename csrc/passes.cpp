@@ -113,11 +113,16 @@ int64_t Passes::add_race(RaceArgs a, int64_t line_index, std::vector<int64_t> ex
   a.shared_best = shared;
   const int64_t race = static_cast<int64_t>(races_.size());
   const int64_t parts = parts_of(t);
-  races_.push_back({a, line_index, parts, static_cast<int64_t>(race_best_.size())});
+  races_.push_back({a, line_index, parts, static_cast<int64_t>(race_best_.size()), std::nullopt});
   race_best_.resize(race_best_.size() + parts, RaceBest{0.0f, -1});
   for (int64_t c = 0; c < parts; ++c) items_.push_back({Item::kRace, static_cast<int32_t>(race), static_cast<int32_t>(c)});
   work_ += t.has_kept ? static_cast<int64_t>(t.kept.size()) * 16 : t.n;
   return race;
+}
+
+void Passes::set_race_fallback(int64_t race, Residual before, std::vector<int64_t> excluded) {
+  keep_exclusions(&before, std::move(excluded));
+  races_[race].before = before;
 }
 
 int64_t Passes::argmax(int64_t line_index) const {
@@ -224,9 +229,14 @@ int64_t Passes::race_winner(int64_t id) {
     if (part.index >= 0 && part.value > best.value) best = part;  // chunk order: lowest id on ties
   }
   if (best.index < 0) {
-    // The residual is zero everywhere (p equals q up to rounding): race on p, as the reference does.
+    // The residual is zero everywhere: race on the residual before it (a tree walk's last
+    // rejection), or on p (p equals q up to rounding), as the reference does.
     RaceArgs a = race.args;
-    a.residual = false;
+    if (race.before) {
+      static_cast<Residual&>(a) = *race.before;
+    } else {
+      a.residual = false;
+    }
     a.shared_best = nullptr;
     for (int64_t c = 0; c < race.parts; ++c) {
       RaceBest part{0.0f, -1};

@@ -40,6 +40,10 @@ class Passes {
   // seeded with the race value of the line's argmax; `excluded` becomes the law's exclusions.
   // Returns the race's id.
   int64_t add_race(RaceArgs args, int64_t line_index, std::vector<int64_t> excluded = {});
+  // Where `race`'s residual is zero everywhere, it runs again on `before` (with its exclusions),
+  // not on p: a tree walk's residual before the rejection that ended it, whose mass it left to the
+  // race.
+  void set_race_fallback(int64_t race, Residual before, std::vector<int64_t> excluded = {});
   // sum_y r(y) of the law over line_index's vocabulary (its kept ids when it has them: r is 0
   // elsewhere). Returns the mass's id.
   int64_t add_mass(Residual law, int64_t line_index, std::vector<int64_t> excluded = {});
@@ -53,7 +57,7 @@ class Passes {
   int64_t argmax(int64_t line_index) const;
 
   // Results of a finished pass: the race's winner (lowest id on ties; when r is 0 everywhere the
-  // race runs again on p, as the reference does) and the mass in float64.
+  // race runs again on its fallback, or on p, as the reference does) and the mass in float64.
   int64_t race_winner(int64_t race);
   double mass(int64_t id) const;
 
@@ -68,7 +72,8 @@ class Passes {
     RaceArgs args;
     int64_t line;
     int64_t parts;
-    int64_t first;  // result slot of its first part
+    int64_t first;                  // result slot of its first part
+    std::optional<Residual> before;  // set_race_fallback's law (none: p)
   };
   struct Mass {
     Residual law;

@@ -6,7 +6,8 @@
 // of its context are tried in node order against the residual w(y) = max(p(y) - c q(y), 0)
 // [y not in S] (reference_tree.py), which is never stored: after a rejection its normaliser Z
 // (and, without replacement, the remaining draft mass M) is one residual-mass pass over the
-// vocabulary; the final token is one race. Rows advance together, one request each per pass (the
+// vocabulary, unless the rejection ends the walk (no sibling's test reads them); the final token is
+// one race, which falls back to the residual before such a rejection where it is zero everywhere. Rows advance together, one request each per pass (the
 // lines of a new context, a rejection's masses, or the final race), so the passes spread over the
 // threads whatever the batch. Greedy rows need argmax scans only: all their target lines are
 // scanned in the first pass and their walk is read off at the end.
@@ -66,6 +67,8 @@ class TreeCall {
   void request_lines(int64_t b);
   void enter(int64_t b, int64_t child);
   void walk(int64_t b);
+  Residual residual_law(int64_t b) const;
+  void race(int64_t b, const Residual* before, std::vector<int64_t> before_removed);
   void schedule_validation(int64_t b);
   void finish_row(int64_t b);
 
@@ -215,6 +218,18 @@ void TreeCall::walk(int64_t b) {
     // Rejected: the masses of the next residual, c <- c + Z / M, S <- S + {x}.
     r.next_scale = has_draft_ ? r.scale + r.mass / r.draft_mass : r.scale;
     r.rejected = x;
+    if (r.rank + 1 == children.size()) {
+      // The walk ends at this rejection, and nothing reads the new residual's masses but the test
+      // that it is not zero everywhere: the race makes it (its weights are these) and races the
+      // residual before where it is. One pass over the line less.
+      const Residual before = residual_law(b);
+      std::vector<int64_t> before_removed = before.residual ? r.removed : std::vector<int64_t>{};
+      r.scale = r.next_scale;
+      if (removes()) r.removed.push_back(x);
+      ++r.rank;
+      race(b, &before, std::move(before_removed));
+      return;
+    }
     std::vector<int64_t> removed = r.removed;
     if (removes()) removed.push_back(x);
     Residual law = law_of(p_line);
@@ -234,16 +249,31 @@ void TreeCall::walk(int64_t b) {
     return;
   }
   // Every child rejected, or a leaf: one token from the residual (p when it is p).
-  Residual law = law_of(p_line);
+  race(b, nullptr, {});
+}
+
+// The row's residual w(y) = max(p(y) - c q(y), 0) [y not in S] at its context (p when it is p).
+Residual TreeCall::residual_law(int64_t b) const {
+  const TreeRow& r = rows_[b];
+  Residual law = law_of(target_line(b, r.context));
   law.residual = r.scale != 0.0f || !r.removed.empty();
   if (law.residual && has_draft_) {
     set_draft(&law, draft_line(b, r.context));
     law.q_scale = r.scale;
   }
+  return law;
+}
+
+// The row's final race on its residual; where that is zero everywhere, on `before` (the residual
+// before a rejection whose mass the walk left to the race) or, without it, on p.
+void TreeCall::race(int64_t b, const Residual* before, std::vector<int64_t> before_removed) {
+  TreeRow& r = rows_[b];
+  const Residual law = residual_law(b);
   RaceArgs a;
   static_cast<Residual&>(a) = law;
-  set_counters(&a, r.in.key0, r.in.key1, position, philox::kVerifyStream);
+  set_counters(&a, r.in.key0, r.in.key1, r.in.offset + static_cast<uint64_t>(r.level), philox::kVerifyStream);
   r.race = passes_.add_race(a, target_index(b, r.context), law.residual ? r.removed : std::vector<int64_t>{});
+  if (before != nullptr) passes_.set_race_fallback(r.race, *before, std::move(before_removed));
   r.stage = TreeRow::kRace;
   if (check_) schedule_validation(b);
 }
