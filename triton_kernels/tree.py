@@ -126,6 +126,45 @@ def _residual_tile(t_line, d_line, idx, end, draft_end, inv_t, t_max, t_norm, t_
     return tl.where(gone, 0.0, w), tl.where(gone, 0.0, q)
 
 
+@triton.jit
+def _residual_mass(t_line, d_line, start, end, draft_end, inv_t, t_max, t_norm, t_tau, d_max, d_norm, d_tau, a, c, hot, removed, removed_count,
+                   HAS_DRAFT: tl.constexpr, FILTERED: tl.constexpr, DRAFT_MASS: tl.constexpr, BLOCK: tl.constexpr):
+    """(sum_y max(a P(y) - c Q(y) - [y = hot], 0), sum_y Q(y) with DRAFT_MASS) over the ids
+    [start, end) but the first ``removed_count`` of ``removed`` (Q = 0 past ``draft_end``; without
+    HAS_DRAFT, Q is one-hot at ``hot``), lines of finite statistics: a block walk's S_i, a tree
+    walk's residual masses Z and M. A mass a coin or a test is compared with, as a whole: its terms
+    are not the race's weights, so each is exp2 of one fused multiply-add, exp(s - m) / z =
+    exp2(x inv_t log2 e - (m log2 e + log2 z)) (a few ulps from the race's; its sum's order moves
+    it as much), and each lane sums its own terms, one block reduction at the end."""
+    t_scale = inv_t * 1.4426950408889634
+    t_shift = t_max * 1.4426950408889634 + tl.log2(t_norm)
+    d_shift = d_max * 1.4426950408889634 + tl.log2(d_norm)
+    lanes = tl.zeros((BLOCK,), tl.float32)
+    draft_lanes = tl.zeros((BLOCK,), tl.float32)
+    for tile in range(start, end, BLOCK):
+        idx = tile + tl.arange(0, BLOCK)
+        x = tl.load(t_line + idx, mask=idx < end, other=float("-inf")).to(tl.float32)
+        p = tl.exp2(tl.fma(x, t_scale, -t_shift))
+        if FILTERED:
+            p = tl.where(x * inv_t >= t_tau, p, 0.0)
+        w = a * p - tl.where(idx == hot, 1.0, 0.0)
+        q = tl.zeros_like(p)
+        if HAS_DRAFT:
+            y = tl.load(d_line + idx, mask=idx < draft_end, other=float("-inf")).to(tl.float32)
+            q = tl.exp2(tl.fma(y, t_scale, -d_shift))
+            if FILTERED:
+                q = tl.where(y * inv_t >= d_tau, q, 0.0)
+            w = w - c * q
+        w = tl.maximum(w, 0.0)
+        gone = idx < 0  # False
+        for r in range(0, removed_count):
+            gone = gone | (idx == tl.max(tl.where(tl.arange(0, removed.shape[0]) == r, removed, -1), axis=0))
+        lanes += tl.where(gone, 0.0, w)
+        if DRAFT_MASS:
+            draft_lanes += tl.where(gone, 0.0, q)
+    return tl.sum(lanes, axis=0), tl.sum(draft_lanes, axis=0)
+
+
 # --------------------------------------------------------------------------------------------------
 # Walks
 
@@ -234,17 +273,11 @@ def _tree_walk_row(
                                 new_removed = tl.where(nodes == removed_count, x, removed)
                                 new_count = removed_count + 1
                             if j < last_child:  # a later sibling's test reads the new residual's masses
-                                new_mass = 0.0
+                                new_mass, kept_draft_mass = _residual_mass(t_line, d_line, 0, V, Vd, inv_t, t_max, t_norm, t_tau, d_max, d_norm, d_tau, 1.0, new_c, -1,
+                                                                           new_removed, new_count, HAS_DRAFT, FILTERED, WITHOUT_REPLACEMENT, BLOCK)
                                 new_draft_mass = draft_mass
                                 if WITHOUT_REPLACEMENT:
-                                    new_draft_mass = 0.0
-                                for start in range(0, V, BLOCK):
-                                    idx = start + tl.arange(0, BLOCK)
-                                    w, q = _residual_tile(t_line, d_line, idx, V, Vd, inv_t, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau, 1.0,
-                                                          new_c, -1, HAS_DRAFT, new_removed, new_count, HAS_DRAFT, FILTERED)
-                                    new_mass += tl.sum(w, axis=0)
-                                    if WITHOUT_REPLACEMENT:
-                                        new_draft_mass += tl.sum(q, axis=0)
+                                    new_draft_mass = kept_draft_mass
                                 if new_mass > 0.0:
                                     c = new_c
                                     mass = new_mass
@@ -386,36 +419,6 @@ def _block_walk_items(K, walk_chunks):
 
 
 @triton.jit
-def _residual_mass(t_line, d_line, start, end, draft_end, inv_t, t_max, t_norm, t_tau, d_max, d_norm, d_tau, a, hot,
-                   HAS_DRAFT: tl.constexpr, FILTERED: tl.constexpr, BLOCK: tl.constexpr):
-    """sum_y max(a P(y) - Q(y) - [y = hot], 0) over the ids [start, end) (Q = 0 past ``draft_end``;
-    without HAS_DRAFT, Q is one-hot at ``hot``), lines of finite statistics. A mass the walk's coin
-    is compared with, as a whole: its terms are not the race's weights, so each is exp2 of one
-    fused multiply-add, exp(s - m) / z = exp2(x inv_t log2 e - (m log2 e + log2 z)) (a few ulps
-    from the race's; its sum's order moves it as much), and each lane sums its own terms, one block
-    reduction at the end."""
-    t_scale = inv_t * 1.4426950408889634
-    t_shift = t_max * 1.4426950408889634 + tl.log2(t_norm)
-    d_shift = d_max * 1.4426950408889634 + tl.log2(d_norm)
-    lanes = tl.zeros((BLOCK,), tl.float32)
-    for tile in range(start, end, BLOCK):
-        idx = tile + tl.arange(0, BLOCK)
-        x = tl.load(t_line + idx, mask=idx < end, other=float("-inf")).to(tl.float32)
-        p = tl.exp2(tl.fma(x, t_scale, -t_shift))
-        if FILTERED:
-            p = tl.where(x * inv_t >= t_tau, p, 0.0)
-        w = a * p - tl.where(idx == hot, 1.0, 0.0)
-        if HAS_DRAFT:
-            y = tl.load(d_line + idx, mask=idx < draft_end, other=float("-inf")).to(tl.float32)
-            q = tl.exp2(tl.fma(y, t_scale, -d_shift))
-            if FILTERED:
-                q = tl.where(y * inv_t >= d_tau, q, 0.0)
-            w = w - q
-        lanes += tl.maximum(w, 0.0)
-    return tl.sum(lanes, axis=0)
-
-
-@triton.jit
 def _block_walk_item(
     item, target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, seeds_ptr, offsets_ptr, tau_ptr, part_m_ptr,
     part_z_ptr, part_i_ptr, gathered_ptr, state_f_ptr, state_i_ptr, walk_part_ptr, walk_counter_ptr, walk_chunks, base_key, batch, K, V, Vd,
@@ -450,7 +453,7 @@ def _block_walk_item(
         partial = _residual_mass(target_ptr + row64 * t_stride_b + at.to(tl.int64) * t_stride_k,
                                  draft_ptr + row64 * d_stride_b + at.to(tl.int64) * d_stride_k, start, tl.minimum(start + per_chunk, V), Vd, inv_t,
                                  _at(t_max, positions, at), _at(t_norm, positions, at), _at(t_tau, positions, at), _at(d_max, positions, at),
-                                 _at(d_norm, positions, at), _at(d_tau, positions, at), weight, hot, HAS_DRAFT, FILTERED, BLOCK)
+                                 _at(d_norm, positions, at), _at(d_tau, positions, at), weight, 1.0, hot, tokens, 0, HAS_DRAFT, FILTERED, False, BLOCK)[0]
     tl.store(walk_part_ptr + row64 * items + j, partial)
     tl.debug_barrier()  # every thread's store precedes the release below
     if tl.atomic_add(walk_counter_ptr + row, 1, sem="acq_rel", scope="gpu") == items - 1:

@@ -93,6 +93,33 @@ def test_trees_match_the_reference(backend, siblings, params):
     _same(reference, fused, (siblings, params))
 
 
+@pytest.mark.parametrize("siblings", ["iid", "without_replacement", "deterministic"])
+@pytest.mark.parametrize("backend", FUSED)
+def test_later_siblings_are_tested_against_the_residual_masses(backend, siblings):
+    """Four siblings at the root of each of 40 rows and a weak draft: many rows reject a child and
+    then accept a later one, whose test u q(x) Z < w(x) M reads the masses of the residual left by
+    the rejections (c, S: the pass over the line after each rejection but the last), some after two
+    rejections or three (c != 1, M below 1 without replacement)."""
+    g = torch.Generator().manual_seed(22)
+    batch, nodes, vocab = 40, 4, 48
+    target = torch.randn(batch, 2, vocab, generator=g) * 2
+    draft = target + 1.5 * torch.randn(batch, 2, vocab, generator=g)
+    probs = draft[:, 0].softmax(-1)
+    if siblings == "deterministic":  # the draft's top four, as an EAGLE-style tree has them
+        tokens = probs.argsort(-1, descending=True)[:, :nodes]
+    else:
+        tokens = torch.multinomial(probs, nodes, replacement=siblings == "iid", generator=g)
+    parents = torch.full((batch, nodes), -1)
+    target = torch.cat([target, target[:, 1:].expand(batch, nodes - 1, vocab)], 1)
+    draft = torch.cat([draft, draft[:, 1:].expand(batch, nodes - 1, vocab)], 1)
+    kwargs = dict(seeds=torch.arange(batch) * 3 + 1, siblings="iid" if siblings == "deterministic" else siblings)
+    draft_logits = None if siblings == "deterministic" else draft
+    reference = verify_tree(target, draft_logits, tokens, parents, backend="eager", **kwargs)
+    entered = reference.accepted_nodes[:, 0].masked_fill(reference.num_accepted == 0, -1)
+    assert int((entered >= 1).sum()) >= 8 and int((entered >= 2).sum()) >= 5, entered
+    _same(reference, verify_tree(target, draft_logits, tokens, parents, backend=backend, **kwargs), siblings)
+
+
 @pytest.mark.parametrize("siblings", ["iid", "without_replacement"])
 @pytest.mark.parametrize("backend", FUSED)
 def test_a_walk_ending_on_a_zero_residual_keeps_the_one_before(backend, siblings):
