@@ -6,18 +6,14 @@ mass); the whole-line rows' lines are flat (``0.2 * randn``). Trees have the mod
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .gpu_model import Call
-
 TREE_PARENTS = [-1, 0, 0, 1, 2, 3, -1, 6]  # the model's tree: 8 nodes, 4 deep
 INPUTS = ("target 3*randn, draft = target + randn; lines the candidates settle: four tokens raised by 20 (~99 % of the mass); "
           "whole-line rows: flat lines, 0.2*randn")
 
 
-def inputs(call: Call, device: str, seed: int = 0) -> dict:
-    """The tensors and keyword arguments of ``call``, generated on ``device`` as the module says."""
+def inputs(call, device: str, seed: int = 0) -> dict:
+    """The tensors and keyword arguments of ``call`` (a ``bench.gpu_model.Call``), generated on
+    ``device`` as the module says."""
     import torch
 
     g = torch.Generator(device=device).manual_seed(seed)
