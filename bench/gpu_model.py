@@ -653,7 +653,7 @@ LOOP_KINDS = {
     "top-p window scan": "then scans that step (a running sum): one per such line",
     "residual race tile": "race tiles of a rejected row: the vocabulary over the row's chunks (every row rejects, ASSUMPTIONS)",
     "bonus race tile": "race tiles of an accepted row: 0 (every row rejects)",
-    "zero-residual race (rare)": "the finalising program's race on p when every residual is zero: 0 (rounding corner)",
+    "zero-residual race (rare)": "the finalising program's race when every residual weight is zero (on p; a tree's on the residual before its last rejection, then p), with its removed-id tests: 0 (rounding corner)",
     "finalising block": "the last program of a row reads the chunk results: ceil(chunks / FINAL_BLOCK), once per row",
     "threshold ticket loop": "one work item per line over the candidates (the sort unrolled: no inner loop; a line cut from its statistics' "
                              "windows goes around it: unsorted_share, MEASURED)",
@@ -740,11 +740,14 @@ def loop_kinds(kernel: str, code: KernelCode) -> list[str | None]:
     elif kernel in ("tree_walk", "block_walk"):
         _walk_kinds(kernel, code.loops, None, kinds)
     elif kernel in ("tree_race", "block_race"):
+        rare = set()  # (parents come before their children in address order)
         for n, loop in enumerate(code.loops):
             if loop.parent is not None:
-                kinds[n] = "removed-id test"
+                kinds[n] = "zero-residual race (rare)" if loop.parent in rare else "removed-id test"  # a rare race's own: none
             elif loop.has("MUFU"):
                 kinds[n] = "zero-residual race (rare)" if loop.after_atomic else "residual race tile"
+                if loop.after_atomic:
+                    rare.add(loop.start)
             elif loop.after_atomic and loop.has("LDG"):
                 kinds[n] = "finalising block"
     elif kernel == "cutoff":

@@ -133,27 +133,30 @@ def _residual_mass(t_line, d_line, start, end, draft_end, inv_t, t_max, t_norm, 
     [start, end) but the first ``removed_count`` of ``removed`` (Q = 0 past ``draft_end``; without
     HAS_DRAFT, Q is one-hot at ``hot``), lines of finite statistics: a block walk's S_i, a tree
     walk's residual masses Z and M. A mass a coin or a test is compared with, as a whole: its terms
-    are not the race's weights, so each is exp2 of one fused multiply-add, exp(s - m) / z =
-    exp2(x inv_t log2 e - (m log2 e + log2 z)) (a few ulps from the race's; its sum's order moves
-    it as much), and each lane sums its own terms, one block reduction at the end."""
-    t_scale = inv_t * 1.4426950408889634
-    t_shift = t_max * 1.4426950408889634 + tl.log2(t_norm)
-    d_shift = d_max * 1.4426950408889634 + tl.log2(d_norm)
+    are not the race's weights, so each is exp2 of one fused multiply-add of the race's own exponent,
+    exp(s - m) / z = exp2((s - m) log2 e - log2 z) (a few ulps from the race's division; its sum's
+    order moves it as much). The exponent s - m is the race's: a line of one kept id (top-k 1, or a
+    top-p its max alone reaches) has z = 1 and weight exactly 1 in both, so a residual the race finds
+    zero everywhere sums to exactly 0 here (exp2 of x log2 e - m log2 e would be 1 +- an ulp, and a
+    walk would take such a residual for a positive one). Each lane sums its own terms, one block
+    reduction at the end."""
+    t_shift = tl.log2(t_norm)
+    d_shift = tl.log2(d_norm)
     lanes = tl.zeros((BLOCK,), tl.float32)
     draft_lanes = tl.zeros((BLOCK,), tl.float32)
     for tile in range(start, end, BLOCK):
         idx = tile + tl.arange(0, BLOCK)
-        x = tl.load(t_line + idx, mask=idx < end, other=float("-inf")).to(tl.float32)
-        p = tl.exp2(tl.fma(x, t_scale, -t_shift))
+        s = tl.load(t_line + idx, mask=idx < end, other=float("-inf")).to(tl.float32) * inv_t
+        p = tl.exp2(tl.fma(s - t_max, 1.4426950408889634, -t_shift))
         if FILTERED:
-            p = tl.where(x * inv_t >= t_tau, p, 0.0)
+            p = tl.where(s >= t_tau, p, 0.0)
         w = a * p - tl.where(idx == hot, 1.0, 0.0)
         q = tl.zeros_like(p)
         if HAS_DRAFT:
-            y = tl.load(d_line + idx, mask=idx < draft_end, other=float("-inf")).to(tl.float32)
-            q = tl.exp2(tl.fma(y, t_scale, -d_shift))
+            sy = tl.load(d_line + idx, mask=idx < draft_end, other=float("-inf")).to(tl.float32) * inv_t
+            q = tl.exp2(tl.fma(sy - d_max, 1.4426950408889634, -d_shift))
             if FILTERED:
-                q = tl.where(y * inv_t >= d_tau, q, 0.0)
+                q = tl.where(sy >= d_tau, q, 0.0)
             w = w - c * q
         w = tl.maximum(w, 0.0)
         gone = idx < 0  # False
@@ -766,8 +769,15 @@ def _race_and_arrive(
             undo = tl.load(i + 7)
             c_before = tl.where(undo >= 0, undo.to(tl.float32, bitcast=True), 0.0)
             removed_before = tl.where(undo >= 0, tl.maximum(removed_count - 1, 0), 0)
-            _, winner = _residual_race(key, t_line, d_line, 0, V, Vd, p_lo, p_hi, inv_t, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau,
-                                       1.0, c_before, -1, use_draft & (c_before > 0.0), removed, removed_before, HAS_DRAFT, FILTERED, INTERPRET, BLOCK)
+            before_key, winner = _residual_race(key, t_line, d_line, 0, V, Vd, p_lo, p_hi, inv_t, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp,
+                                                d_tau, 1.0, c_before, -1, use_draft & (c_before > 0.0), removed, removed_before, HAS_DRAFT, FILTERED,
+                                                INTERPRET, BLOCK)
+            if before_key <= 0.0:
+                # The residual before is zero as well: the walk's mass of it (exp2 terms, not the race's
+                # weights) was positive by a rounding. Race p, the reference's draw for a residual zero
+                # everywhere, rather than return an id of weight zero.
+                _, winner = _residual_race(key, t_line, d_line, 0, V, Vd, p_lo, p_hi, inv_t, t_max, t_norm, t_rcp, t_tau, d_max, d_norm, d_rcp, d_tau,
+                                           1.0, 0.0, -1, use_draft & (c_before < 0.0), removed, 0, HAS_DRAFT, FILTERED, INTERPRET, BLOCK)  # (no draft)
         winner = tl.where(temperature == 0, tl.load(i + 5), winner)
         tl.store(counter_ptr + row, 0)  # ready for the next call (and the next graph replay)
     return last, winner, position, depth, bad | (winner < 0) | (winner >= V)

@@ -147,6 +147,81 @@ def test_a_walk_ending_on_a_zero_residual_keeps_the_one_before(backend, siblings
     _same(reference, verify_tree(target, draft, tokens, parents, backend=backend, **kwargs), siblings)
 
 
+ONE_KEPT_ID = [pytest.param(backend, filtering, id=f"{name}-{backend}", marks=[pytest.mark.slow] if backend == "triton" and name != "top_k=1" else [])
+               for backend in FUSED for name, filtering in (("top_k=1", {"top_k": 1}), ("top_p=1e-6", {"top_p": 1e-6, "temperature": 0.7}))]
+
+
+@pytest.mark.parametrize("backend,filtering", ONE_KEPT_ID)
+def test_one_kept_id_on_both_sides(backend, filtering):
+    """Top-k 1, or a top-p the max alone reaches, with a draft whose argmax is the target's but whose
+    logits differ: p and q are both one-hot at the same id, so after a rejected child the residual
+    max(p - c q, 0) (c = 1) is exactly zero everywhere and the walk keeps p, as the reference does;
+    the argmax sibling that follows is accepted. A residual mass whose terms at that id are 1 +- an
+    ulp (exp2 of x log2 e - m log2 e, not of the race's s - m) sums to a tiny positive mass half the
+    time: the walk then rejects the argmax and races a zero residual (a tree emitted id 0), and a
+    block stops elsewhere. Every emitted token must be its position's argmax."""
+    g = torch.Generator().manual_seed(8)
+    batch, vocab = 8, 48
+    target = torch.randn(batch, 5, vocab, generator=g) * 3
+    draft = target + 0.01 * torch.randn(batch, 5, vocab, generator=g)
+    argmax = target.argmax(-1)
+    assert torch.equal(draft.argmax(-1), argmax)
+    seeds = torch.arange(batch) * 7 + 1
+    tokens = torch.stack([(argmax[:, 0] + 1) % vocab, argmax[:, 0], (argmax[:, 0] + 2) % vocab], 1)  # three children of the root
+    parents = torch.full((batch, 3), -1)
+    for siblings in ("iid", "without_replacement"):
+        kwargs = dict(seeds=seeds, siblings=siblings, **filtering)
+        reference = verify_tree(target[:, :4], draft[:, :4], tokens, parents, backend="eager", **kwargs)
+        assert torch.equal(reference.tokens[:, 0], argmax[:, 0]) and (reference.num_accepted == 1).all()
+        _same(reference, verify_tree(target[:, :4], draft[:, :4], tokens, parents, backend=backend, **kwargs), siblings)
+    drafts = torch.where(torch.rand(batch, 4, generator=g) < 0.6, argmax[:, :4], (argmax[:, :4] + 1) % vocab)
+    kwargs = dict(seeds=seeds, method="block", **filtering)
+    reference = specdec_ext.verify(target, draft[:, :4], drafts, backend="eager", **kwargs)
+    emitted = torch.arange(5) <= reference.num_accepted[:, None]
+    assert torch.equal(reference.tokens[emitted], argmax[emitted])
+    fused = specdec_ext.verify(target, draft[:, :4], drafts, backend=backend, **kwargs)
+    assert torch.equal(reference.tokens, fused.tokens) and torch.equal(reference.num_accepted, fused.num_accepted)
+
+
+@pytest.mark.skipif("triton" not in FUSED, reason="the Triton kernels run under TRITON_INTERPRET=1")
+def test_a_race_whose_fallback_is_zero_too_races_p():
+    """The tree race's last resort, planted in the row state between the walk and the race: a walk's
+    masses are exp2 terms, not the race's weights, so the residual it kept (undo) could be zero in the
+    race's arithmetic as well. The race must then draw from p with its own keys (as it does for a
+    walk that kept p), never return an id of weight zero (ids 0-3 here)."""
+    from specdec_ext import _params, _triton_tree
+
+    g = torch.Generator().manual_seed(12)
+    batch, vocab = 4, 48
+    target = torch.randn(batch, 2, vocab, generator=g) * 2
+    target[:, :, :4] = float("-inf")
+    draft = target.clone()  # p = q: every residual with c >= 1 is zero everywhere
+    tokens = target[:, 0].argmax(-1, keepdim=True)  # accepted: the race runs at node 1's context
+    args = _params.validate_tree(target, draft, tokens, torch.full((batch, 1), -1), temperature=1.0, top_k=None, top_p=None, num_nodes=None,
+                                 siblings="iid", generator=None, seeds=torch.arange(batch) + 3, offsets=None, check=False)
+
+    def race(c: float, undo: int) -> torch.Tensor:
+        launches = _triton_tree.launches_for(args, 0)
+        for launch in launches:
+            names = launch.kernel.arg_names
+            if launch.name == "tree_race":
+                state_f = launch.args[names.index("state_f_ptr")].view(-1, 8)  # (B, 8) row state (tree.py)
+                state_i = launch.args[names.index("state_i_ptr")].view(-1, 8)
+                state_f[:, 1] = c
+                state_i[:, 1] = state_i[:, 0]  # the draft line of the race's context is read (c > 0)
+                state_i[:, 7] = undo
+                out_tokens = launch.args[names.index("out_tokens_ptr")]
+            constexprs = {name: value for name, value in launch.constexprs.items() if name != "maxnreg"}
+            launch.kernel[launch.grid](*launch.args, **constexprs, num_warps=launch.num_warps)
+        return out_tokens[:, 1].clone()
+
+    on_p = race(0.0, -1)
+    two = int(torch.tensor(2.0).view(torch.int32))
+    assert (on_p >= 4).all()
+    assert torch.equal(race(2.0, two), on_p)  # the residual (c = 2) and the one before (undo: c = 2) are zero: p
+    assert torch.equal(race(2.0, -1), on_p)  # no undo: p
+
+
 @pytest.mark.parametrize("backend", FUSED)
 def test_mixed_greedy_rows_small_draft_vocabulary_and_bf16(backend):
     target, draft, tokens, parents, num_nodes, seeds, offsets = _case(5, draft_vocab=200, dtype=torch.bfloat16, backend=backend)
