@@ -161,7 +161,7 @@ def test_one_kept_id_on_both_sides(backend, filtering):
     time: the walk then rejects the argmax and races a zero residual (a tree emitted id 0), and a
     block stops elsewhere. Every emitted token must be its position's argmax."""
     g = torch.Generator().manual_seed(8)
-    batch, vocab = 8, 48
+    batch, vocab = 8 if backend != "triton" else 4, 48  # (the interpreter: 4 rows, each part still failing before)
     target = torch.randn(batch, 5, vocab, generator=g) * 3
     draft = target + 0.01 * torch.randn(batch, 5, vocab, generator=g)
     argmax = target.argmax(-1)
