@@ -32,7 +32,7 @@ THREADS = 256  # 8 warps
 
 
 @triton.jit
-def ballots(keys_ptr, counts_ptr, BINS: tl.constexpr, STEP: tl.constexpr):
+def triton_histogram(keys_ptr, counts_ptr, BINS: tl.constexpr, STEP: tl.constexpr):
     offsets = tl.arange(0, STEP)
     counts = tl.zeros((BINS,), tl.int32)
     for step in range(0, 4):
@@ -77,7 +77,8 @@ def one_hot_product(keys_ptr, counts_ptr, BINS: tl.constexpr, STEP: tl.constexpr
     tl.store(counts_ptr + tl.arange(0, 16)[:, None] * 16 + tl.arange(0, 16)[None, :], acc.to(tl.int32))
 
 
-def instructions(fn, constexprs: dict) -> int:
+def sass_of(fn, constexprs: dict) -> str:
+    """The sm_90 SASS of one of these kernels (``fn(keys_ptr, counts_ptr, **constexprs)``, 8 warps)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -86,13 +87,16 @@ def instructions(fn, constexprs: dict) -> int:
     signature = {"keys_ptr": "*i32", "counts_ptr": "*i32", **{name: "constexpr" for name in constexprs}}
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": THREADS // 32})
-    sass = disassemble(compiled.asm["cubin"])[0]
-    return sum(1 for line in sass.splitlines() if "/*" in line and "*/" in line and ";" in line)
+    return disassemble(compiled.asm["cubin"])[0]
+
+
+def instructions(fn, constexprs: dict) -> int:
+    return sum(1 for line in sass_of(fn, constexprs).splitlines() if "/*" in line and "*/" in line and ";" in line)
 
 
 def main() -> int:
     print(f"triton {triton.__version__}, sm_90, {THREADS // 32} warps: SASS instructions of the kernel a value a thread (a bit of bin index)")
-    rows = [(f"tl.histogram, {bins} bins", ballots, {"BINS": bins, "STEP": STEP}, bins.bit_length() - 1) for bins in (16, 32, 64, 256)]
+    rows = [(f"tl.histogram, {bins} bins", triton_histogram, {"BINS": bins, "STEP": STEP}, bins.bit_length() - 1) for bins in (16, 32, 64, 256)]
     rows += [("packed 16-bit counters, 16 bins", packed_counters, {"BINS": 16, "STEP": STEP}, 4),
              ("compare and sum, 16 bins", compare_and_sum, {"BINS": 16, "STEP": STEP}, 4),
              ("one-hot product int8, 256 bins", one_hot_product, {"BINS": 256, "STEP": 1024, "INT8": True}, 8),

@@ -69,25 +69,9 @@ def histogram_takes_shared_atomics() -> bool:
     later), not to warp ballots and popcounts (3.6, 3.7): a 512-bin histogram of 16384 keys
     compiled for sm_90, its SASS read for ATOMS and VOTE. ``key_window_default`` turns the key
     windows on by Triton's version; this is the lowering that choice stands for."""
-    import triton
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from bench.experiments.histogram_lowering import sass_of, triton_histogram
 
-    from bench.gpu_model import disassemble
-
-    @triton.jit
-    def histogram_probe(keys_ptr, counts_ptr, BINS: tl.constexpr, BLOCK: tl.constexpr):
-        offsets = tl.arange(0, BLOCK)
-        counts = tl.zeros((BINS,), tl.int32)
-        for step in range(0, 4):
-            counts += tl.histogram(tl.load(keys_ptr + step * BLOCK + offsets) & (BINS - 1), BINS)
-        tl.store(counts_ptr + tl.arange(0, BINS), counts)
-
-    source = ASTSource(fn=histogram_probe, signature={"keys_ptr": "*i32", "counts_ptr": "*i32", "BINS": "constexpr", "BLOCK": "constexpr"},
-                       constexprs={"BINS": 512, "BLOCK": 16384})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
-    sass = disassemble(compiled.asm["cubin"])[0]
+    sass = sass_of(triton_histogram, {"BINS": 512, "STEP": 16384})
     return "ATOMS" in sass and "VOTE" not in sass
 
 
