@@ -176,6 +176,9 @@ class Loop:
     # loops (a line its top-p window settles: that window's steps); 0 where it has no sort.
     around_sort: int = 0
     through_tiles: int = 0
+    # Of the threshold items' loop where a top-k line's sample may place its first gather
+    # (SAMPLE_RUNS): its longest path around the sample (a line that does not sample).
+    around_sample: int = 0
 
     def has(self, opcode: str) -> int:
         return sum(n for name, n in self.by_opcode.items() if name == opcode or name.startswith(opcode + "."))
@@ -385,6 +388,10 @@ def analyse(sass: str, resources: str) -> KernelCode:
             tiles = frozenset(i.address for i in own for c in loops if c.parent == loop.start and c.has("LDG") and c.has("MUFU")
                               and c.start <= i.address <= c.end)
             whole = longest_path(own, skip)
+            # (the sample's bisection: a loop inside the item with no load and no exponential)
+            sampling = frozenset(i.address for i in own for c in loops if c.parent == loop.start and not c.has("LDG") and not c.has("MUFU")
+                                 and c.start <= i.address <= c.end)
+            loop.around_sample = max(longest_path(own, skip, avoid=sampling), 0) if sampling else 0
             loop.around_sort = max(longest_path(own, skip, avoid=sort), 0)
             loop.through_tiles = max(longest_path(own, skip, avoid=sort, through=tiles), 0) if tiles else 0
         elif tiles_end is not None:
@@ -498,6 +505,7 @@ class Call:
     top_p_window_steps: float = 0.0
     top_p_settled_share: float = 0.0  # lines a top-p window settles (their threshold items sort no candidates)
     top_k_window_share: float = 0.0  # lines whose top windows hold k values (likewise)
+    sampled_share: float = 0.0  # lines whose threshold item places their first gather from a sample (SAMPLE_RUNS: Triton 3.6, 3.7)
     # "token" (verify), "block" (verify(method="block")) or "tree" (verify_tree: k is then the
     # number of nodes N, the target and draft logits have N+1 contexts).
     method: str = "token"
@@ -651,6 +659,8 @@ LOOP_KINDS = {
     "top-p window sum step": "a threshold item sums such a line's top-p window from the top, TOP_P_STEP bins a step, until the cut's step "
                              "(top_p_window_steps, MEASURED)",
     "top-p window scan": "then scans that step (a running sum): one per such line",
+    "sample bisection step": "SAMPLE_RUNS (Triton 3.6, 3.7): a threshold item places a top-k line's first gather from a sample of the line held in "
+                             "registers, 16 halvings of the keys' high half: 16 per sampled line (sampled_share, MEASURED)",
     "residual race tile": "race tiles of a rejected row: the vocabulary over the row's chunks (every row rejects, ASSUMPTIONS)",
     "bonus race tile": "race tiles of an accepted row: 0 (every row rejects)",
     "zero-residual race (rare)": "the finalising program's race when every residual weight is zero (on p; a tree's on the residual before its last rejection, then p), with its removed-id tests: 0 (rounding corner)",
@@ -802,6 +812,8 @@ def _cutoff_kinds(loops: list[Loop], kinds: list, at: list[int] | None = None) -
     for n, loop in zip(at if at is not None else range(len(loops)), loops, strict=True):
         if loop.start in parents:
             kinds[n] = "search ticket loop" if loop.after_wait else "threshold ticket loop"
+        elif not loop.after_wait and loop.parent is not None and not loop.has("LDG") and not loop.has("MUFU"):
+            kinds[n] = "sample bisection step"  # (inside a threshold item: a sampled top-k's lo, on keys held in registers)
         elif not loop.after_wait and loop.parent is not None and loop.has("LDG") and loop.has("MUFU"):
             # (inside a threshold item: the steps summed from the top, then the one scanned, a running sum)
             kinds[n] = "top-p window scan" if loop.has("SHFL.UP") else "top-p window sum step"
@@ -909,6 +921,14 @@ def window_part(call: Call) -> int | None:
     return stats.args[-1] * c["T_LANES"] * c["T_ROWS"] if c["KEY_WINDOW"] else None
 
 
+def sampling(call: Call) -> dict:
+    """select_search's ``sample_runs`` and ``histogram_top_k`` for ``call``'s filtered form, as its
+    cut-offs launch has them (SAMPLE_RUNS: where tl.histogram is warp ballots)."""
+    filtered = call if call.filtered else replace(call, top_k=50)
+    c = next(launch for launch in launches(filtered, ASSUMPTIONS["multiprocessors"]) if launch.name.endswith("cutoff") or launch.name.endswith("cut_walk"))
+    return {"sample_runs": c.constexprs["SAMPLE_RUNS"], "histogram_top_k": c.constexprs["HISTOGRAM_TOP_K"]}
+
+
 def top_p_window_on(call: Call) -> bool:
     """Whether the statistics of ``call``'s lines count their top-p windows where the candidates
     do not settle them: its filtered form's statistics launch has TOP_P_BINS and one part a line,
@@ -939,7 +959,8 @@ def synthetic_search(call: Call, lines: int = 4) -> dict:
     geometry = candidate_geometry(call)
     part = window_part(call)
     top_p_window = top_p_window_on(call)
-    passes, steps, unsorted = [], [], Counter()
+    sample = sampling(call)
+    passes, steps, unsorted, sampled = [], [], Counter(), 0
     for _ in range(lines):
         values = rng.standard_normal(call.vocab).astype(np.float32)
         if call.dtype in ("bf16", "fp16"):
@@ -948,16 +969,18 @@ def synthetic_search(call: Call, lines: int = 4) -> dict:
             scaled = line.float().numpy() * inv_t
             floor_key = candidate_outcome(scaled, *geometry, SORT, call.top_k, call.top_p)["floor_key"]
             search = select_search(scaled, call.top_k, call.top_p, raw=(line.view(torch.int16).numpy(), call.dtype, inv_t), floor_key=floor_key,
-                                   window_part=part, top_p_window=top_p_window)
+                                   window_part=part, top_p_window=top_p_window, **sample)
             passes.append(search["passes"])
             if search["top_p_window"]:
                 steps.append(search["top_p_window"]["steps"])
             unsorted.update(unsorted_kind(search))
         else:
-            passes.append(select_search(values / np.float32(call.temperature), call.top_k, call.top_p)["passes"])
+            search = select_search(values / np.float32(call.temperature), call.top_k, call.top_p, **sample)
+            passes.append(search["passes"])
+        sampled += search["sampled"]
     # (a line its statistics' top window, or top-p window, settles is never listed for the search)
     listed = [line for line in passes if line]
-    window = {"top_p_window_share": len(steps) / lines, "top_p_window_steps": sum(steps) / len(steps) if steps else 0.0,
+    window = {"top_p_window_share": len(steps) / lines, "top_p_window_steps": sum(steps) / len(steps) if steps else 0.0, "sampled_share": sampled / lines,
               **{name: unsorted[name] / lines for name in ("top_p_settled_share", "top_k_window_share")}}
     return window | ({"search_fraction": len(listed) / lines, **_search_trips(listed)} if listed else {"search_fraction": 0.0, "search_passes": 0.0})
 
@@ -1051,13 +1074,15 @@ def _work(launch, call: Call, phase: str) -> dict:
         # the cut and the normaliser. The slowest resident program takes ceil(lines / resident).
         programs = min(lines, resident)
         items = math.ceil(lines / programs)
+        sample = c.get("SAMPLE_RUNS", 0) * c.get("SAMPLE_RUN", 0)
         return {
             "loops": {"threshold ticket loop": (items, c["SORT"]), "spin wait": (0.0, 0),
                       "top-p window sum step": (items * call.top_p_window_share * call.top_p_window_steps, c.get("TOP_P_STEP", 0)),
-                      "top-p window scan": (items * call.top_p_window_share, c.get("TOP_P_STEP", 0))},
+                      "top-p window scan": (items * call.top_p_window_share, c.get("TOP_P_STEP", 0)),
+                      "sample bisection step": (items * call.sampled_share * 16, sample)},
             "programs_used": programs,
             "bytes": lines * (c["LINE_SLOTS"] * 4 + 2 * c["SORT"] * 4 + c["PARTS"] * 16
-                              + call.top_p_window_share * call.top_p_window_steps * c.get("TOP_P_STEP", 0) * 4),
+                              + call.top_p_window_share * call.top_p_window_steps * c.get("TOP_P_STEP", 0) * 4 + call.sampled_share * sample * call.itemsize),
             # the ticket; the candidates' counts and floors with the partials; the candidates;
             # the packed candidates through the workspace; the release of the item; then every
             # program's acquire that sees the last item finished, its read of the list and its exit.
@@ -1114,11 +1139,17 @@ def threshold_item_trips(loop: Loop, call: Call, trips: float) -> float:
     """The threshold items' trips, weighted as their loop's longest path: a line cut before its
     candidates are sorted goes around the sort, through the top-p window's steps where that
     window settles it (``through_tiles``), or the longest way (``around_sort``) where its top
-    windows hold k values."""
+    windows hold k values; a line that samples (``sampled_share``) takes the longest path, any
+    other the longest around the sample (``around_sample``) where the loop has one."""
     if not (loop.around_sort and loop.instructions):
         return trips
     p_share, k_share = call.top_p_settled_share, call.top_k_window_share
-    return trips * ((1 - p_share - k_share) + (p_share * loop.through_tiles + k_share * loop.around_sort) / loop.instructions)
+    # (where a sample may place a top-k line's first gather, the lines that do not sample go around it)
+    rest = 1 - p_share - k_share
+    sampled = min(call.sampled_share, rest) if loop.around_sample else rest
+    around = loop.around_sample or loop.instructions
+    return trips * ((sampled * loop.instructions + (rest - sampled) * around + p_share * loop.through_tiles + k_share * loop.around_sort)
+                    / loop.instructions)
 
 
 def loop_trips(launch, call: Call, phase: str, code: KernelCode) -> list[tuple[Loop, str, float, int]]:
@@ -1611,8 +1642,36 @@ def _histogram_top_k() -> int:
     return HISTOGRAM_TOP_K
 
 
+def sample_ids(vocab: int, runs: int, run: int = 256):
+    """thresholds.py's sample of a line: ``runs`` runs of ``run`` consecutive ids, evenly spaced,
+    (vocab - run) // (runs - 1) apart (the whole line when it is no longer)."""
+    import numpy as np
+
+    if vocab <= runs * run:
+        return np.arange(vocab)
+    starts = np.arange(runs, dtype=np.int64) * ((vocab - run) // (runs - 1))
+    return (starts[:, None] + np.arange(run)[None, :]).reshape(-1)
+
+
+def sampled_top_k_lo(scaled, top_k: int, gather: int, runs: int, run: int = 256, sample=None) -> int | None:
+    """thresholds.py's _sampled_top_k_lo on one float32 line (a numpy vector in id order, -inf
+    where not finite): the gather's lo, or None when the sample has fewer finite values than its
+    rank. ``sample``: other ids instead of the runs (studies only)."""
+    import numpy as np
+
+    values = np.asarray(scaled, dtype=np.float32)
+    ids = sample_ids(values.size, runs, run) if sample is None else sample
+    drawn = values[ids]
+    drawn = drawn[drawn > -np.inf]
+    spread = values.size > runs * run
+    rank = (math.isqrt(top_k * gather) * ids.size + values.size - 1) // values.size if spread else top_k
+    if drawn.size < rank:
+        return None
+    return (int(np.sort(_order_keys(drawn))[::-1][rank - 1]) >> 16) << 16
+
+
 def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = None, gather: int = 2048, raw=None, floor_key: int | None = None,
-                  window_part: int | None = None, top_p_window: bool = False) -> dict:
+                  window_part: int | None = None, top_p_window: bool = False, sample_runs: int = 0, histogram_top_k: int | None = None) -> dict:
     """select.py's whole-line search on one float32 line (a numpy vector), pass by pass: the cut
     (an order key), the kept mass (fixed point) and, per pass, its stage and the fraction of the
     line's values it bins or gathers (stage 3 adds each binned one's mass by a global atomic).
@@ -1626,7 +1685,10 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
     above HISTOGRAM_TOP_K with KEY_WINDOW; ``window_outcome``): a window that holds the cut
     settles top-k with no pass. ``top_p_window``: a 16-bit line cut by top-p alone has its top-p
     window counted by its statistics (one part reads it whole, TOP_P_BINS; ``top_p_window_outcome``,
-    returned as "top_p_window"): a window that holds the cut settles it with no pass."""
+    returned as "top_p_window"): a window that holds the cut settles it with no pass. ``sample_runs``:
+    a top-k whose k no statistics counted (``histogram_top_k``, default HISTOGRAM_TOP_K) and that fits
+    half the gather starts with a gather placed from a sample of the line (``sampled_top_k_lo``;
+    Triton 3.6 and 3.7)."""
     import numpy as np
 
     f32, bins_n = np.float32, 256
@@ -1656,12 +1718,13 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         if p_window["settles"]:
             cut = _order_key(p_window["cut_value"])
             kept = int(weights[s_all >= f32(p_window["cut_value"])].sum())
-            return {"cut": cut, "kept_mass": kept, "passes": [], "stages": [], "path": [], "top_p_window": p_window, "top_k_window": False}
+            return {"cut": cut, "kept_mass": kept, "passes": [], "stages": [], "path": [], "top_p_window": p_window, "top_k_window": False, "sampled": False}
     slots = np.arange(2 * bins_n)
     passes, kept = [], 0
+    histogram_top_k = _histogram_top_k() if histogram_top_k is None else histogram_top_k
     counted = True  # (the statistics counted the first top-k pass's bins, under a top-k above HISTOGRAM_TOP_K)
     k_window = False  # (its top windows hold k values: the threshold item sorts no candidates)
-    if stage == 1 and raw is not None and window_part and top_k > _histogram_top_k():
+    if stage == 1 and raw is not None and window_part and top_k > histogram_top_k:
         window = window_outcome(values, _raw_keys(raw[0]), window_part, raw[1], raw[2], top_k)
         counted = window["usable"]
         k_window = bool(window["settles"])
@@ -1677,6 +1740,11 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
                     budget = float(f32(top_p) * f32(top_k_mass))
                     lo, hi = max(cut, _top_p_floor(row_max, top_k_mass, budget, int(kept_values.sum()))), top
                     stage = _top_p_stage(lo, hi)
+    sampled = False
+    if sample_runs and stage == 1 and top_k <= histogram_top_k and 2 * top_k <= gather:
+        sample_lo = sampled_top_k_lo(values, top_k, gather, sample_runs)
+        if sample_lo is not None:
+            sampled, stage, lo, hi = True, 4, sample_lo, top
     while stage:
         if raw is not None and stage == 1 and lo == -(2**31):  # a 16-bit line's top-k: over raw keys
             stage, lo, hi = 7, -32768, 32767
@@ -1686,7 +1754,7 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         above_mass = int(weights[line_keys > hi].sum())
         # (the first top-k pass under a top-k above HISTOGRAM_TOP_K: the statistics launch's counts, a 16-bit
         # line's of its raw keys' high byte, a float32 line's in bins of 2**24 keys from -2**31; no mass)
-        statistics = not passes and counted and top_k > _histogram_top_k() and (stage == 7 and lo == -32768 and hi == 32767 or stage == 1 and lo == -(2**31))
+        statistics = not passes and counted and top_k > histogram_top_k and (stage == 7 and lo == -32768 and hi == 32767 or stage == 1 and lo == -(2**31))
         if statistics and stage == 1:
             shift = 24
         # (a top-k pass whose top bin spans several keys cannot end the search: it counts, no mass)
@@ -1700,7 +1768,11 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         passes.append({"stage": stage, "binned": float(inside.sum()) / values.size, "counts_only": counts_only, "statistics": statistics,
                        "mass_known": mass_known})
         next_stage = 0
-        if stage in (4, 5):
+        if stage == 4 and not (top_k <= inside.sum() <= gather):
+            # (a gather placed from the sample that does not hold the cut: key bins below it, or over it)
+            lo, hi = (lo, hi) if inside.sum() > gather else (-(2**31), lo - 1)
+            next_stage = 1
+        elif stage in (4, 5):
             gathered = np.sort(keys[inside])[::-1]
             n = gathered.size
             w = _fixed_weights(_key_floats(gathered), row_max)
@@ -1811,7 +1883,7 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
     # path: the passes as the kernel records them (a top-k pass that only counts as 7)
     return {"cut": lo, "kept_mass": kept, "passes": passes, "stages": [q["stage"] for q in passes],
             "path": [7 if q["counts_only"] else 1 if q["stage"] == 7 else q["stage"] for q in passes], "top_p_window": p_window,
-            "top_k_window": k_window}
+            "top_k_window": k_window, "sampled": sampled}
 
 
 def _order_key(value: float) -> int:

@@ -33,7 +33,7 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from specdec_ext._triton_backend import key_window_default
+from specdec_ext._triton_backend import SAMPLE_RUNS, key_window_default
 
 from .call_inputs import INPUTS, inputs
 from .gpu_model import GOAL_CALLS, Call, sweep_calls
@@ -45,7 +45,7 @@ from .harness import report
 # tile that spilled at 255 registers, the default until 8-row tiles), and the race's ids per step at
 # B=1 (more programs for one row); and a top-k 1000 search's first pass over the line instead of
 # from the statistics launch's key counts (histogram_top_k), and with the top windows and the top-p
-# windows switched (key_window, top_p_window). The model cannot rank these: it
+# windows switched (key_window, top_p_window), and the sampled first gather of a top-k (sample_runs). The model cannot rank these: it
 # under-estimated the spilling tile 3x. A lent GPU does.
 VARIANTS = [
     ("B=64 K=8 bf16 T=0.7 top-k 50 top-p 0.9", {"stats_tile": 65536, "stats_parts": 1}),
@@ -64,6 +64,10 @@ VARIANTS = [
     # a flat bf16 top-p's top-p window switched the other way likewise (on 3.8 and later: the search's two
     # passes instead; on 3.6: 8192 bins of ballots, to see what they cost)
     ("B=64 K=8 bf16 flat top-p 0.99 (whole-line search)", {"top_p_window": not key_window_default()}),
+    # a top-k's first gather placed from a sample of the line switched the other way (on 3.6 and 3.7 by
+    # default: the statistics' key counts and a pass of key bins instead; on 3.8 and later: to see it there)
+    ("B=64 K=8 bf16 top-k 1000 (whole-line search)", {"sample_runs": SAMPLE_RUNS if key_window_default() else 0}),
+    ("B=1 K=4 fp32 top-k 1000 (whole-line search)", {"sample_runs": SAMPLE_RUNS if key_window_default() else 0}),
 ]
 
 

@@ -83,6 +83,16 @@ SELECT_GATHER = 2048
 # keys counted by the statistics launch (256 bins of their high byte, zeroed by the threshold item
 # that reads them): its whole-line search starts at its second pass, and the line is read once less.
 HISTOGRAM_TOP_K = 256
+# Where tl.histogram is warp ballots (Triton 3.6, 3.7: key_window_default() is False), a top-k line
+# its candidates leave starts its search with a gather whose lo a sample of the line places
+# (thresholds.py's _sampled_top_k_lo): SAMPLE_RUNS runs of SAMPLE_RUN consecutive ids, evenly spaced.
+# One pass when the gather holds the cut, with no ballot histogram, so the statistics launch counts
+# the high bytes only of lines whose k the gather cannot hold (SAMPLED_HISTOGRAM_TOP_K, half its
+# slots). On the tiny architectures' bf16 logits and 3 * randn (V = 128256), every top-k 1000 line
+# took one pass (bench/results/sampled-start-2026-12-06.json).
+SAMPLE_RUNS = 32
+SAMPLE_RUN = 256
+SAMPLED_HISTOGRAM_TOP_K = SELECT_GATHER // 2
 # A bf16 line cut by top-p alone, which one statistics program reads whole (from WHOLE_LINE_STATS_LINES up) and
 # its candidates do not settle (a flat distribution), has its raw keys counted by that program, one
 # key a bin from two above its max down (the keys near 0 that weigh the same in one bin): the
@@ -266,6 +276,7 @@ class Geometry(NamedTuple):
     histogram_top_k: int  # HISTOGRAM_TOP_K (2**31: no line's raw keys are counted by the statistics launch)
     key_window: bool  # key_window_default(): histogrammed 16-bit lines' statistics also count their parts' top windows
     top_p_window: bool  # key_window_default(): bf16 top-p lines read whole by one program have their top-p windows counted
+    sample_runs: int  # SAMPLE_RUNS where key_window_default() is False, else 0: a top-k line's sample places its first gather
     walk_chunks: int | None  # None: a block walk's items per position from the multiprocessors (_triton_tree.walk_chunks)
 
 
@@ -273,10 +284,12 @@ def geometry(
     device: torch.device, *, race_chunks: int | None = None, race_block: int | None = None, stats_tile: int | None = None, stats_parts: int | None = None,
     line_slots: int | None = None, sort: int | None = None, select_chunk: int | None = None, select_programs: int | None = None,
     select_gather: int | None = None, histogram_top_k: int | None = None, key_window: bool | None = None, top_p_window: bool | None = None,
-    walk_chunks: int | None = None, sm_count: int | None = None,
+    sample_runs: int | None = None, walk_chunks: int | None = None, sm_count: int | None = None,
 ) -> Geometry:
     """The geometry a call on ``device`` uses (arguments override it: tests cover several chunks per
-    row, ragged tiles and each way of the candidates on small vocabularies; the model sets sm_count)."""
+    row, ragged tiles and each way of the candidates on small vocabularies; the model sets sm_count).
+    ``sample_runs`` (default SAMPLE_RUNS where the key windows are off, else 0) also sets the default
+    ``histogram_top_k`` (SAMPLED_HISTOGRAM_TOP_K with a sample, else HISTOGRAM_TOP_K)."""
     interpret = device.type != "cuda" and sm_count is None
     for name, value in (("race_block", race_block), ("stats_tile", stats_tile), ("line_slots", line_slots), ("sort", sort), ("select_chunk", select_chunk),
                         ("select_gather", select_gather)):
@@ -285,6 +298,12 @@ def geometry(
     if sm_count is None:
         sm_count = multiprocessors(device) if device.type == "cuda" else 1
     select_chunk = select_chunk or (_INTERPRETER_SELECT_CHUNK if interpret else SELECT_CHUNK)
+    if sample_runs is None:
+        sample_runs = 0 if key_window_default() else SAMPLE_RUNS
+    if sample_runs and (sample_runs < 2 or sample_runs & (sample_runs - 1)):
+        raise ValueError(f"sample_runs must be 0 or a power of two >= 2, got {sample_runs}")
+    if histogram_top_k is None:
+        histogram_top_k = SAMPLED_HISTOGRAM_TOP_K if sample_runs else HISTOGRAM_TOP_K
     return Geometry(
         interpret=interpret,
         multiprocessors=sm_count,
@@ -299,9 +318,10 @@ def geometry(
         # The interpreter runs programs one after another: the first takes every work item.
         select_programs=select_programs or (3 if interpret else CUTOFF_PROGRAMS_PER_SM * sm_count),
         select_gather=select_gather or SELECT_GATHER,
-        histogram_top_k=HISTOGRAM_TOP_K if histogram_top_k is None else histogram_top_k,
+        histogram_top_k=histogram_top_k,
         key_window=key_window_default() if key_window is None else key_window,
         top_p_window=key_window_default() if top_p_window is None else top_p_window,
+        sample_runs=sample_runs,
         walk_chunks=walk_chunks,
     )
 
@@ -624,7 +644,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
         {"HAS_DRAFT": sh.has_draft, "PARTS": tiles, "PP": _next_power_of_2(tiles), "LINE_SLOTS": geo.line_slots, "SORT": geo.sort,
          "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES,
          "GATHER": gather_slots(sc, geo.select_gather), "HISTOGRAM_TOP_K": geo.histogram_top_k, "KEY_WINDOW": geo.key_window,
-         "TOP_P_BINS": layout["top_p_bins"], "TOP_P_STEP": TOP_P_WINDOW_STEP, "maxnreg": 128},
+         "TOP_P_BINS": layout["top_p_bins"], "TOP_P_STEP": TOP_P_WINDOW_STEP, "SAMPLE_RUNS": geo.sample_runs, "SAMPLE_RUN": SAMPLE_RUN, "maxnreg": 128},
         CUTOFF_WARPS,
     )
     return [line_stats(1), cutoff]

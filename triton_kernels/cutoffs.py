@@ -42,7 +42,7 @@ def cutoff_items(
     sort_ptr, hist_ptr, window_ptr, top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
     HAS_DRAFT: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, NUM_CHUNKS: tl.constexpr,
     CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr, PASSES: tl.constexpr, GATHER: tl.constexpr, HISTOGRAM_TOP_K: tl.constexpr,
-    KEY_WINDOW: tl.constexpr, TOP_P_BINS: tl.constexpr, TOP_P_STEP: tl.constexpr,
+    KEY_WINDOW: tl.constexpr, TOP_P_BINS: tl.constexpr, TOP_P_STEP: tl.constexpr, SAMPLE_RUNS: tl.constexpr, SAMPLE_RUN: tl.constexpr,
 ):
     """The threshold and search items of a program (arguments as cutoff_kernel's); returns
     (the program's first ticket past them, where the items after them start)."""
@@ -50,10 +50,10 @@ def cutoff_items(
     ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
     while ticket < lines:
         threshold_line(
-            ticket, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
+            ticket, target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
             temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, hist_ptr, window_ptr,
-            top_p_window_ptr, batch, K, V, Vd, t_parts, d_parts, PARTS, PP, LINE_SLOTS, SORT, target_ptr.dtype.element_ty, draft_ptr.dtype.element_ty, HISTOGRAM_TOP_K,
-            GATHER, KEY_WINDOW, TOP_P_BINS, TOP_P_STEP,
+            top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts, HAS_DRAFT, PARTS, PP, LINE_SLOTS,
+            SORT, HISTOGRAM_TOP_K, GATHER, KEY_WINDOW, TOP_P_BINS, TOP_P_STEP, SAMPLE_RUNS, SAMPLE_RUN,
         )
         tl.debug_barrier()  # every thread's stores precede the release
         tl.atomic_add(control_ptr + 1, 1, sem="release", scope="gpu")
@@ -155,11 +155,14 @@ def cutoff_kernel(
     KEY_WINDOW: tl.constexpr,  # and, of such a 16-bit line, the single raw keys of each part's top window
     TOP_P_BINS: tl.constexpr,  # 0, or the bins of a bf16 top-p line's window, which the statistics counted (stats.py)
     TOP_P_STEP: tl.constexpr,  # bins a threshold item scans a step
+    SAMPLE_RUNS: tl.constexpr,  # 0, or the runs of a top-k line's sample that places its first gather (thresholds.py)
+    SAMPLE_RUN: tl.constexpr,  # consecutive ids a run
 ):
     cutoff_items(
         target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
         control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
         sort_ptr, hist_ptr, window_ptr, top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
         HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES, GATHER, HISTOGRAM_TOP_K, KEY_WINDOW, TOP_P_BINS, TOP_P_STEP,
+        SAMPLE_RUNS, SAMPLE_RUN,
     )
     cutoff_exit(control_ptr)

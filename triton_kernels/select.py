@@ -34,6 +34,10 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    reaches the budget, the mass above hi does not). A window that does not, or that held more
    values than slots, narrows the bracket it was drawn from (stage 2's interval), and stage 3
    finishes the search.
+   A top-k gather may also come first, its lo placed from a sample of the line by the threshold
+   item (thresholds.py, where tl.histogram is warp ballots): when fewer than k values lie from lo
+   up, or more than GATHER, stage 1 goes on below lo (a 16-bit line over its raw keys, stage 7
+   from the start) or over [lo, the line max].
 7. top-k of a bf16 or fp16 line: stage 1 over the raw keys of its logits' bits (``raw_key``),
    whose order is the scaled values': 256 bins of the high byte, then single keys. Under a top-k
    above HISTOGRAM_TOP_K the statistics launch counted the high bytes as it read the line
@@ -532,11 +536,19 @@ def _select_pass(
             window_lo = lo
             window_hi = hi
             lo = cut
-            if overflow | (found == 0):
+            if stage == 4:
+                if overflow | (gathered < top_k):
+                    # A gather placed from a sample (thresholds.py) that does not hold the cut:
+                    # fewer than k values from its lo up (the cut lies below), or more than the
+                    # slots. Key bins go on over the side that holds it (a 16-bit line's short
+                    # side over its raw keys, from the start: stage 1 from -2**31).
+                    lo = tl.where(overflow, window_lo, -2147483648)
+                    hi = tl.where(overflow, window_hi, window_lo - 1)
+                    next_stage = next_stage + 1
+            elif overflow | (found == 0):
                 # The window does not hold the cut, or held more values than slots: the bracket it
                 # was drawn from narrows to the side that holds the cut (above the window when the
-                # mass above it reaches the budget), and exact key bins finish the search. (A
-                # top-k gather holds at most GATHER values: this is top-p's.)
+                # mass above it reaches the budget), and exact key bins finish the search.
                 above = reaches(above_mass, budget) & (overflow == 0)
                 lo = tl.where(above, window_hi + 1, bracket_lo)
                 hi = tl.where(above | overflow, bracket_hi, window_lo - 1)

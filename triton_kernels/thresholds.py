@@ -355,12 +355,48 @@ def _top_p_window_start(line, is_draft, budget, row_max, inv_t, top_p_window_ptr
 
 
 @triton.jit
+def _isqrt(x):
+    """floor(sqrt(x)) of a non-negative int64 below 2**24 (a float square root, then exact integer steps)."""
+    r = tl.sqrt(x.to(tl.float32)).to(tl.int64)
+    r = tl.where(r * r > x, r - 1, r)
+    return tl.where((r + 1) * (r + 1) <= x, r + 1, r)
+
+
+@triton.jit
+def _sampled_top_k_lo(base, width, inv_t, top_k, GATHER: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr):
+    """(lo, usable): a top-k gather's lo placed from a sample of the line, RUNS runs of RUN
+    consecutive ids evenly spaced, (width - RUN) // (RUNS - 1) apart (the whole line when it is no
+    longer). lo is the sample's r-th
+    largest order key floored to its 16 high bits, r the values isqrt(top_k * GATHER) (the geometric
+    middle of [top_k, GATHER]) would be in the sample (top_k when the sample is the line); usable
+    when the sample has r finite values. Only a guess: the gather's exact count decides
+    (select.py's stage 4), so no cut depends on it."""
+    spread = width > RUNS * RUN
+    step = tl.where(spread, (width - RUN) // (RUNS - 1), RUN)  # (int32: ids of the line)
+    ids = (tl.arange(0, RUNS) * step)[:, None] + tl.arange(0, RUN)[None, :]
+    s = tl.load(base + ids, mask=ids < width, other=float("-inf")).to(tl.float32) * inv_t
+    high = tl.where(s > float("-inf"), order_key(s) >> 16, -32769)  # the keys' 16 high bits (-inf: below them all)
+    rank = tl.where(spread, (_isqrt(top_k * GATHER) * (RUNS * RUN) + width - 1) // width, top_k).to(tl.int32)
+    usable = tl.sum(tl.sum((high >= -32768).to(tl.int32), axis=0), axis=0) >= rank  # (down the runs first: inside each thread)
+    # The largest prefix p with at least rank sampled keys from p * 2**16 up: 16 halvings of [-2**15, 2**15).
+    low = rank * 0 - 32768
+    top = rank * 0 + 32767
+    for _ in range(16):
+        middle = (low + top + 1) >> 1
+        reached = tl.sum(tl.sum((high >= middle).to(tl.int32), axis=0), axis=0) >= rank
+        low = tl.where(reached, middle, low)
+        top = tl.where(reached, top, middle - 1)
+    return low.to(tl.int64) << 16, usable
+
+
+@triton.jit
 def threshold_line(
-    line, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
+    line, target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, hist_ptr, window_ptr,
-    top_p_window_ptr, batch, K, V, Vd, t_parts, d_parts,
-    PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, TDTYPE: tl.constexpr, DDTYPE: tl.constexpr,
-    HISTOGRAM_TOP_K: tl.constexpr, GATHER: tl.constexpr, KEY_WINDOW: tl.constexpr, TOP_P_BINS: tl.constexpr, TOP_P_STEP: tl.constexpr,
+    top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
+    HAS_DRAFT: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, HISTOGRAM_TOP_K: tl.constexpr,
+    GATHER: tl.constexpr, KEY_WINDOW: tl.constexpr, TOP_P_BINS: tl.constexpr, TOP_P_STEP: tl.constexpr, SAMPLE_RUNS: tl.constexpr,
+    SAMPLE_RUN: tl.constexpr,
 ):
     """The cut-off of one line from its candidates (cutoffs.py's first work items): tau and, when
     the candidates settle it, the line's statistics; otherwise a search state, the line appended
@@ -371,7 +407,13 @@ def threshold_line(
     line is read once less. A 16-bit line's second pass, over single raw keys, then only counts
     when the candidates hold every value above its keys: their mass, which that pass would sum,
     comes from them (``_mass_above_window``, in the state's words 4 and 5; -1 otherwise). With
-    KEY_WINDOW its parts' top windows may settle the cut with no pass and no sort (``_raw_top_k_start``)."""
+    KEY_WINDOW its parts' top windows may settle the cut with no pass and no sort (``_raw_top_k_start``).
+    With SAMPLE_RUNS (where ``tl.histogram`` is warp ballots, Triton 3.6 and 3.7), a top-k line its
+    candidates leave, whose k no statistics counted and fits half the gather's slots, starts its
+    search with a gather placed from a sample of the line (``_sampled_top_k_lo``): one pass when the
+    gather holds the cut, no ballot histogram."""
+    TDTYPE: tl.constexpr = target_ptr.dtype.element_ty
+    DDTYPE: tl.constexpr = draft_ptr.dtype.element_ty
     T16: tl.constexpr = TDTYPE.primitive_bitwidth == 16
     D16: tl.constexpr = DDTYPE.primitive_bitwidth == 16
     row, pos, is_draft, width, inv_t, top_k, top_p, use_k, use_p, active = filter_of(
@@ -442,6 +484,23 @@ def threshold_line(
                     PARTS, PP, LINE_SLOTS, SORT,
                 )
             hi = max_key
+            if SAMPLE_RUNS > 0:
+                if (stage == 1) & (histogrammed(use_k, top_k, HISTOGRAM_TOP_K) == 0) & (2 * top_k <= GATHER):
+                    sample_lo = lo
+                    usable = stage < 0  # False, as a runtime value
+                    if is_draft:
+                        if HAS_DRAFT:
+                            d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
+                            sample_lo, usable = _sampled_top_k_lo(d_base, width, inv_t, top_k, GATHER, SAMPLE_RUNS, SAMPLE_RUN)
+                    else:
+                        t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
+                        sample_lo, usable = _sampled_top_k_lo(t_base, width, inv_t, top_k, GATHER, SAMPLE_RUNS, SAMPLE_RUN)
+                    if usable:
+                        # A top-k gather of every key from the sample's lo up (select.py's stage 4): its
+                        # exact count tells whether it holds the cut, and where to go on when not.
+                        stage = stage * 0 + 4
+                        lo = sample_lo
+                        tl.store(state + 6, 0)  # the gather's slot counter
             if histogrammed(use_k, top_k, HISTOGRAM_TOP_K):
                 bins = tl.arange(0, 256)
                 counts = tl.load(hist_ptr + line.to(tl.int64) * 256 + bins, cache_modifier=".cg")

@@ -12,9 +12,11 @@ The rules (what a kernel would do; order keys as select.py's, their high 16 bits
 
 - **Sample**: RUNS runs of 256 consecutive ids, evenly spaced over the line (the whole line when it
   is no longer than the sample). Runs, not single ids: a 32-byte sector holds 16 bf16 values.
-- **Top-k** (2k <= GATHER): the sample's r-th largest key, r = ceil(sqrt(k * GATHER) * S / V) (the
+- **Top-k** (2k <= GATHER): the sample's r-th largest key, r = ceil(isqrt(k * GATHER) * S / V) (the
   geometric middle of [k, GATHER], scaled to the sample; r = k when the sample is the line), floored
-  to its prefix, is the gather's lo. It holds the cut when k <= count(key >= lo) <= GATHER.
+  to its prefix, is the gather's lo (``bench.gpu_model.sampled_top_k_lo``, thresholds.py's rule,
+  which the Triton kernels take on Triton 3.6 and 3.7). It holds the cut when
+  k <= count(key >= lo) <= GATHER.
 - **Top-p** (a line cut by top-p alone): the sample's fixed-point weights, scaled by V / S, place
   the cut's estimate t (the largest prefix whose scaled mass from there up reaches the budget); the
   window spans Z standard deviations of the cut's sample rank either side (d = ceil(Z sqrt(n)) + 2
@@ -36,7 +38,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -46,29 +47,17 @@ RUN = 256
 GATHER = 2048
 
 
-def sample_ids(vocab: int, runs: int) -> np.ndarray:
-    """The sampled ids: ``runs`` runs of RUN consecutive ids, evenly spaced (the whole line when short)."""
-    if vocab <= runs * RUN:
-        return np.arange(vocab)
-    starts = np.arange(runs, dtype=np.int64) * (vocab - RUN) // (runs - 1)
-    return (starts[:, None] + np.arange(RUN)[None, :]).reshape(-1)
+def top_k_start(keys: np.ndarray, scaled: np.ndarray, top_k: int, runs: int, gather: int = GATHER, sample: np.ndarray | None = None) -> dict:
+    """The sampled top-k gather of one line (``keys``: its order keys in id order, -2**31 where
+    not finite; ``scaled``: its values), placed as thresholds.py places it
+    (``bench.gpu_model.sampled_top_k_lo``), and what the exact counts make of it."""
+    from bench.gpu_model import sampled_top_k_lo
 
-
-def _prefix_floor(key: int) -> int:
-    return (int(key) >> 16) << 16
-
-
-def top_k_start(keys: np.ndarray, sample: np.ndarray, top_k: int, gather: int = GATHER) -> dict:
-    """The sampled top-k gather of one line (``keys``: its finite values' order keys, in id order,
-    -2**31 where not finite): its lo, and what the exact counts make of it."""
-    vocab = keys.size
     if 2 * top_k > gather:
         return {"taken": False}
-    drawn = np.sort(keys[sample][keys[sample] > -(2**31)])[::-1]
-    rank = top_k if sample.size == vocab else math.ceil(math.sqrt(top_k * gather) * sample.size / vocab)
-    if drawn.size < rank:
+    lo = sampled_top_k_lo(scaled, top_k, gather, runs, RUN, sample)
+    if lo is None:
         return {"taken": False}
-    lo = _prefix_floor(drawn[rank - 1])
     count = int((keys >= lo).sum())
     outcome = "settles" if top_k <= count <= gather else "short" if count < top_k else "overflow"
     return {"taken": True, "lo": lo, "count": count, "outcome": outcome}
@@ -136,12 +125,12 @@ def _line_keys(line: np.ndarray):
 
 def study_line(line: np.ndarray, top_k: int, top_p: float, runs: int, z: float, floor_key: int, sample: np.ndarray | None = None) -> dict:
     """Both rules on one float32 line (scaled): the outcome of the one that applies."""
-    from bench.gpu_model import _order_key, _top_p_floor
+    from bench.gpu_model import _order_key, _top_p_floor, sample_ids
 
     keys, weights, row_max = _line_keys(line)
-    sample = sample_ids(line.size, runs) if sample is None else sample
     if 0 < top_k < line.size:
-        return top_k_start(keys, sample, top_k)
+        return top_k_start(keys, line, top_k, runs, sample=sample)
+    sample = sample_ids(line.size, runs, RUN) if sample is None else sample
     mass = float(np.exp(line[line > -np.inf].astype(np.float64) - row_max).sum())
     budget = float(np.float32(top_p) * np.float32(mass))
     floor = _top_p_floor(row_max, mass, budget, line.size)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from bench.experiments import sampled_start as study
-from bench.gpu_model import _fixed_weights, _order_key, _order_keys, _top_p_floor, fixed_point_cut
+from bench.gpu_model import _fixed_weights, _order_key, _order_keys, _top_p_floor, fixed_point_cut, sample_ids
 
 VOCAB = 128256
 
@@ -15,10 +15,10 @@ def _keys(line):
 
 
 def test_sampled_ids_are_evenly_spaced_runs():
-    ids = study.sample_ids(VOCAB, 32)
+    ids = sample_ids(VOCAB, 32)
     assert ids.size == 32 * study.RUN and np.all(np.diff(ids) > 0)
-    assert ids[0] == 0 and ids[-1] == VOCAB - 1
-    assert np.array_equal(study.sample_ids(1000, 32), np.arange(1000))  # a short line is its own sample
+    assert ids[0] == 0 and VOCAB - 32 <= ids[-1] < VOCAB  # (runs (V - 256) // 31 apart: the last ends within 31 of the line's end)
+    assert np.array_equal(sample_ids(1000, 32), np.arange(1000))  # a short line is its own sample
 
 
 def test_a_top_k_gather_that_settles_holds_the_cut():
@@ -27,7 +27,7 @@ def test_a_top_k_gather_that_settles_holds_the_cut():
     for _ in range(16):
         line = (3 * rng.standard_normal(VOCAB)).astype(np.float32)
         keys, _ = _keys(line)
-        found = study.top_k_start(keys, study.sample_ids(VOCAB, 32), 1000)
+        found = study.top_k_start(keys, line, 1000, 32)
         assert found["taken"] and found["count"] == int((keys >= found["lo"]).sum())
         if found["outcome"] == "settles":
             settled += 1
@@ -39,9 +39,8 @@ def test_a_sample_that_misses_the_top_values_reports_short():
     # Every sampled value lies above every other: the sample reads the line's top as 16 times
     # denser than it is and places lo too high.
     line = np.random.default_rng(2).standard_normal(VOCAB).astype(np.float32)
-    sample = study.sample_ids(VOCAB, 32)
-    line[sample] += 20.0
-    found = study.top_k_start(_order_keys(line), sample, 1000)
+    line[sample_ids(VOCAB, 32)] += 20.0
+    found = study.top_k_start(_order_keys(line), line, 1000, 32)
     assert found["outcome"] == "short" and found["count"] < 1000
 
 
@@ -55,7 +54,7 @@ def test_a_top_p_window_that_settles_holds_the_cut(top_p):
     budget = float(np.float32(top_p) * np.float32(mass))
     floor = _top_p_floor(row_max, mass, budget, line.size)
     top = _order_key(row_max)
-    found = study.top_p_start(keys, weights, study.sample_ids(line.size, 32), budget, floor, top, 3.0, top)
+    found = study.top_p_start(keys, weights, sample_ids(line.size, 32), budget, floor, top, 3.0, top)
     assert found["taken"] and found["outcome"] == "settles"
     assert found["lo"] <= fixed_point_cut(line, 0, top_p) <= found["hi"]
 
@@ -68,7 +67,7 @@ def test_a_top_p_window_placed_wrong_is_reported_missed():
     row_max = float(line.max())
     mass = float(np.exp(line.astype(np.float64) - row_max).sum())
     top = _order_key(row_max)
-    sample = study.sample_ids(line.size, 32)
+    sample = sample_ids(line.size, 32)
     placed = study.top_p_start(keys, weights, sample, float(np.float32(0.5) * np.float32(mass)), -(2**31), top, 3.0, top)
     assert placed["taken"] and placed["outcome"] == "settles"
     budget = float(np.float32(0.99) * np.float32(mass))

@@ -7,6 +7,7 @@ a result, and a seeded row never depends on its neighbours.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import all_cpu_backends
@@ -322,7 +323,8 @@ def _capped_line() -> torch.Tensor:
 
 # Too few candidate slots to settle any cut: every line goes to the whole-line search (128-value chunks).
 # (The statistics' top windows off: these lines' top-k takes the search; the windows' own tests set it.)
-_SEARCHED = _PARTS | {"line_slots": 16, "sort": 16, "select_chunk": 128, "key_window": False}
+# (sample_runs 0: the search from its first pass, as where tl.histogram is shared-memory atomics; the sampled start has its own tests)
+_SEARCHED = _PARTS | {"line_slots": 16, "sort": 16, "select_chunk": 128, "key_window": False, "sample_runs": 0}
 
 # (line seed, top-k, top-p, gather slots, the stages of the search's passes: select.py's 1 top-k key
 # bins, 2 top-p value bins, 6 value bins again, 3 exact key bins, 4 / 5 a gather)
@@ -493,6 +495,73 @@ def _search_state_offset(args, gather: int, **geometry) -> int:
     return bufs.search.storage_offset()
 
 
+def _sampled_line(kind: str, vocab: int = 3000) -> torch.Tensor:
+    """A line for the sampled start (4 runs of 256 ids over 3000): 3 * N(0, 1); "short", the sampled
+    runs 20 higher (the sample reads the line's top as three times denser than it is: too few values
+    from its lo up); "ties", every value up to 5 is 0 (the sample's rank lands on them: too many)."""
+    from bench.gpu_model import sample_ids
+
+    line = 3 * torch.randn(vocab, generator=torch.Generator().manual_seed(7))
+    if kind == "short":
+        line[torch.from_numpy(sample_ids(vocab, 4))] += 20.0
+    elif kind == "ties":
+        line = torch.where(line > 5.0, line, torch.zeros(()))
+    return line
+
+
+_SAMPLED = _SEARCHED | {"sample_runs": 4, "select_gather": 512}
+
+# (line, vocab, top-k, top-p, the stages of the passes for float32 and for bf16)
+_SAMPLED_PATHS = [
+    ("plain", 3000, 100, 1.0, [4], [4]),  # the sampled gather holds the cut: one pass
+    ("plain", 3000, 100, 0.9, [4], [4]),  # ... and top-p inside its top-k set
+    ("plain", 600, 100, 1.0, [4], [4]),  # the sample is the whole line: its own k-th key's prefix
+    ("short", 3000, 100, 1.0, [4, 1, 1, 4], [4, 7, 7]),  # fewer than k values from lo up: key bins over the line
+    ("short", 3000, 100, 0.8, [4, 1, 1, 4], [4, 7, 7, 2, 8]),
+    ("ties", 3000, 100, 1.0, [4, 1, 4], [4, 1, 4]),  # more than the slots: key bins over [lo, line max], then a gather
+    ("plain", 3000, 300, 1.0, [1, 1, 4], [7, 7]),  # 2k above the slots: no sample
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind,vocab,top_k,top_p,stages32,stages16", _SAMPLED_PATHS)
+def test_a_sampled_gather_starts_a_top_k_search(dtype, kind, vocab, top_k, top_p, stages32, stages16):
+    """Where tl.histogram is warp ballots (sample_runs), a top-k line the candidates leave starts
+    with a gather whose lo a sample of the line places (thresholds.py): the reference's cut
+    whichever way it goes, with the passes bench.gpu_model.select_search takes (one gather when it
+    holds the cut; else key bins over the side that does)."""
+    from bench.gpu_model import select_search
+    from specdec_ext._params import inverse_temperature
+
+    target = _sampled_line(kind, vocab).to(dtype).reshape(1, 1, vocab)
+    args = _params.validate_verify(target, None, torch.zeros(1, 0, dtype=torch.int64), generator=None, check=False, temperature=0.9,
+                                   top_k=top_k, top_p=top_p, num_draft_tokens=None)
+    got, resolved = _triton_thresholds(args, **_SAMPLED)
+    assert torch.equal(got, _reference_thresholds(args)), got.tolist()
+    assert resolved.tolist() == [0]
+    path = int(_triton_backend.workspace(target.device).ints[_search_state_offset(args, 512, sample_runs=4) + 7])
+    inv_t = inverse_temperature(torch.tensor([0.9]))
+    raw = (target[0, 0].view(torch.int16).numpy(), "bf16", np.float32(inv_t.item())) if dtype == torch.bfloat16 else None
+    modelled = select_search((target[0, 0].float() * inv_t).numpy(), top_k, top_p, gather=512, raw=raw, sample_runs=4, histogram_top_k=1024)
+    assert modelled["stages"] == (stages32 if dtype == torch.float32 else stages16)
+    assert modelled["sampled"] == (2 * top_k <= 512)
+    assert [int(d, 16) for d in hex(path)[2:]] == modelled["path"][:7]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sampled_gathers_give_the_reference_tokens(dtype):
+    """Sampled starts that hold the cut and that miss it (both ways), target and draft lines, with
+    top-p inside the top-k set: token for token, with the probabilities, through the whole call."""
+    target = torch.stack([_sampled_line("plain"), _sampled_line("short"), _sampled_line("ties"), _sampled_line("plain").flip(0)]).to(dtype)
+    draft = torch.stack([_sampled_line("short").roll(5), _sampled_line("plain").roll(11)]).to(dtype).reshape(2, 1, 3000)
+    tokens = torch.tensor([[5], [7]])
+    seeds, offsets = _keys(2)
+    for params in ({"top_k": 100}, {"top_k": torch.tensor([100, 60]), "top_p": 0.9}):
+        args = _args(target.reshape(2, 2, 3000), draft, tokens, seeds=seeds, offsets=offsets, temperature=torch.tensor([0.9, 1.0]),
+                     return_logprobs="processed", return_accept_probs=True, **params)
+        assert_same(_triton_backend.verify(args, 3, **_SAMPLED), verify_eager(args, 3))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_statistics_count_the_keys_that_start_a_top_k_search(dtype):
     """A filtered line under a top-k above HISTOGRAM_TOP_K has its keys counted by the statistics
@@ -527,9 +596,10 @@ def test_statistics_count_the_keys_that_start_a_top_k_search(dtype):
             launch.kernel[launch.grid](*launch.args, **constexprs)
         assert int(counts.abs().sum()) == 0  # left for the next call
         tau = _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch, geo.line_slots, geo.sort).tau[:4].clone()
-        return counted, tau
+        path = int(ws.ints[_search_state_offset(args, _triton_backend.SELECT_GATHER, **geometry) + 7])
+        return counted, tau, path
 
-    counted, tau = run()
+    counted, tau, path = run()
     scaled = target.reshape(4, 700).float() * _params.inverse_temperature(torch.tensor([0.9]))
     if dtype == torch.float32:
         high_bytes = torch.from_numpy(_order_keys(scaled.numpy())) >> 24
@@ -546,7 +616,15 @@ def test_statistics_count_the_keys_that_start_a_top_k_search(dtype):
     assert torch.equal(_triton_thresholds(args, **geometry, histogram_top_k=2**31)[0], tau)  # the first pass over the line instead
     planted = torch.zeros(256, dtype=torch.int32)
     planted[255] = 1000  # "every value in the top bin": the search then looks for the cut there
-    assert not torch.equal(run(planted)[1], tau)
+    _, planted_tau, planted_path = run(planted)
+    if dtype == torch.float32:
+        # A float32 line gathers the keys of that bin (the counted pass 7, then a gather 4), finds
+        # fewer than k and goes on below them (select.py): a pass of key bins and a gather more,
+        # the same cut.
+        assert path == 0x74 and planted_path == 0x7474
+        assert torch.equal(planted_tau, tau)
+    else:
+        assert not torch.equal(planted_tau, tau)
 
 
 def _window_lines(dtype) -> torch.Tensor:

@@ -303,3 +303,18 @@ def test_block_walk_items_spread_over_the_device():
     assert walk_grid(1, 4, dtype="fp32") == (3 * 126,)  # three positions: every walk block of 1024 ids its own item
     assert walk_grid(8, 1) == (8,)  # no position below K: one item a row, which only walks
     assert walk_grid(200, 8) == (200 * 7,)
+
+
+def test_the_sample_follows_the_histogram_lowering():
+    """A top-k's first gather is placed from a sample (sample_runs) where the statistics' key windows
+    are off (tl.histogram as warp ballots), and the statistics then count the high bytes only of a k
+    the gather cannot hold; elsewhere neither. Bad sample sizes are refused, named."""
+    cpu = torch.device("cpu")
+    default = _triton_backend.geometry(cpu)
+    assert default.sample_runs == (0 if _triton_backend.key_window_default() else _triton_backend.SAMPLE_RUNS)
+    assert _triton_backend.geometry(cpu, sample_runs=32).histogram_top_k == _triton_backend.SELECT_GATHER // 2
+    assert _triton_backend.geometry(cpu, sample_runs=0).histogram_top_k == _triton_backend.HISTOGRAM_TOP_K
+    assert _triton_backend.geometry(cpu, sample_runs=32, histogram_top_k=7).histogram_top_k == 7
+    for bad in (1, 3, -2):
+        with pytest.raises(ValueError, match="sample_runs"):
+            _triton_backend.geometry(cpu, sample_runs=bad)
