@@ -684,6 +684,8 @@ LOOP_KINDS = {
     "raw window tile": "CHUNK / TILE steps per search item of a 16-bit line's top-p window of single raw keys, which sums the mass above it and reads no "
                        "count (stage 8: search_raw_window_share, MEASURED)",
     "histogram sum": "the last item of a line's pass sums the chunks' histograms, four chunks per step",
+    "raw floor step": "each item of a 16-bit line's top-k gather (stage 4) first finds the lowest raw key of its set: 17 halvings (search_gather_share "
+                      "less search_window_share of the items, MEASURED)",
     "context step": "a tree walk's contexts: tree_depth + 1 per row",
     "line check step": "check=True: every context a tree row could use, N + 1 per row",
     "sibling test": "a tree walk's test of each node at each context (is it a child?): N per context",
@@ -836,6 +838,8 @@ def _cutoff_kinds(loops: list[Loop], kinds: list, at: list[int] | None = None) -
                     kinds[n] = "raw window tile"  # (a top-p window tests no value for -inf: stage 8)
         elif loop.after_wait and loop.has("LDG") and not loop.has("MUFU") and not _atomics(loop):
             kinds[n] = "histogram sum"
+        elif loop.after_wait and loop.parent is not None and not loop.has("LDG") and not loop.has("MUFU"):
+            kinds[n] = "raw floor step"  # (a 16-bit line's top-k gather item: its lowest raw key, by halvings)
         elif not loop.after_wait and loop.parent is None:
             kinds[n] = "threshold ticket loop"
 
@@ -1114,7 +1118,8 @@ def _work(launch, call: Call, phase: str) -> dict:
                       "mass histogram tile": (tiles * exact, c["TILE"]), "value histogram tile": (tiles * (value - value_count), c["TILE"]),
                       "value count histogram tile": (tiles * value_count, c["TILE"]),
                       "gather tile": (tiles * (gather - window), c["TILE"]), "window gather tile": (tiles * window, c["TILE"]),
-                      "histogram sum": (searched * math.ceil(runs / 4) / programs, 4 * (c["BINS"] + 1)), "spin wait": (0.0, 0)},
+                      "histogram sum": (searched * math.ceil(runs / 4) / programs, 4 * (c["BINS"] + 1)), "spin wait": (0.0, 0),
+                      "raw floor step": (per_program * (gather - window) * 17 if call.itemsize == 2 else 0.0, 1)},
             "programs_used": programs,
             # the lines; the counts stored, then read; stage 3's masses zeroed, then read
             "bytes": searched * call.vocab * call.itemsize + slots * 4 * 2 + exact * slots * 8 * 2,

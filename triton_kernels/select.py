@@ -236,20 +236,43 @@ def _key_histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, raw,
 
 @triton.jit
 def _gather(base, first, span, width, inv_t, row_max, lo, hi, gathered_ptr, keys_ptr, TILE: tl.constexpr, GATHER: tl.constexpr,
-            ABOVE: tl.constexpr):
+            ABOVE: tl.constexpr, RAW: tl.constexpr = False):
     """The item's finite values (``span`` from ``first``) with key in [lo, hi] written to the line's GATHER key slots (a slot
     each from the line's counter; those past GATHER only counted); returns the fixed-point mass of
-    the keys above hi (with ABOVE; without, hi is the line max: none)."""
+    the keys above hi (with ABOVE; without, hi is the line max: none). RAW (a 16-bit line's top-k
+    gather, hi the line max): ``lo`` is the lowest raw key of the set (``_raw_floor``), tested and
+    written from the logits' bits alone (``_resolve`` scales the few gathered)."""
     offsets = tl.arange(0, TILE)
     counter = gathered_ptr + tl.zeros((TILE,), tl.int32)
     above_mass = tl.zeros((TILE,), tl.int64)
     for start in range(0, span, TILE):
-        s, key, inside, above = _tile(base, first + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32))
+        if RAW:
+            idx = first + start + offsets
+            key = raw_key(tl.load(base + idx, mask=idx < width, other=float("-inf")), False, True)
+            inside = key >= lo
+        else:
+            s, key, inside, above = _tile(base, first + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32))
         slot = tl.atomic_add(counter, 1, mask=inside, sem="relaxed")
         tl.store(keys_ptr + slot, key, mask=inside & (slot < GATHER))
         if ABOVE:
             above_mass += fixed_mass_where(s, row_max, above)  # (a value above hi is finite)
     return tl.sum(above_mass, axis=0)
+
+
+@triton.jit
+def _raw_floor(lo, inv_t, DTYPE: tl.constexpr):
+    """The lowest raw key of a 16-bit line whose scaled value is finite with an order key >= lo
+    (32768: none). Scaling keeps the raw keys' order (it only merges), so the values from that raw
+    key up are exactly those a gather from lo takes."""
+    low = lo.to(tl.int32) * 0 - 32768
+    top = low + 65536
+    while low < top:  # (17 halvings; a loop, not unrolled: only a gather's items run it)
+        middle = (low + top) >> 1
+        s = raw_scaled(middle, inv_t, DTYPE)
+        reached = (s > float("-inf")) & (order_key(s) >= lo)
+        top = tl.where(reached, middle, top)
+        low = tl.where(reached, low, middle + 1)
+    return low
 
 
 @triton.jit
@@ -386,13 +409,19 @@ def _plan(counts, above_mass, t0, scale, row_max, budget, BINS: tl.constexpr, GA
 
 
 @triton.jit
-def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budget, GATHER: tl.constexpr):
+def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budget, inv_t, GATHER: tl.constexpr, RAW16: tl.constexpr,
+             DTYPE: tl.constexpr):
     """The cut from the gathered keys (n of them, at most GATHER): (cut, kept mass, found). Stage 4
     gathered every key >= lo (nothing above): top-k's cut is its k-th largest, then top-p's inside
-    the top-k set. Stage 5 gathered a window with ``above_mass`` above it: found when the window
-    holds the cut (the mass above it below the budget, with the window's reaching it)."""
+    the top-k set (a 16-bit line's as raw keys, RAW16: scaled here, the few gathered rather than
+    every value of the line). Stage 5 gathered a window with ``above_mass`` above it: found when the
+    window holds the cut (the mass above it below the budget, with the window's reaching it)."""
     slot = tl.arange(0, GATHER)
-    keys = tl.sort(tl.load(keys_ptr + slot, mask=slot < n, other=-2147483648, cache_modifier=".cg"), descending=True)
+    keys = tl.load(keys_ptr + slot, mask=slot < n, other=-2147483648, cache_modifier=".cg")
+    if RAW16:
+        if stage == 4:  # (a 16-bit line's top-k gather wrote raw keys: their scaled values' keys)
+            keys = tl.where(slot < n, order_key(raw_scaled(keys, inv_t, DTYPE)), keys)
+    keys = tl.sort(keys, descending=True)
     weights = fixed_mass(key_to_float(keys), row_max)  # 0 for the empty slots (NaN keys)
     k_key = tl.full((), -2147483648, tl.int32)
     if stage == 4:
@@ -468,7 +497,11 @@ def _select_pass(
     # A gather's slots: the line's histogram counts, which a gather pass does not use.
     keys_ptr = part_count_ptr + line64 * NUM_CHUNKS * (BINS + 1)
     if stage == 4:  # a top-k gather: hi is the line max
-        above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, GATHER, False)
+        if RAW16:
+            above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, _raw_floor(lo, inv_t, DTYPE), hi, state + 6, keys_ptr, TILE, GATHER,
+                                 False, True)
+        else:
+            above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, GATHER, False)
     elif stage == 5:
         above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, GATHER, True)
     else:
@@ -531,7 +564,8 @@ def _select_pass(
         kept_mass = above_mass
         if (stage == 4) | (stage == 5):
             gathered = tl.load(state + 6, cache_modifier=".cg")
-            cut, kept_mass, found = _resolve(keys_ptr, tl.minimum(gathered, GATHER), above_mass, row_max, stage, top_k, top_p, use_p, budget, GATHER)
+            cut, kept_mass, found = _resolve(keys_ptr, tl.minimum(gathered, GATHER), above_mass, row_max, stage, top_k, top_p, use_p, budget, inv_t,
+                                             GATHER, RAW16, DTYPE)
             overflow = gathered > GATHER
             window_lo = lo
             window_hi = hi

@@ -562,6 +562,29 @@ def test_sampled_gathers_give_the_reference_tokens(dtype):
         assert_same(_triton_backend.verify(args, 3, **_SAMPLED), verify_eager(args, 3))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_top_k_gather_reads_raw_keys(dtype):
+    """A 16-bit line's top-k gather tests and writes the raw keys of its logits' bits from the lowest
+    whose scaled value reaches lo (select.py's _raw_floor), where 1 / temperature merges raw keys
+    into one scaled value (subnormals scaled to 0, -0.0 beside +0.0) and where the cut lies among
+    them: the reference's cut and tokens, by one gather."""
+    cases = [(_underflowing_line(), 1e10, 200), (_signed_zeros_line(), 0.9, 250), (_signed_zeros_line(), 0.9, 120)]
+    geometry = _SAMPLED | {"select_gather": 1024}
+    for line, temperature, top_k in cases:
+        target = torch.stack([line, line.flip(0)]).to(dtype).reshape(1, 2, 600)
+        args = _params.validate_verify(target, None, torch.zeros(1, 1, dtype=torch.int64), generator=None, check=False, temperature=temperature,
+                                       top_k=top_k, top_p=None, num_draft_tokens=None)
+        got, resolved = _triton_thresholds(args, **geometry)
+        assert torch.equal(got, _reference_thresholds(args)), (temperature, top_k, got.tolist())
+        assert resolved.tolist() == [0, 0]
+        path = int(_triton_backend.workspace(target.device).ints[_search_state_offset(args, 1024, sample_runs=4) + 7])
+        assert path == 4, hex(path)  # (the line is its own sample: one gather)
+        seeds, offsets = _keys(1)
+        full = _args(target, target[:, :1].roll(3, -1), torch.tensor([[2]]), seeds=seeds, offsets=offsets, temperature=temperature, top_k=top_k,
+                     return_logprobs="processed")
+        assert_same(_triton_backend.verify(full, 3, **geometry), verify_eager(full, 3))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_statistics_count_the_keys_that_start_a_top_k_search(dtype):
     """A filtered line under a top-k above HISTOGRAM_TOP_K has its keys counted by the statistics
