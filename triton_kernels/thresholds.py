@@ -366,11 +366,10 @@ def _isqrt(x):
 def _sampled_top_k_lo(base, width, inv_t, top_k, GATHER: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr):
     """(lo, usable): a top-k gather's lo placed from a sample of the line, RUNS runs of RUN
     consecutive ids evenly spaced, (width - RUN) // (RUNS - 1) apart (the whole line when it is no
-    longer). lo is the sample's r-th
-    largest order key floored to its 16 high bits, r the values isqrt(top_k * GATHER) (the geometric
-    middle of [top_k, GATHER]) would be in the sample (top_k when the sample is the line); usable
-    when the sample has r finite values. Only a guess: the gather's exact count decides
-    (select.py's stage 4), so no cut depends on it."""
+    longer). lo is the sample's r-th largest order key floored to its 16 high bits, r the values
+    isqrt(top_k * GATHER) (the geometric middle of [top_k, GATHER]) would be in the sample (top_k
+    when the sample is the line); usable when the sample has r finite values. Only a guess: the
+    gather's exact count decides (select.py's stage 4), so no cut depends on it."""
     spread = width > RUNS * RUN
     step = tl.where(spread, (width - RUN) // (RUNS - 1), RUN)  # (int32: ids of the line)
     ids = (tl.arange(0, RUNS) * step)[:, None] + tl.arange(0, RUN)[None, :]
