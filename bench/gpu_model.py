@@ -1647,18 +1647,21 @@ def _histogram_top_k() -> int:
     return HISTOGRAM_TOP_K
 
 
-def sample_ids(vocab: int, runs: int, run: int = 256):
+def sample_ids(vocab: int, runs: int, run: int | None = None):
     """thresholds.py's sample of a line: ``runs`` runs of ``run`` consecutive ids, evenly spaced,
     (vocab - run) // (runs - 1) apart (the whole line when it is no longer)."""
     import numpy as np
 
+    from specdec_ext._triton_backend import SAMPLE_RUN
+
+    run = run or SAMPLE_RUN
     if vocab <= runs * run:
         return np.arange(vocab)
     starts = np.arange(runs, dtype=np.int64) * ((vocab - run) // (runs - 1))
     return (starts[:, None] + np.arange(run)[None, :]).reshape(-1)
 
 
-def sampled_top_k_lo(scaled, top_k: int, gather: int, runs: int, run: int = 256, sample=None) -> int | None:
+def sampled_top_k_lo(scaled, top_k: int, gather: int, runs: int, run: int | None = None, sample=None) -> int | None:
     """thresholds.py's _sampled_top_k_lo on one float32 line (a numpy vector in id order, -inf
     where not finite): the gather's lo, or None when the sample has fewer finite values than its
     rank. ``sample``: other ids instead of the runs (studies only)."""
@@ -1668,7 +1671,7 @@ def sampled_top_k_lo(scaled, top_k: int, gather: int, runs: int, run: int = 256,
     ids = sample_ids(values.size, runs, run) if sample is None else sample
     drawn = values[ids]
     drawn = drawn[drawn > -np.inf]
-    spread = values.size > runs * run
+    spread = ids.size < values.size
     rank = (math.isqrt(top_k * gather) * ids.size + values.size - 1) // values.size if spread else top_k
     if drawn.size < rank:
         return None

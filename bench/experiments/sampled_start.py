@@ -43,8 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-RUN = 256
-GATHER = 2048
+from specdec_ext._triton_backend import SAMPLE_RUN as RUN
+from specdec_ext._triton_backend import SELECT_GATHER as GATHER
 
 
 def top_k_start(keys: np.ndarray, scaled: np.ndarray, top_k: int, runs: int, gather: int = GATHER, sample: np.ndarray | None = None) -> dict:
