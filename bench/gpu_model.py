@@ -1776,8 +1776,9 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         passes.append({"stage": stage, "binned": float(inside.sum()) / values.size, "counts_only": counts_only, "statistics": statistics,
                        "mass_known": mass_known})
         next_stage = 0
-        if stage == 4 and not (top_k <= inside.sum() <= gather):
-            # (a gather placed from the sample that does not hold the cut: key bins below it, or over it)
+        if stage == 4 and (inside.sum() > gather or inside.sum() < top_k and lo > _order_key(-np.inf)):
+            # (a gather placed from the sample that does not hold the cut: key bins below it, or over it;
+            # one from -inf's key down that holds fewer than k values holds the line's finite values: the top-k set)
             lo, hi = (lo, hi) if inside.sum() > gather else (-(2**31), lo - 1)
             next_stage = 1
         elif stage in (4, 5):
@@ -1785,7 +1786,7 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
             n = gathered.size
             w = _fixed_weights(_key_floats(gathered), row_max)
             if stage == 4:
-                k_key = int(gathered[top_k - 1])
+                k_key = int(gathered[top_k - 1]) if n >= top_k else -(2**31)
                 w = np.where(gathered >= k_key, w, 0)
                 budget = float(f32(top_p) * f32(float(w.sum()) * 2.0**-40))
             before = above_mass + np.cumsum(w) - w

@@ -571,7 +571,9 @@ def _select_pass(
             window_hi = hi
             lo = cut
             if stage == 4:
-                if overflow | (gathered < top_k):
+                # (fewer than k values from a lo at or below -inf's key: the line has fewer than k
+                # finite values, every one gathered; the top-k set is the line, top-p cuts inside it)
+                if overflow | ((gathered < top_k) & (window_lo > -2139095041)):
                     # A gather placed from a sample (thresholds.py) that does not hold the cut:
                     # fewer than k values from its lo up (the cut lies below), or more than the
                     # slots. Key bins go on over the side that holds it (a 16-bit line's short

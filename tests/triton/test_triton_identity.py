@@ -488,7 +488,7 @@ def test_whole_line_search_through_raw_windows_gives_the_reference_tokens(dtype)
 
 def _search_state_offset(args, gather: int, **geometry) -> int:
     """Where line 0's search state lies in the integer workspace."""
-    geo = _triton_backend.geometry(args.target_logits.device, **(_SEARCHED | geometry), select_gather=gather)
+    geo = _triton_backend.geometry(args.target_logits.device, **(_SEARCHED | geometry | {"select_gather": gather}))
     layout = _triton_backend._layout(_triton_backend.prepare(args), geo)
     ws = _triton_backend.workspace(args.target_logits.device)
     bufs = _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch, geo.line_slots, geo.sort)
@@ -560,6 +560,52 @@ def test_sampled_gathers_give_the_reference_tokens(dtype):
         args = _args(target.reshape(2, 2, 3000), draft, tokens, seeds=seeds, offsets=offsets, temperature=torch.tensor([0.9, 1.0]),
                      return_logprobs="processed", return_accept_probs=True, **params)
         assert_same(_triton_backend.verify(args, 3, **_SAMPLED), verify_eager(args, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("geometry", [_SEARCHED, _SAMPLED], ids=["key-bins", "sampled"])
+def test_fewer_finite_values_than_k_keep_them_all_and_top_p_cuts_inside(dtype, geometry):
+    """A line with fewer finite values than k (the rest -inf: a processor's mask): its top-k set is
+    every finite value, and top-p cuts inside it. The search's gather from the lowest key holds them
+    all, fewer than k: the cut, not a sampled gather that missed it (which would search below the
+    lowest key and keep the whole line, top-p unapplied). Then the whole call, token for token, and
+    the smallest case: two finite values, top-k 3, top-p 0.05 keeps the max alone."""
+    from bench.gpu_model import select_search
+    from specdec_ext._params import inverse_temperature
+
+    g = torch.Generator().manual_seed(11)
+    lines = torch.full((2, 3000), float("-inf"))
+    for line, finite in zip(lines, (40, 99), strict=True):
+        ids = torch.randperm(3000, generator=g)[:finite]
+        line[ids] = 3 * torch.randn(finite, generator=g)
+    target = lines.to(dtype).reshape(1, 2, 3000)
+    gather = geometry.get("select_gather", 64)
+    geometry = geometry | {"select_gather": gather}
+    for top_p in (1.0, 0.5):
+        args = _params.validate_verify(target, None, torch.zeros(1, 1, dtype=torch.int64), generator=None, check=False, temperature=0.9,
+                                       top_k=100, top_p=top_p, num_draft_tokens=None)
+        got, resolved = _triton_thresholds(args, **geometry)
+        assert torch.equal(got, _reference_thresholds(args)), (top_p, got.tolist())
+        assert resolved.tolist() == [0, 0]
+        path = int(_triton_backend.workspace(target.device).ints[_search_state_offset(args, gather, **geometry) + 7])
+        inv_t = inverse_temperature(torch.tensor([0.9]))
+        raw = (target[0, 0].view(torch.int16).numpy(), "bf16", np.float32(inv_t.item())) if dtype == torch.bfloat16 else None
+        modelled = select_search((target[0, 0].float() * inv_t).numpy(), 100, top_p, gather=gather, raw=raw, sample_runs=geometry["sample_runs"],
+                                 histogram_top_k=1024)
+        assert dtype != torch.float32 or 4 in modelled["stages"], modelled  # (a float32 line's top-k set: one gather from the lowest key)
+        assert [int(d, 16) for d in hex(path)[2:]] == modelled["path"][:7]
+    seeds, offsets = _keys(1)
+    full = _args(target, target[:, :1].roll(7, -1), torch.tensor([[int(target[0, 0].float().argmin())]]), seeds=seeds, offsets=offsets,
+                 temperature=0.9, top_k=100, top_p=0.5, return_logprobs="processed", return_accept_probs=True)
+    assert_same(_triton_backend.verify(full, 3, **geometry), verify_eager(full, 3))
+    inf = float("-inf")
+    tiny = torch.tensor([[[0.0, 0.638] + [inf] * 8, [0.0, inf, inf, inf, inf, inf, 0.7359, 0.0667, inf, inf]]]).to(dtype)
+    for draft in (torch.zeros(1, 1, 1, dtype=dtype), tiny[:, :1].roll(-1, -1)):
+        small = _args(tiny, draft, torch.tensor([[0]]), seeds=seeds, offsets=offsets, temperature=0.3, top_k=3, top_p=0.05,
+                      return_accept_probs=True)
+        fused, eager = _triton_backend.verify(small, 3, **geometry), verify_eager(small, 3)
+        assert_same(fused, eager)
+        assert fused[0].tolist() == [[1, -1]], fused  # token 0 has no mass once top-p keeps the max alone: rejected, the max drawn
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
