@@ -27,6 +27,9 @@ CPP_TESTS := tests/cpp/test_cpp_backend.py tests/cpp/test_cpp_runtime.py tests/c
 OLDEST_VENV := .venv-oldest
 OLDEST_SPEC ?= triton==3.6.0 transformers==5.17.0
 
+# The suites run on every core, four workers at most (pytest-xdist; `make test WORKERS="-n 0"` runs them in one process).
+WORKERS ?= -n auto --maxprocesses 4
+
 .PHONY: setup demo test test-slow bench lint ci-tools test-kernels test-clang test-vllm test-oldest
 
 setup: $(VENV)/.installed
@@ -43,11 +46,11 @@ demo: setup
 	$(BIN)/specdec demo
 
 test: setup
-	$(BIN)/python -m pytest -q -m "not slow" --durations=15 tests
+	$(BIN)/python -m pytest -q $(WORKERS) -m "not slow" --durations=15 tests
 
 # Long statistical runs that repeat the default suite's checks on more shapes and settings (CI runs them).
 test-slow: setup
-	$(BIN)/python -m pytest -q -m slow tests
+	$(BIN)/python -m pytest -q $(WORKERS) -m slow --durations=10 tests
 
 bench: setup
 	$(BIN)/python -m bench
@@ -108,11 +111,11 @@ $(OLDEST_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/pip install --quiet --upgrade pip
 	$(OLDEST_VENV)/bin/pip install --quiet "$(TORCH_SPEC)" $(OLDEST_SPEC) "tokenizers>=0.21" "safetensors>=0.4" "tqdm>=4.66" "numpy>=1.26" \
-		"matplotlib>=3.8" "pytest>=8" "pytest-benchmark>=4" "scipy>=1.11" "hypothesis>=6.100"
+		"matplotlib>=3.8" "pytest>=8" "pytest-benchmark>=4" "pytest-xdist>=3.5" "scipy>=1.11" "hypothesis>=6.100"
 	touch $@
 
 # The default suite again on the oldest supported Triton and transformers, then every kernel variant compiled for
 # sm_90 by Triton 3.6 (the GPU image's: no key windows there) and its loops checked against the GPU model.
 test-oldest: setup $(OLDEST_VENV)/.installed
-	PYTHONPATH=$(CURDIR) $(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests
+	PYTHONPATH=$(CURDIR) $(OLDEST_VENV)/bin/python -m pytest -q $(WORKERS) -p no:cacheprovider -m "not slow" tests
 	TRITON_INTERPRET=0 PYTHONPATH=$(CURDIR) $(OLDEST_VENV)/bin/python tests/support/triton_compile_check.py
