@@ -505,7 +505,7 @@ class Call:
     top_p_window_steps: float = 0.0
     top_p_settled_share: float = 0.0  # lines a top-p window settles (their threshold items sort no candidates)
     top_k_window_share: float = 0.0  # lines whose top windows hold k values (likewise)
-    sampled_share: float = 0.0  # lines whose threshold item places their first gather from a sample (SAMPLE_RUNS: Triton 3.6, 3.7)
+    sampled_share: float = 0.0  # lines whose threshold item places their first gather from a sample (SAMPLE_RUNS: Triton 3.6, 3.7; float32 calls on any)
     # "token" (verify), "block" (verify(method="block")) or "tree" (verify_tree: k is then the
     # number of nodes N, the target and draft logits have N+1 contexts).
     method: str = "token"
@@ -659,7 +659,7 @@ LOOP_KINDS = {
     "top-p window sum step": "a threshold item sums such a line's top-p window from the top, TOP_P_STEP bins a step, until the cut's step "
                              "(top_p_window_steps, MEASURED)",
     "top-p window scan": "then scans that step (a running sum): one per such line",
-    "sample bisection step": "SAMPLE_RUNS (Triton 3.6, 3.7): a threshold item places a top-k line's first gather from a sample of the line held in "
+    "sample bisection step": "SAMPLE_RUNS (Triton 3.6, 3.7; float32 calls on any): a threshold item places a top-k line's first gather from a sample of the line held in "
                              "registers, 16 halvings of the keys' high half: 16 per sampled line (sampled_share, MEASURED)",
     "residual race tile": "race tiles of a rejected row: the vocabulary over the row's chunks (every row rejects, ASSUMPTIONS)",
     "bonus race tile": "race tiles of an accepted row: 0 (every row rejects)",
@@ -1343,6 +1343,12 @@ def sweep_calls() -> list[Call]:
         calls.append(Call(f"B={batch} K={k} bf16 flat top-p 0.99 (whole-line)", **shape, top_p=0.99, search_fraction=1.0))
         calls.append(Call(f"B={batch} K={k} bf16 flat top-p 0.99, two statistics programs a line", **shape, top_p=0.99, search_fraction=1.0,
                           stats_parts=2))
+    # vLLM's lines: its sampler hands the plugin float32 logits (integrations/vllm), which no key or top-p window counts.
+    vllm = dict(_B64, dtype="fp32")
+    calls.append(Call("vLLM B=64 K=8 V=128256 fp32", **vllm))
+    calls.append(Call("vLLM B=64 K=8 fp32 T=0.7 top-k 50 top-p 0.9", **vllm, temperature=0.7, top_k=50, top_p=0.9))
+    calls.append(Call("vLLM B=64 K=8 fp32 top-k 1000 (whole-line search)", **vllm, top_k=1000, search_fraction=1.0))
+    calls.append(Call("vLLM B=64 K=8 fp32 flat top-p 0.99 (whole-line search)", **vllm, top_p=0.99, search_fraction=1.0))
     calls.append(Call("sample B=1 V=128256 fp32", 1, 0, 128256, "fp32", draft="one-hot", stream=2))
     # Blocks and trees (the tree: 8 nodes, 4 deep)
     calls.append(Call("block B=1 K=4 V=128256 fp32", **_B1, method="block"))

@@ -64,16 +64,18 @@ VARIANTS = [
     # a flat bf16 top-p's top-p window switched the other way likewise (on 3.8 and later: the search's two
     # passes instead; on 3.6: 8192 bins of ballots, to see what they cost)
     ("B=64 K=8 bf16 flat top-p 0.99 (whole-line search)", {"top_p_window": not key_window_default()}),
-    # a top-k's first gather placed from a sample of the line switched the other way (on 3.6 and 3.7 by
-    # default: the statistics' key counts and a pass of key bins instead; on 3.8 and later: to see it there)
+    # a top-k's first gather placed from a sample of the line switched the other way (a bf16 line's on 3.6 and
+    # 3.7 by default: the statistics' key counts and a pass of key bins instead; on 3.8 and later: to see it
+    # there; a float32 call's on every Triton by default: sample_runs_default)
     ("B=64 K=8 bf16 top-k 1000 (whole-line search)", {"sample_runs": SAMPLE_RUNS if key_window_default() else 0}),
-    ("B=1 K=4 fp32 top-k 1000 (whole-line search)", {"sample_runs": SAMPLE_RUNS if key_window_default() else 0}),
+    ("B=1 K=4 fp32 top-k 1000 (whole-line search)", {"sample_runs": 0}),
+    ("vLLM B=64 K=8 fp32 top-k 1000 (whole-line search)", {"sample_runs": 0}),
 ]
 
 
 def calls() -> list[Call]:
-    """The model's goal calls, then its block and tree calls."""
-    return [call for call, _, _ in GOAL_CALLS] + [call for call in sweep_calls() if call.method != "token"]
+    """The model's goal calls, then vLLM's float32 calls, then its block and tree calls."""
+    return [call for call, _, _ in GOAL_CALLS] + [call for call in sweep_calls() if call.method != "token" or call.name.startswith("vLLM ")]
 
 
 def dry_shape(call: Call) -> Call:

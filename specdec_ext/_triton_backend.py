@@ -89,7 +89,9 @@ HISTOGRAM_TOP_K = 256
 # One pass when the gather holds the cut, with no ballot histogram, so the statistics launch counts
 # the high bytes only of lines whose k the gather cannot hold (SAMPLED_HISTOGRAM_TOP_K, half its
 # slots). On the tiny architectures' bf16 logits and 3 * randn (V = 128256), every top-k 1000 line
-# took one pass (bench/results/sampled-start-2026-12-06.json).
+# took one pass (bench/results/sampled-start-2026-12-06.json). A call whose lines are all 32-bit
+# (vLLM's: its sampler hands over float32 logits) samples on every Triton: no key window counts
+# such a line, and its counted high bytes leave a second pass (sample_runs_default).
 SAMPLE_RUNS = 32
 SAMPLE_RUN = 256
 SAMPLED_HISTOGRAM_TOP_K = SELECT_GATHER // 2
@@ -103,6 +105,15 @@ SAMPLED_HISTOGRAM_TOP_K = SELECT_GATHER // 2
 TOP_P_WINDOW_BINS = 8192
 TOP_P_WINDOW_BLOCK = 32768
 TOP_P_WINDOW_STEP = 1024
+
+
+def sample_runs_default(line_dtypes: tuple[torch.dtype, ...] = ()) -> int:
+    """The default ``sample_runs`` of a call whose target and draft logits have ``line_dtypes``
+    (empty: not known): SAMPLE_RUNS where tl.histogram is warp ballots, and on any Triton when no
+    line is 16-bit (the key windows, which settle a 16-bit top-k line with no pass, count only
+    16-bit lines); else 0."""
+    sixteen_bit = not line_dtypes or any(dtype.itemsize == 2 for dtype in line_dtypes)
+    return 0 if key_window_default() and sixteen_bit else SAMPLE_RUNS
 
 
 @cache
@@ -276,7 +287,7 @@ class Geometry(NamedTuple):
     histogram_top_k: int  # HISTOGRAM_TOP_K (2**31: no line's raw keys are counted by the statistics launch)
     key_window: bool  # key_window_default(): histogrammed 16-bit lines' statistics also count their parts' top windows
     top_p_window: bool  # key_window_default(): bf16 top-p lines read whole by one program have their top-p windows counted
-    sample_runs: int  # SAMPLE_RUNS where key_window_default() is False, else 0: a top-k line's sample places its first gather
+    sample_runs: int  # sample_runs_default(): SAMPLE_RUNS or 0; a top-k line's sample places its first gather
     walk_chunks: int | None  # None: a block walk's items per position from the multiprocessors (_triton_tree.walk_chunks)
 
 
@@ -284,12 +295,13 @@ def geometry(
     device: torch.device, *, race_chunks: int | None = None, race_block: int | None = None, stats_tile: int | None = None, stats_parts: int | None = None,
     line_slots: int | None = None, sort: int | None = None, select_chunk: int | None = None, select_programs: int | None = None,
     select_gather: int | None = None, histogram_top_k: int | None = None, key_window: bool | None = None, top_p_window: bool | None = None,
-    sample_runs: int | None = None, walk_chunks: int | None = None, sm_count: int | None = None,
+    sample_runs: int | None = None, walk_chunks: int | None = None, sm_count: int | None = None, line_dtypes: tuple[torch.dtype, ...] = (),
 ) -> Geometry:
-    """The geometry a call on ``device`` uses (arguments override it: tests cover several chunks per
-    row, ragged tiles and each way of the candidates on small vocabularies; the model sets sm_count).
-    ``sample_runs`` (default SAMPLE_RUNS where the key windows are off, else 0) also sets the default
-    ``histogram_top_k`` (SAMPLED_HISTOGRAM_TOP_K with a sample, else HISTOGRAM_TOP_K)."""
+    """The geometry a call on ``device`` whose target and draft logits have ``line_dtypes`` uses
+    (arguments override it: tests cover several chunks per row, ragged tiles and each way of the
+    candidates on small vocabularies; the model sets sm_count). ``sample_runs`` (default
+    ``sample_runs_default(line_dtypes)``) also sets the default ``histogram_top_k``
+    (SAMPLED_HISTOGRAM_TOP_K with a sample, else HISTOGRAM_TOP_K)."""
     interpret = device.type != "cuda" and sm_count is None
     for name, value in (("race_block", race_block), ("stats_tile", stats_tile), ("line_slots", line_slots), ("sort", sort), ("select_chunk", select_chunk),
                         ("select_gather", select_gather)):
@@ -299,7 +311,7 @@ def geometry(
         sm_count = multiprocessors(device) if device.type == "cuda" else 1
     select_chunk = select_chunk or (_INTERPRETER_SELECT_CHUNK if interpret else SELECT_CHUNK)
     if sample_runs is None:
-        sample_runs = 0 if key_window_default() else SAMPLE_RUNS
+        sample_runs = sample_runs_default(line_dtypes)
     if sample_runs and (sample_runs < 2 or sample_runs & (sample_runs - 1)):
         raise ValueError(f"sample_runs must be 0 or a power of two >= 2, got {sample_runs}")
     if histogram_top_k is None:
@@ -324,6 +336,12 @@ def geometry(
         sample_runs=sample_runs,
         walk_chunks=walk_chunks,
     )
+
+
+def line_dtypes(args) -> tuple[torch.dtype, ...]:
+    """The dtypes of a call's lines: its target logits' and, where it has them, its draft logits'."""
+    draft = args.draft_logits
+    return (args.target_logits.dtype,) if draft is None else (args.target_logits.dtype, draft.dtype)
 
 
 class Launch(NamedTuple):
@@ -863,7 +881,7 @@ def _setup(args: VerifyArgs, device: torch.device, overrides: dict) -> Runner:
     ws = workspace(device)
     if found is not None and found[0] is ws.counters and found[1] is ws.floats and found[2] is ws.ints:
         return found[3]  # (a workspace that grew since: planned again on the new one)
-    geo = geometry(device, **overrides)
+    geo = geometry(device, **overrides, line_dtypes=line_dtypes(args))
     layout = _layout(args, geo)
     ws.reserve(layout["sizes"])
     run = Runner(args, overrides, templates(args, geo, buffers(ws.floats, ws.ints, ws.counters, layout, args.batch, geo.line_slots, geo.sort), layout))
@@ -1072,7 +1090,7 @@ def launches_for(args: VerifyArgs, base_key: int = 0, **geometry_overrides) -> l
     workspace is then made of meta tensors). The compile check and the GPU model start here."""
     args = prepare(args)
     device = args.target_logits.device
-    geo = geometry(device, **geometry_overrides)
+    geo = geometry(device, **geometry_overrides, line_dtypes=line_dtypes(args))
     layout = _layout(args, geo)
     if device.type == "meta":
         floats = torch.empty(layout["sizes"].floats, dtype=torch.float32, device=device)

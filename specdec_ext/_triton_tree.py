@@ -295,7 +295,7 @@ def _runner(args: TreeArgs | VerifyArgs, overrides: dict) -> Runner:
     ws = chain.workspace(device)
     if found is not None and found[0] is ws.counters and found[1] is ws.floats and found[2] is ws.ints:
         return found[3]
-    run = Runner(args, _plan(args, chain.geometry(device, **overrides)))
+    run = Runner(args, _plan(args, chain.geometry(device, **overrides, line_dtypes=chain.line_dtypes(args))))
     if len(_RUNNERS) > 256:
         _RUNNERS.clear()
     _RUNNERS[key] = (ws.counters, ws.floats, ws.ints, run)
@@ -319,7 +319,7 @@ def launches_for(args: TreeArgs | VerifyArgs, base_key: int = 0, **geometry_over
     """The launches a tree or block call would make, without running them (any device, ``meta`` included)."""
     args = _prepare(args)
     device = args.target_logits.device
-    geo = chain.geometry(device, **geometry_overrides)
+    geo = chain.geometry(device, **geometry_overrides, line_dtypes=chain.line_dtypes(args))
     if device.type == "meta":
         found = _plan(args, geo, torch.empty(0, device=device), torch.empty(0, dtype=torch.int32, device=device),
                       torch.empty(0, dtype=torch.int32, device=device))

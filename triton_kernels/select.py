@@ -35,9 +35,10 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    values than slots, narrows the bracket it was drawn from (stage 2's interval), and stage 3
    finishes the search.
    A top-k gather may also come first, its lo placed from a sample of the line by the threshold
-   item (thresholds.py, where tl.histogram is warp ballots): when fewer than k values lie from lo
-   up, or more than GATHER, stage 1 goes on below lo (a 16-bit line over its raw keys, stage 7
-   from the start) or over [lo, the line max].
+   item (thresholds.py, where tl.histogram is warp ballots, or for a call of 32-bit lines): when
+   fewer than k values lie from lo up, or more than GATHER, stage 1 goes on below lo (a 16-bit
+   line over its raw keys, stage 7 from the start) or over [lo, the line max]. Fewer than k from
+   -inf's key or below are every finite value of a line that has fewer than k: its top-k set.
 7. top-k of a bf16 or fp16 line: stage 1 over the raw keys of its logits' bits (``raw_key``),
    whose order is the scaled values': 256 bins of the high byte, then single keys. Under a top-k
    above HISTOGRAM_TOP_K the statistics launch counted the high bytes as it read the line

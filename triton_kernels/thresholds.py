@@ -407,10 +407,11 @@ def threshold_line(
     when the candidates hold every value above its keys: their mass, which that pass would sum,
     comes from them (``_mass_above_window``, in the state's words 4 and 5; -1 otherwise). With
     KEY_WINDOW its parts' top windows may settle the cut with no pass and no sort (``_raw_top_k_start``).
-    With SAMPLE_RUNS (where ``tl.histogram`` is warp ballots, Triton 3.6 and 3.7), a top-k line its
-    candidates leave, whose k no statistics counted and fits half the gather's slots, starts its
-    search with a gather placed from a sample of the line (``_sampled_top_k_lo``): one pass when the
-    gather holds the cut, no ballot histogram."""
+    With SAMPLE_RUNS (where ``tl.histogram`` is warp ballots, Triton 3.6 and 3.7, and for a call
+    whose lines are all 32-bit, which no key window counts), a top-k line its candidates leave,
+    whose k no statistics counted and fits half the gather's slots, starts its search with a gather
+    placed from a sample of the line (``_sampled_top_k_lo``): one pass when the gather holds the
+    cut, no histogram."""
     TDTYPE: tl.constexpr = target_ptr.dtype.element_ty
     DDTYPE: tl.constexpr = draft_ptr.dtype.element_ty
     T16: tl.constexpr = TDTYPE.primitive_bitwidth == 16

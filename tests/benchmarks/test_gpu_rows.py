@@ -12,10 +12,14 @@ gpu_rows = pytest.importorskip("bench.gpu_rows")
 from bench.gpu_model import Call  # noqa: E402
 
 
-def test_rows_are_the_models_goal_block_and_tree_calls():
+def test_rows_are_the_models_goal_vllm_block_and_tree_calls():
     names = [call.name for call in gpu_rows.calls()]
     assert "B=64 K=8 bf16 flat top-p 0.99 (whole-line search)" in names and "tree B=1 N=8 D=4 V=128256 fp32 iid" in names
-    assert all(call.method in ("block", "tree") for call in gpu_rows.calls()[len(gpu_rows.GOAL_CALLS):])
+    vllm = [call for call in gpu_rows.calls()[len(gpu_rows.GOAL_CALLS):] if call.method == "token"]
+    assert [call.name for call in vllm] == [name for name in names if name.startswith("vLLM ")] and len(vllm) == 4
+    assert all(call.dtype == "fp32" and call.batch == 64 for call in vllm)
+    assert all(call.method in ("block", "tree") for call in gpu_rows.calls()[len(gpu_rows.GOAL_CALLS) + len(vllm):])
+    assert {name for name, _ in gpu_rows.VARIANTS} <= set(names)
 
 
 def test_inputs_put_the_top_p_cut_where_the_row_says():

@@ -305,13 +305,29 @@ def test_block_walk_items_spread_over_the_device():
     assert walk_grid(200, 8) == (200 * 7,)
 
 
-def test_the_sample_follows_the_histogram_lowering():
+def test_the_sample_follows_the_histogram_lowering_and_the_lines_dtypes():
     """A top-k's first gather is placed from a sample (sample_runs) where the statistics' key windows
-    are off (tl.histogram as warp ballots), and the statistics then count the high bytes only of a k
-    the gather cannot hold; elsewhere neither. Bad sample sizes are refused, named."""
+    are off (tl.histogram as warp ballots), or where no line of the call is 16-bit (no key window
+    counts a float32 line: vLLM's calls), and the statistics then count the high bytes only of a k
+    the gather cannot hold; elsewhere neither. The launches of chain, block and tree calls carry it.
+    Bad sample sizes are refused, named."""
+    from bench.gpu_model import Call, meta_args
+
     cpu = torch.device("cpu")
     default = _triton_backend.geometry(cpu)
-    assert default.sample_runs == (0 if _triton_backend.key_window_default() else _triton_backend.SAMPLE_RUNS)
+    ballots = not _triton_backend.key_window_default()
+    assert default.sample_runs == (_triton_backend.SAMPLE_RUNS if ballots else 0)
+    for dtypes, sampled in (((torch.float32,), True), ((torch.float32, torch.float32), True), ((torch.bfloat16,), ballots),
+                            ((torch.float32, torch.bfloat16), ballots), ((torch.float16, torch.float32), ballots)):
+        geo = _triton_backend.geometry(cpu, line_dtypes=dtypes)
+        assert geo.sample_runs == (_triton_backend.SAMPLE_RUNS if sampled else 0), dtypes
+        assert geo.histogram_top_k == (_triton_backend.SAMPLED_HISTOGRAM_TOP_K if sampled else _triton_backend.HISTOGRAM_TOP_K), dtypes
+    assert _triton_backend.geometry(cpu, line_dtypes=(torch.float32,), sample_runs=0).sample_runs == 0
+    for dtype, draft_dtype, sampled in (("fp32", None, True), ("bf16", None, ballots), ("bf16", "fp32", ballots), ("fp32", "bf16", ballots)):
+        for method, plan in (("token", _triton_backend.launches_for), ("block", _triton_tree.launches_for), ("tree", _triton_tree.launches_for)):
+            call = Call("c", 2, 4, 3000, dtype, draft_dtype=draft_dtype, top_k=1000, method=method, tree_depth=2 if method == "tree" else None)
+            cut = [launch for launch in plan(meta_args(call), 0, sm_count=132) if "cut" in launch.name]
+            assert cut and all(launch.constexprs["SAMPLE_RUNS"] == (_triton_backend.SAMPLE_RUNS if sampled else 0) for launch in cut), (call, cut)
     assert _triton_backend.geometry(cpu, sample_runs=32).histogram_top_k == _triton_backend.SELECT_GATHER // 2
     assert _triton_backend.geometry(cpu, sample_runs=0).histogram_top_k == _triton_backend.HISTOGRAM_TOP_K
     assert _triton_backend.geometry(cpu, sample_runs=32, histogram_top_k=7).histogram_top_k == 7
