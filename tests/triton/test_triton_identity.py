@@ -568,10 +568,13 @@ def test_fewer_finite_values_than_k_keep_them_all_and_top_p_cuts_inside(dtype, g
     """A line with fewer finite values than k (the rest -inf: a processor's mask): its top-k set is
     every finite value, and top-p cuts inside it. The search's gather from the lowest key holds them
     all, fewer than k: the cut, not a sampled gather that missed it (which would search below the
-    lowest key and keep the whole line, top-p unapplied). Then the whole call, token for token, and
-    the smallest case: two finite values, top-k 3, top-p 0.05 keeps the max alone."""
+    lowest key and keep the whole line, top-p unapplied). Then the whole call, token for token, a
+    block verification's, and the smallest case: two finite values, top-k 3, top-p 0.05 keeps the
+    max alone."""
     from bench.gpu_model import select_search
+    from specdec_ext import _triton_tree
     from specdec_ext._params import inverse_temperature
+    from specdec_ext.reference_tree import verify_block_eager
 
     g = torch.Generator().manual_seed(11)
     lines = torch.full((2, 3000), float("-inf"))
@@ -598,6 +601,9 @@ def test_fewer_finite_values_than_k_keep_them_all_and_top_p_cuts_inside(dtype, g
     full = _args(target, target[:, :1].roll(7, -1), torch.tensor([[int(target[0, 0].float().argmin())]]), seeds=seeds, offsets=offsets,
                  temperature=0.9, top_k=100, top_p=0.5, return_logprobs="processed", return_accept_probs=True)
     assert_same(_triton_backend.verify(full, 3, **geometry), verify_eager(full, 3))
+    block = _args(target, target[:, :1].roll(7, -1), full.draft_tokens, seeds=seeds, offsets=offsets, temperature=0.9, top_k=100, top_p=0.5)
+    fused, eager = _triton_tree.verify_block(block, 3, **geometry), verify_block_eager(block, 3)
+    assert torch.equal(fused[0], eager[0]) and torch.equal(fused[1], eager[1])  # (block verification's cut-offs: the same search)
     inf = float("-inf")
     tiny = torch.tensor([[[0.0, 0.638] + [inf] * 8, [0.0, inf, inf, inf, inf, inf, 0.7359, 0.0667, inf, inf]]]).to(dtype)
     for draft in (torch.zeros(1, 1, 1, dtype=dtype), tiny[:, :1].roll(-1, -1)):
