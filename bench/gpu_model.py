@@ -126,7 +126,8 @@ def parse_sass(text: str) -> list[Instruction]:
 
 
 def _branch_target(ins: Instruction) -> int | None:
-    match = re.search(r"(?:BRA|CALL\.REL\.NOINC|CALL\.REL|CALL\.ABS\.NOINC)\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", ins.text)
+    # (a branch may also test a predicate operand, "@P5 BRA P6, 0x95b0": taken when both hold)
+    match = re.search(r"(?:BRA|CALL\.REL\.NOINC|CALL\.REL|CALL\.ABS\.NOINC)\s+(?:!?U?P[0-9T],\s*)?(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", ins.text)
     return int(match.group(1), 16) if match else None
 
 
@@ -177,8 +178,10 @@ class Loop:
     around_sort: int = 0
     through_tiles: int = 0
     # Of the threshold items' loop where a top-k line's sample may place its first gather
-    # (SAMPLE_RUNS): its longest path around the sample (a line that does not sample).
+    # (SAMPLE_RUNS): its longest path around the sample (a line that does not sample), and through
+    # it around the sort (a line that samples: its candidates, which cannot settle it, stay unsorted).
     around_sample: int = 0
+    through_sample: int = 0
 
     def has(self, opcode: str) -> int:
         return sum(n for name, n in self.by_opcode.items() if name == opcode or name.startswith(opcode + "."))
@@ -211,7 +214,8 @@ def basic_blocks(body: list[Instruction]) -> tuple[list[list[Instruction]], list
                 successors.append(block_of[index[target]])
             # (BRA.DIV leaves a diverged warp for the out-of-line code that converges it: the
             # warp it finds converged, the path counted, goes on)
-            if (predicated or last.opcode.startswith("BRA.DIV")) and end < len(body):
+            # (a predicate operand makes a branch conditional too)
+            if (predicated or last.opcode.startswith("BRA.DIV") or re.match(r"BRA\S*\s+!?U?P[0-9T],", last.text)) and end < len(body):
                 successors.append(b + 1)
         elif last.base == "EXIT":
             if predicated and end < len(body):
@@ -392,6 +396,8 @@ def analyse(sass: str, resources: str) -> KernelCode:
             sampling = frozenset(i.address for i in own for c in loops if c.parent == loop.start and not c.has("LDG") and not c.has("MUFU")
                                  and c.start <= i.address <= c.end)
             loop.around_sample = max(longest_path(own, skip, avoid=sampling), 0) if sampling else 0
+            # (a line that samples leaves its candidates unsorted: around the sort, through the sample)
+            loop.through_sample = max(longest_path(own, skip, avoid=sort, through=sampling), 0) if sampling else 0
             loop.around_sort = max(longest_path(own, skip, avoid=sort), 0)
             loop.through_tiles = max(longest_path(own, skip, avoid=sort, through=tiles), 0) if tiles else 0
         elif tiles_end is not None:
@@ -666,7 +672,8 @@ LOOP_KINDS = {
     "zero-residual race (rare)": "the finalising program's race when every residual weight is zero (on p; a tree's on the residual before its last rejection, then p), with its removed-id tests: 0 (rounding corner)",
     "finalising block": "the last program of a row reads the chunk results: ceil(chunks / FINAL_BLOCK), once per row",
     "threshold ticket loop": "one work item per line over the candidates (the sort unrolled: no inner loop; a line cut from its statistics' "
-                             "windows goes around it: unsorted_share, MEASURED)",
+                             "windows goes around it: unsorted_share, MEASURED): lines / programs each for the pipes and schedulers, "
+                             "ceil of it on the slowest program's critical path (as every drawn item kind)",
     "spin wait": "waits for other programs' items: no instructions of its own beyond the wait (latency of what it waits for)",
     "search ticket loop": "whole-line search items: searched lines x runs of 1, 2 or 4 chunks (cutoffs.py) per pass over the programs (search_fraction, search_passes: MEASURED)",
     "mass histogram tile": "CHUNK / TILE steps per search item of a pass that bins masses (stage 3: search_exact_share of the passes, MEASURED)",
@@ -1075,16 +1082,17 @@ def _work(launch, call: Call, phase: str) -> dict:
     resident = min(launch.grid[0], ASSUMPTIONS["multiprocessors"] * _occupancy(compiled_code(launch), launch.num_warps))
     if phase == "cutoff":
         # One work item per line: its candidates, sorted (tl.sort: no loop in the compiled code),
-        # the cut and the normaliser. The slowest resident program takes ceil(lines / resident).
+        # the cut and the normaliser. The programs share the lines' items (lines / resident each,
+        # what the pipes and schedulers serve); the slowest takes ceil(lines / resident) ("most").
         programs = min(lines, resident)
-        items = math.ceil(lines / programs)
+        items = lines / programs
         sample = c.get("SAMPLE_RUNS", 0) * c.get("SAMPLE_RUN", 0)
         return {
             "loops": {"threshold ticket loop": (items, c["SORT"]), "spin wait": (0.0, 0),
                       "top-p window sum step": (items * call.top_p_window_share * call.top_p_window_steps, c.get("TOP_P_STEP", 0)),
                       "top-p window scan": (items * call.top_p_window_share, c.get("TOP_P_STEP", 0)),
                       "sample bisection step": (items * call.sampled_share * 16, sample)},
-            "programs_used": programs,
+            "programs_used": programs, "most": math.ceil(items) / items,
             "bytes": lines * (c["LINE_SLOTS"] * 4 + 2 * c["SORT"] * 4 + c["PARTS"] * 16
                               + call.top_p_window_share * call.top_p_window_steps * c.get("TOP_P_STEP", 0) * 4 + call.sampled_share * sample * call.itemsize),
             # the ticket; the candidates' counts and floors with the partials; the candidates;
@@ -1103,7 +1111,7 @@ def _work(launch, call: Call, phase: str) -> dict:
         slots = searched * runs * (c["BINS"] + 1)
         items = searched * runs
         programs = resident
-        per_program = math.ceil(items / programs)
+        per_program = items / programs  # (the slowest program takes ceil of it: "most")
         tiles = c["CHUNK"] * merge // c["TILE"] * per_program
         # shares of the passes by stage (and top-k's that only count)
         exact, value, gather, count = call.search_exact_share, call.search_value_share, call.search_gather_share, call.search_count_share
@@ -1120,7 +1128,7 @@ def _work(launch, call: Call, phase: str) -> dict:
                       "gather tile": (tiles * (gather - window), c["TILE"]), "window gather tile": (tiles * window, c["TILE"]),
                       "histogram sum": (searched * math.ceil(runs / 4) / programs, 4 * (c["BINS"] + 1)), "spin wait": (0.0, 0),
                       "raw floor step": (per_program * (gather - window) * 17 if call.itemsize == 2 else 0.0, 1)},
-            "programs_used": programs,
+            "programs_used": programs, "most": math.ceil(per_program) / per_program,
             # the lines; the counts stored, then read; stage 3's masses zeroed, then read
             "bytes": searched * call.vocab * call.itemsize + slots * 4 * 2 + exact * slots * 8 * 2,
             # the ticket and the acquire of the previous pass; the state; (stage 3: the zeroing
@@ -1144,8 +1152,9 @@ def threshold_item_trips(loop: Loop, call: Call, trips: float) -> float:
     """The threshold items' trips, weighted as their loop's longest path: a line cut before its
     candidates are sorted goes around the sort, through the top-p window's steps where that
     window settles it (``through_tiles``), or the longest way (``around_sort``) where its top
-    windows hold k values; a line that samples (``sampled_share``) takes the longest path, any
-    other the longest around the sample (``around_sample``) where the loop has one."""
+    windows hold k values; a line that samples (``sampled_share``) takes the longest path through
+    the sample around the sort (``through_sample``), any other the longest around the sample
+    (``around_sample``) where the loop has one."""
     if not (loop.around_sort and loop.instructions):
         return trips
     p_share, k_share = call.top_p_settled_share, call.top_k_window_share
@@ -1153,8 +1162,8 @@ def threshold_item_trips(loop: Loop, call: Call, trips: float) -> float:
     rest = 1 - p_share - k_share
     sampled = min(call.sampled_share, rest) if loop.around_sample else rest
     around = loop.around_sample or loop.instructions
-    return trips * ((sampled * loop.instructions + (rest - sampled) * around + p_share * loop.through_tiles + k_share * loop.around_sort)
-                    / loop.instructions)
+    return trips * ((sampled * (loop.through_sample or loop.instructions) + (rest - sampled) * around + p_share * loop.through_tiles
+                     + k_share * loop.around_sort) / loop.instructions)
 
 
 def loop_trips(launch, call: Call, phase: str, code: KernelCode) -> list[tuple[Loop, str, float, int]]:
@@ -1224,7 +1233,9 @@ def estimate_launch(launch, call: Call, phase: str | None = None) -> LaunchEstim
     # One program's critical path: its dependent memory round trips, its barriers and its
     # instructions at the issue interval of a warp with few neighbours on its scheduler.
     rounds = sum(a["dram_latency_us"] if r == "dram" else a["l2_latency_us"] for r in work["rounds"])
-    critical = per_warp
+    # (work items drawn by ticket: the pipes and schedulers serve the programs' average share, the
+    # critical path is the slowest program's, which takes the most items)
+    critical = path + (per_warp - path) * work.get("most", 1.0)
     ticket = next((loop for loop, kind, _, _ in loops if kind == "search ticket loop" and loop.tail), None)
     if ticket is not None and phase.endswith("cutoff:search"):
         # A pass ends with its last item's tail, after that item: the program that runs it runs a

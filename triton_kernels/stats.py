@@ -251,7 +251,8 @@ def _key_counts(base, start, end, width, inv_t, window_lo, WINDOW: tl.constexpr,
     end = tl.minimum(end, width)
     whole = start + (end - start) // BLOCK * BLOCK
     counts = _key_count_blocks(base, start, whole, width, inv_t, window_lo, tl.zeros((512 if WINDOW else 256,), tl.int32), WINDOW, False, BLOCK)
-    return _key_count_blocks(base, whole, end, width, inv_t, window_lo, counts, WINDOW, True, BLOCK)
+    # (the ragged block masked at the part's end, not the line's: the next part counts its values)
+    return _key_count_blocks(base, whole, end, end, inv_t, window_lo, counts, WINDOW, True, BLOCK)
 
 
 @triton.jit

@@ -34,13 +34,15 @@ from .stats import filter_of, histogrammed
 
 @triton.jit
 def _sorted_candidates(
-    line, parts, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr,
-    SORT: tl.constexpr,
+    line, parts, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, top_k, unsorted_below_k, PARTS: tl.constexpr, PP: tl.constexpr,
+    LINE_SLOTS: tl.constexpr, SORT: tl.constexpr,
 ):
     """(keys, count, floor) of one line: the order keys of the ``count`` candidates above ``floor``
     sorted in descending order in SORT slots (key -2**31 after them), ``count`` -1 when even the
     level-two floor leaves more than SORT. The candidates go through ``sort_ptr`` (the line's SORT
-    slots of workspace) to be packed before the sort."""
+    slots of workspace) to be packed before the sort. With ``unsorted_below_k``, fewer than
+    ``top_k`` candidates are not sorted (keys all -2**31): a top-k line they cannot settle, whose
+    search needs none of them (a sampled start's, see threshold_line)."""
     line64 = line.to(tl.int64)
     part = tl.arange(0, PP)
     present = part < parts
@@ -61,12 +63,15 @@ def _sorted_candidates(
         above = keys > floor
         count = tl.sum(above.to(tl.int32), axis=0)
     fits = count <= SORT
-    place = before_here(above.to(tl.int32))
-    tl.store(sort_ptr + line64 * SORT + place, keys, mask=above & (place < SORT))
-    tl.debug_barrier()  # every thread's stores precede the loads below
+    count = tl.where(fits, count, -1)
     packed = tl.arange(0, SORT)
-    keys = tl.load(sort_ptr + line64 * SORT + packed, mask=packed < count, other=-2147483648)
-    return tl.sort(keys, descending=True), tl.where(fits, count, -1), floor.to(tl.int64)
+    ordered = tl.full((SORT,), -2147483648, tl.int32)
+    if (unsorted_below_k == 0) | (count >= top_k):
+        place = before_here(above.to(tl.int32))
+        tl.store(sort_ptr + line64 * SORT + place, keys, mask=above & (place < SORT))
+        tl.debug_barrier()  # every thread's stores precede the loads below
+        ordered = tl.sort(tl.load(sort_ptr + line64 * SORT + packed, mask=packed < count, other=-2147483648), descending=True)
+    return ordered, count, floor.to(tl.int64)
 
 
 @triton.jit
@@ -85,7 +90,7 @@ def _line_mass(line, parts, part_m_ptr, part_z_ptr, PARTS: tl.constexpr, PP: tl.
 
 @triton.jit
 def _line_threshold(
-    line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
+    line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, unsorted_below_k,
     PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr,
 ):
     """(tau, resolved, m, z, stage, max_key, carried, lo, and the sorted candidates: keys, count,
@@ -93,11 +98,13 @@ def _line_threshold(
     candidates (resolved) every kept value is one, so z = sum over the kept set of exp(s - m) comes
     from them; z is NaN for a line with NaN / +inf values or an empty one (the race blanks such a
     row). Otherwise stage (1: top-k, 2: top-p), carried (the top-p budget) and lo (the key the
-    search starts from) start the whole-line search (select.py)."""
+    search starts from) start the whole-line search (select.py). ``unsorted_below_k``: a top-k
+    line its candidates cannot settle keeps them unsorted (_sorted_candidates)."""
     row_max, line_mass, bad = _line_mass(line, parts, part_m_ptr, part_z_ptr, PARTS, PP)
     max_key = order_key(row_max).to(tl.int64)
 
-    keys, count, floor = _sorted_candidates(line, parts, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, PARTS, PP, LINE_SLOTS, SORT)
+    keys, count, floor = _sorted_candidates(line, parts, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, top_k, unsorted_below_k & use_k, PARTS, PP,
+                                            LINE_SLOTS, SORT)
     index = tl.arange(0, SORT)
     weights = tl.where(index < count, exp(key_to_float(keys) - row_max), 0.0)
 
@@ -411,7 +418,8 @@ def threshold_line(
     whose lines are all 32-bit, which no key window counts), a top-k line its candidates leave,
     whose k no statistics counted and fits half the gather's slots, starts its search with a gather
     placed from a sample of the line (``_sampled_top_k_lo``): one pass when the gather holds the
-    cut, no histogram."""
+    cut, no histogram. Such a line leaves its candidates unsorted (they cannot settle it, and the
+    search needs none of them): the sort is about a third of its item's instructions."""
     TDTYPE: tl.constexpr = target_ptr.dtype.element_ty
     DDTYPE: tl.constexpr = draft_ptr.dtype.element_ty
     T16: tl.constexpr = TDTYPE.primitive_bitwidth == 16
@@ -439,6 +447,7 @@ def threshold_line(
         # kinds take apart branches, each with its own sort, so that a line of one runs nothing
         # of the other.
         windowed = resolved  # False, as a runtime value
+        sampled_route = resolved  # False: a line a sample may start (the top-k route, below)
         window = tl.zeros((256,), tl.int32)
         first = line * 0
         usable = line < 0  # (no window read)
@@ -463,7 +472,7 @@ def threshold_line(
             if windowed == 0:
                 tau, resolved, row_max, normaliser, stage, max_key, carried, lo, keys, count, floor = _line_threshold(
                     line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
-                    PARTS, PP, LINE_SLOTS, SORT,
+                    sampled_route, PARTS, PP, LINE_SLOTS, SORT,
                 )
                 hi = max_key
         else:
@@ -478,14 +487,18 @@ def threshold_line(
                             windowed = usable
                             stage = stage * 0 + 1
                             max_key = order_key(row_max).to(tl.int64)
+            # A top-k line that a sample would start (below) needs no sorted candidates when they
+            # cannot settle it: the sort is skipped.
+            if SAMPLE_RUNS > 0:
+                sampled_route = use_k & (histogrammed(use_k, top_k, HISTOGRAM_TOP_K) == 0) & (2 * top_k <= GATHER)
             if windowed == 0:
                 tau, resolved, row_max, normaliser, stage, max_key, carried, lo, keys, count, floor = _line_threshold(
                     line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
-                    PARTS, PP, LINE_SLOTS, SORT,
+                    sampled_route, PARTS, PP, LINE_SLOTS, SORT,
                 )
             hi = max_key
             if SAMPLE_RUNS > 0:
-                if (stage == 1) & (histogrammed(use_k, top_k, HISTOGRAM_TOP_K) == 0) & (2 * top_k <= GATHER):
+                if (stage == 1) & sampled_route:
                     sample_lo = lo
                     usable = stage < 0  # False, as a runtime value
                     if is_draft:

@@ -134,3 +134,43 @@ def test_a_stack_frame_counts_as_spilled_only_where_a_tile_loop_uses_it():
     assert gpu_model.analyse(spin, "REG:128 STACK:416 SHARED:0 LOCAL:0").spill_bytes == 0
     assert gpu_model.analyse(_SASS, "REG:128 STACK:48 SHARED:0 LOCAL:0").spill_bytes == 0
     assert gpu_model.analyse(_SPILLING, "REG:255 STACK:0 SHARED:0 LOCAL:16").spill_bytes == 16
+
+
+# A threshold items' loop (0x10-0xb0, before the acquire) whose sort (0x30-0x50) a branch with a
+# predicate operand skips ("@P5 BRA P6": taken when both hold), then a sample's bisection loop
+# (0x70-0x90: no load, no exponential) that a line which does not sample goes around (0x60).
+_SAMPLED_ITEM = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0020*/               @P5 BRA P6, 0x60 ;
+        /*0030*/                   ISETP.GT.XOR P3, PT, R7, R8, P4 ;
+        /*0040*/                   SEL R7, R7, R8, P3 ;
+        /*0050*/                   SEL R8, R8, R7, P3 ;
+        /*0060*/               @P0 BRA 0xa0 ;
+        /*0070*/                   IADD3 R9, R9, 0x1, RZ ;
+        /*0080*/                   ISETP.GE.AND P1, PT, R9, R10, PT ;
+        /*0090*/               @P1 BRA 0x70 ;
+        /*00a0*/                   STG.E desc[UR4][R4.64], R7 ;
+        /*00b0*/               @P2 BRA 0x10 ;
+        /*00c0*/                   CCTL.IVALL ;
+        /*00d0*/                   EXIT ;
+        /*00e0*/                   BRA 0xe0 ;
+"""
+
+
+@pytest.mark.parametrize("branch", ["@P5 BRA P6, 0x60", "BRA !P6, 0x60"])
+def test_a_sampled_line_goes_around_the_sort_its_branch_skips(branch):
+    """A branch that also tests a predicate operand (with a guard or without) is a conditional
+    branch to its target: the path around the sort exists. A line that samples takes the path
+    through the bisection around the sort (5 of the longest 8: the item's head, the bisection's
+    branch, the store and the loop's branch; the bisection's own steps counted as its trips); any
+    other, the longest around the sample."""
+    sass = _SAMPLED_ITEM.replace("@P5 BRA P6, 0x60", branch)
+    code = gpu_model.analyse(sass, _RESOURCES)
+    assert gpu_model._branch_target(gpu_model.parse_sass(sass)[2]) == 0x60
+    loop = next(loop for loop in code.loops if loop.parent is None)
+    assert gpu_model.loop_kinds("cutoff", code) == ["threshold ticket loop", "sample bisection step"]
+    assert (loop.instructions, loop.around_sort, loop.through_sample, loop.around_sample) == (8, 5, 5, 8)
+    for sampled in (0.0, 0.5, 1.0):
+        call = gpu_model.Call("x", 64, 8, 128256, "bf16", top_k=1000, search_fraction=1.0, sampled_share=sampled)
+        assert gpu_model.threshold_item_trips(loop, call, 2.0) == pytest.approx(2.0 * (sampled * 5 + (1 - sampled) * 8) / 8)

@@ -563,6 +563,31 @@ def test_sampled_gathers_give_the_reference_tokens(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_sampled_line_leaves_its_candidates_unsorted(dtype):
+    """A top-k line its candidates cannot settle and a sample starts needs none of them sorted
+    (thresholds.py): its threshold item skips the sort (a third of its instructions). Its cut stays the
+    reference's. Its candidates sorted: a line they settle (exactly the lines the search does
+    not list, top-k 10 here, and a k of exactly a line's candidates), and every line the sample
+    does not start (no sample, or a k beyond half the slots). (No statistics count keys here:
+    HISTOGRAM_TOP_K 1024.)"""
+    target = torch.stack([_sampled_line("plain"), _sampled_line("short"), _sampled_line("ties")]).to(dtype).reshape(1, 3, 3000)
+    geometry = _SAMPLED | {"histogram_top_k": 1024, "line_slots": 256, "sort": 64}
+    call = lambda top_k: _params.validate_verify(target, None, torch.zeros(1, 2, dtype=torch.int64), generator=None, check=False,  # noqa: E731
+                                                 temperature=0.9, top_k=top_k, top_p=0.9, num_draft_tokens=None)
+    least = min(_packed_candidates(call(100), **(geometry | {"sample_runs": 0})))  # (every line's candidates, packed without a sample)
+    for top_k, sample_runs in ((100, 4), (100, 0), (300, 4), (10, 4), (least, 4)):
+        args = call(top_k)
+        geometry = geometry | {"sample_runs": sample_runs}
+        sorted_lines = _sorted_lines(args, **geometry)
+        got, resolved = _triton_thresholds(args, **geometry)
+        assert torch.equal(got, _reference_thresholds(args)), (top_k, sample_runs, got.tolist())
+        sampled_route = sample_runs > 0 and 2 * top_k <= 512
+        assert sorted_lines == ([bool(r) for r in resolved.tolist()] if sampled_route else [True] * 3), (top_k, sample_runs, resolved.tolist())
+        assert any(sorted_lines) == (top_k != 100 or sample_runs == 0), (top_k, sample_runs)  # (top-k 100: 64 candidates settle none)
+        assert top_k != least or any(sorted_lines)  # (a line with exactly k candidates: they settle it)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("geometry", [_SEARCHED, _SAMPLED], ids=["key-bins", "sampled"])
 def test_fewer_finite_values_than_k_keep_them_all_and_top_p_cuts_inside(dtype, geometry):
     """A line with fewer finite values than k (the rest -inf: a processor's mask): its top-k set is
@@ -702,22 +727,24 @@ def test_statistics_count_the_keys_that_start_a_top_k_search(dtype):
         assert not torch.equal(planted_tau, tau)
 
 
-def _window_lines(dtype) -> torch.Tensor:
+def _window_lines(dtype, vocab: int = 700) -> torch.Tensor:
     """Three 700-value lines whose top-k 300 lies in the statistics' top windows (2 + N(0, 0.5):
     every value within two octaves of the max, so a bf16 window of 255 raw keys holds them all),
     or, fp16 (four times finer keys), below the window."""
-    return (2 + 0.5 * torch.randn(3, 700, generator=torch.Generator().manual_seed(11))).to(dtype)
+    return (2 + 0.5 * torch.randn(3, vocab, generator=torch.Generator().manual_seed(11))).to(dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_statistics_count_each_parts_top_window(dtype):
+@pytest.mark.parametrize("vocab", [700, 1500])
+def test_statistics_count_each_parts_top_window(dtype, vocab):
     """A 16-bit line under a top-k above HISTOGRAM_TOP_K with the key window: each statistics part
     stores the counts of the 255 single raw keys up to two above its max's logit's (stats.py), then
     that top key, and adds every value to the line's high bytes' counts. Two parts per line, a
-    ragged last tile."""
+    ragged last tile; at 1500 values a part of three tiles, whose last block of counts (two tiles a
+    block) ends inside it: its own values alone, none of the next part's."""
     from bench.gpu_model import _raw_keys
 
-    target = _window_lines(dtype)[:2].reshape(1, 2, 700)
+    target = _window_lines(dtype, vocab)[:2].reshape(1, 2, vocab)
     args = _params.validate_verify(target, None, torch.zeros(1, 1, dtype=torch.int64), generator=None, check=False, temperature=0.9,
                                    top_k=300, top_p=None, num_draft_tokens=None)
     geometry = _SEARCHED | {"key_window": True}
@@ -732,15 +759,17 @@ def test_statistics_count_each_parts_top_window(dtype):
     stats.kernel[stats.grid](*stats.args, **constexprs)
     part = stats.args[-1] * constexprs["T_LANES"] * constexprs["T_ROWS"]
     windows = bufs.windows.view(-1, layout["tiles"], 256)
-    keys = torch.from_numpy(_raw_keys(target.reshape(2, 700).view(torch.int16).numpy()))
-    scaled = target.reshape(2, 700).float() * _params.inverse_temperature(torch.tensor([0.9]))
+    keys = torch.from_numpy(_raw_keys(target.reshape(2, vocab).view(torch.int16).numpy()))
+    scaled = target.reshape(2, vocab).float() * _params.inverse_temperature(torch.tensor([0.9]))
     for line in range(2):
         high = torch.zeros(256, dtype=torch.int32)
-        for p, start in enumerate(range(0, 700, part)):
+        for p, start in enumerate(range(0, vocab, part)):
             own, values = keys[line, start : start + part], scaled[line, start : start + part]
             logit = (values.max() / _params.inverse_temperature(torch.tensor([0.9]))).to(dtype)
-            top = int(_raw_keys(logit.view(torch.int16).reshape(1).numpy())[0]) + 2
-            assert int(windows[line, p, 255]) == top and int(own.max()) <= top
+            nearest = int(_raw_keys(logit.view(torch.int16).reshape(1).numpy())[0]) + 2
+            top = int(windows[line, p, 255])
+            # (two above the max's logit: max / inv_t may round to it or, a float32 ulp below, to the logit below)
+            assert top in (nearest, nearest - 1) and int(own.max()) <= top
             inside = own >= top - 254
             assert torch.equal(windows[line, p, :255], torch.bincount(own[inside] - (top - 254), minlength=255).int()), (line, p)
             high += torch.bincount((own >> 8) + 128, minlength=256).int()
@@ -833,14 +862,21 @@ def _top_p_window_bounds(args, **geometry) -> torch.Tensor:
     return bufs.top_p_windows.view(-1, bins + 4)[:, bins : bins + 3].clone()
 
 
-def _sorted_lines(args, **geometry) -> list[bool]:
-    """Which lines' candidates the threshold items sorted in a call (a verify): each line's sort slots are
-    filled with a mark before it, which only the packing of its candidates overwrites."""
+def _packed_candidates(args, **geometry) -> list[int]:
+    """How many candidates the threshold items packed to sort, per line, in a call (a verify):
+    each line's sort slots are filled with a mark before it, which only the packing of its
+    candidates overwrites (after a first call, which sizes the workspace for it)."""
+    _triton_backend.verify(args, 3, **geometry)
     bufs, _ = _call_buffers(args, **geometry)
     bufs.sort.fill_(-7)
     _triton_backend.verify(args, 3, **geometry)
     bufs, _ = _call_buffers(args, **geometry)
-    return (bufs.sort.view(_lines(args), -1) != -7).any(dim=1).tolist()
+    return (bufs.sort.view(_lines(args), -1) != -7).sum(dim=1).tolist()
+
+
+def _sorted_lines(args, **geometry) -> list[bool]:
+    """Which lines' candidates the threshold items sorted in a call (``_packed_candidates``)."""
+    return [packed > 0 for packed in _packed_candidates(args, **geometry)]
 
 
 def _lines(args) -> int:
