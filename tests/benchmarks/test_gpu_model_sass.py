@@ -174,3 +174,26 @@ def test_a_sampled_line_goes_around_the_sort_its_branch_skips(branch):
     for sampled in (0.0, 0.5, 1.0):
         call = gpu_model.Call("x", 64, 8, 128256, "bf16", top_k=1000, search_fraction=1.0, sampled_share=sampled)
         assert gpu_model.threshold_item_trips(loop, call, 2.0) == pytest.approx(2.0 * (sampled * 5 + (1 - sampled) * 8) / 8)
+
+
+def test_items_drawn_by_ticket_charge_the_pipes_their_average_share(monkeypatch):
+    """The cut-offs launch's programs draw the lines' threshold items: 1088 lines over 264 resident
+    programs are 4.12 items a program for the pipes and schedulers, 5 on the slowest program's
+    critical path ("most"). The issue time then grows with the lines (1088 against 1056, four a
+    program), not by a whole item a program (5 / 4)."""
+    from types import SimpleNamespace
+
+    code = gpu_model.analyse(_SAMPLED_ITEM, _RESOURCES)
+    monkeypatch.setattr(gpu_model, "compiled_code", lambda launch: code)
+    monkeypatch.setattr(gpu_model, "_occupancy", lambda code, warps: 2)
+    constexprs = {"SORT": 1024, "LINE_SLOTS": 2048, "PARTS": 1, "SAMPLE_RUNS": 32, "SAMPLE_RUN": 256, "TOP_P_STEP": 1024}
+    launch = SimpleNamespace(name="cutoff", grid=(528,), constexprs=constexprs, num_warps=8, args=())
+    issue = {}
+    for batch, k in ((64, 8), (32, 16)):  # 1088 and 1056 lines
+        call = gpu_model.Call("x", batch, k, 128256, "bf16", top_k=1000, search_fraction=1.0, sampled_share=1.0)
+        work = gpu_model._work(launch, call, "cutoff")
+        lines = batch * (2 * k + 1)
+        assert work["loops"]["threshold ticket loop"][0] == pytest.approx(lines / 264)
+        assert work["most"] * lines / 264 == pytest.approx(-(-lines // 264))
+        issue[lines] = gpu_model.estimate_launch(launch, call, "cutoff").issue_us
+    assert issue[1088] / issue[1056] == pytest.approx(1088 / 1056, rel=0.02)
