@@ -182,6 +182,9 @@ class Loop:
     # it around the sort (a line that samples: its candidates, which cannot settle it, stay unsorted).
     around_sample: int = 0
     through_sample: int = 0
+    # ... and where a 16-bit top-p line's sample may place its first raw window: the longest path
+    # through that sample (such a line's candidates are sorted first).
+    through_p_sample: int = 0
 
     def has(self, opcode: str) -> int:
         return sum(n for name, n in self.by_opcode.items() if name == opcode or name.startswith(opcode + "."))
@@ -392,12 +395,16 @@ def analyse(sass: str, resources: str) -> KernelCode:
             tiles = frozenset(i.address for i in own for c in loops if c.parent == loop.start and c.has("LDG") and c.has("MUFU")
                               and c.start <= i.address <= c.end)
             whole = longest_path(own, skip)
-            # (the sample's bisection: a loop inside the item with no load and no exponential)
+            # (a top-k sample's bisection: a loop inside the item with no load and no exponential;
+            # a top-p sample's: no load, the weight at each key's value)
             sampling = frozenset(i.address for i in own for c in loops if c.parent == loop.start and not c.has("LDG") and not c.has("MUFU")
                                  and c.start <= i.address <= c.end)
-            loop.around_sample = max(longest_path(own, skip, avoid=sampling), 0) if sampling else 0
-            # (a line that samples leaves its candidates unsorted: around the sort, through the sample)
-            loop.through_sample = max(longest_path(own, skip, avoid=sort, through=sampling), 0) if sampling else 0
+            p_sampling = frozenset(i.address for i in own for c in loops if c.parent == loop.start and not c.has("LDG") and c.has("MUFU")
+                                   and c.start <= i.address <= c.end)
+            loop.around_sample = max(longest_path(own, skip, avoid=sampling | p_sampling), 0) if sampling | p_sampling else 0
+            # (a top-k line that samples leaves its candidates unsorted: around the sort, through its sample)
+            loop.through_sample = max(longest_path(own, skip, avoid=sort | p_sampling, through=sampling), 0) if sampling else 0
+            loop.through_p_sample = max(longest_path(own, skip, through=p_sampling), 0) if p_sampling else 0
             loop.around_sort = max(longest_path(own, skip, avoid=sort), 0)
             loop.through_tiles = max(longest_path(own, skip, avoid=sort, through=tiles), 0) if tiles else 0
         elif tiles_end is not None:
@@ -512,6 +519,8 @@ class Call:
     top_p_settled_share: float = 0.0  # lines a top-p window settles (their threshold items sort no candidates)
     top_k_window_share: float = 0.0  # lines whose top windows hold k values (likewise)
     sampled_share: float = 0.0  # lines whose threshold item places their first gather from a sample (SAMPLE_RUNS: Triton 3.6, 3.7; float32 calls on any)
+    top_p_sampled_share: float = 0.0  # 16-bit top-p lines whose threshold item places their first raw window from a sample (SAMPLE_RUNS)
+    search_window_atomics: float = 0.0  # per pass, the fraction of a line's values a raw window counts by global atomics (SAMPLE_RUNS)
     # "token" (verify), "block" (verify(method="block")) or "tree" (verify_tree: k is then the
     # number of nodes N, the target and draft logits have N+1 contexts).
     method: str = "token"
@@ -667,6 +676,8 @@ LOOP_KINDS = {
     "top-p window scan": "then scans that step (a running sum): one per such line",
     "sample bisection step": "SAMPLE_RUNS (Triton 3.6, 3.7; float32 calls on any): a threshold item places a top-k line's first gather from a sample of the line held in "
                              "registers, 16 halvings of the keys' high half: 16 per sampled line (sampled_share, MEASURED)",
+    "top-p sample bisection step": "SAMPLE_RUNS, 16-bit lines: a threshold item places a top-p line's first raw window from a sample of the line (its weights held "
+                                   "in registers), 16 halvings of the raw keys: 16 per sampled line (top_p_sampled_share, MEASURED)",
     "residual race tile": "race tiles of a rejected row: the vocabulary over the row's chunks (every row rejects, ASSUMPTIONS)",
     "bonus race tile": "race tiles of an accepted row: 0 (every row rejects)",
     "zero-residual race (rare)": "the finalising program's race when every residual weight is zero (on p; a tree's on the residual before its last rejection, then p), with its removed-id tests: 0 (rounding corner)",
@@ -690,6 +701,8 @@ LOOP_KINDS = {
     "raw histogram tile": "CHUNK / TILE steps per search item of a 16-bit line's top-k pass over single raw keys (stage 7: search_raw_share, MEASURED)",
     "raw window tile": "CHUNK / TILE steps per search item of a 16-bit line's top-p window of single raw keys, which sums the mass above it and reads no "
                        "count (stage 8: search_raw_window_share, MEASURED)",
+    "raw window atomic tile": "the same where its counts are global atomics (SAMPLE_RUNS: tl.histogram is warp ballots), one a value inside the window "
+                              "(search_window_atomics, MEASURED, at the L2's atomic rate)",
     "histogram sum": "the last item of a line's pass sums the chunks' histograms, four chunks per step",
     "raw floor step": "each item of a 16-bit line's top-k gather (stage 4) first finds the lowest raw key of its set: 17 halvings (search_gather_share "
                       "less search_window_share of the items, MEASURED)",
@@ -823,6 +836,8 @@ def _cutoff_kinds(loops: list[Loop], kinds: list, at: list[int] | None = None) -
             kinds[n] = "search ticket loop" if loop.after_wait else "threshold ticket loop"
         elif not loop.after_wait and loop.parent is not None and not loop.has("LDG") and not loop.has("MUFU"):
             kinds[n] = "sample bisection step"  # (inside a threshold item: a sampled top-k's lo, on keys held in registers)
+        elif not loop.after_wait and loop.parent is not None and not loop.has("LDG") and loop.has("MUFU"):
+            kinds[n] = "top-p sample bisection step"  # (a sampled top-p window's: each key's weight, on weights held in registers)
         elif not loop.after_wait and loop.parent is not None and loop.has("LDG") and loop.has("MUFU"):
             # (inside a threshold item: the steps summed from the top, then the one scanned, a running sum)
             kinds[n] = "top-p window scan" if loop.has("SHFL.UP") else "top-p window sum step"
@@ -832,6 +847,8 @@ def _cutoff_kinds(loops: list[Loop], kinds: list, at: list[int] | None = None) -
             # A search item's tiles (each variant: with the masses above hi, or none above)
             if loop.has("STG"):
                 kinds[n] = "window gather tile" if loop.has("MUFU") else "gather tile"
+            elif _atomics(loop) and not loop.has("VOTE") and not loop.has("ATOMS"):
+                kinds[n] = "raw window atomic tile"  # (no histogram: each inside value's count a global atomic)
             elif _atomics(loop):
                 kinds[n] = "mass histogram tile"
             else:
@@ -971,7 +988,7 @@ def synthetic_search(call: Call, lines: int = 4) -> dict:
     part = window_part(call)
     top_p_window = top_p_window_on(call)
     sample = sampling(call)
-    passes, steps, unsorted, sampled = [], [], Counter(), 0
+    passes, steps, unsorted, sampled, sampled_window = [], [], Counter(), 0, 0
     for _ in range(lines):
         values = rng.standard_normal(call.vocab).astype(np.float32)
         if call.dtype in ("bf16", "fp16"):
@@ -989,16 +1006,17 @@ def synthetic_search(call: Call, lines: int = 4) -> dict:
             search = select_search(values / np.float32(call.temperature), call.top_k, call.top_p, **sample)
             passes.append(search["passes"])
         sampled += search["sampled"]
+        sampled_window += search["sampled_window"]
     # (a line its statistics' top window, or top-p window, settles is never listed for the search)
     listed = [line for line in passes if line]
     window = {"top_p_window_share": len(steps) / lines, "top_p_window_steps": sum(steps) / len(steps) if steps else 0.0, "sampled_share": sampled / lines,
-              **{name: unsorted[name] / lines for name in ("top_p_settled_share", "top_k_window_share")}}
+              "top_p_sampled_share": sampled_window / lines, **{name: unsorted[name] / lines for name in ("top_p_settled_share", "top_k_window_share")}}
     return window | ({"search_fraction": len(listed) / lines, **_search_trips(listed)} if listed else {"search_fraction": 0.0, "search_passes": 0.0})
 
 
 # The Call fields of a search's passes (_search_trips), as measure_trips records them.
 SEARCH_FIELDS = ("search_exact_share", "search_value_share", "search_value_count_share", "search_gather_share", "search_count_share", "search_window_share",
-                 "search_raw_count_share", "search_raw_share", "search_raw_window_share", "search_atomics")
+                 "search_raw_count_share", "search_raw_share", "search_raw_window_share", "search_atomics", "search_window_atomics")
 
 
 def _search_trips(passes: list[list[dict]]) -> dict:
@@ -1013,7 +1031,8 @@ def _search_trips(passes: list[list[dict]]) -> dict:
             "search_raw_count_share": round(sum((q["counts_only"] or q["mass_known"]) and q["stage"] == 7 for q in every) / len(every), 4),
             "search_raw_share": round(sum(not q["counts_only"] and not q["mass_known"] and q["stage"] == 7 for q in every) / len(every), 4),
             "search_raw_window_share": share((8,)),
-            "search_atomics": round(sum(q["binned"] for q in every if q["stage"] in (3, 4, 5)) / len(every), 4)}
+            "search_atomics": round(sum(q["binned"] for q in every if q["stage"] in (3, 4, 5)) / len(every), 4),
+            "search_window_atomics": round(sum(q["binned"] for q in every if q["stage"] == 8) / len(every), 4)}
 
 
 def _work(launch, call: Call, phase: str) -> dict:
@@ -1091,10 +1110,11 @@ def _work(launch, call: Call, phase: str) -> dict:
             "loops": {"threshold ticket loop": (items, c["SORT"]), "spin wait": (0.0, 0),
                       "top-p window sum step": (items * call.top_p_window_share * call.top_p_window_steps, c.get("TOP_P_STEP", 0)),
                       "top-p window scan": (items * call.top_p_window_share, c.get("TOP_P_STEP", 0)),
-                      "sample bisection step": (items * call.sampled_share * 16, sample)},
+                      "sample bisection step": (items * call.sampled_share * 16, sample),
+                      "top-p sample bisection step": (items * call.top_p_sampled_share * 16, sample)},
             "programs_used": programs, "most": math.ceil(items) / items,
             "bytes": lines * (c["LINE_SLOTS"] * 4 + 2 * c["SORT"] * 4 + c["PARTS"] * 16
-                              + call.top_p_window_share * call.top_p_window_steps * c.get("TOP_P_STEP", 0) * 4 + call.sampled_share * sample * call.itemsize),
+                              + call.top_p_window_share * call.top_p_window_steps * c.get("TOP_P_STEP", 0) * 4 + (call.sampled_share + call.top_p_sampled_share) * sample * call.itemsize),
             # the ticket; the candidates' counts and floors with the partials; the candidates;
             # the packed candidates through the workspace; the release of the item; then every
             # program's acquire that sees the last item finished, its read of the list and its exit.
@@ -1118,11 +1138,14 @@ def _work(launch, call: Call, phase: str) -> dict:
         value_count = call.search_value_count_share
         window, raw_count, raw = call.search_window_share, call.search_raw_count_share, call.search_raw_share
         raw_window = call.search_raw_window_share
+        # (where tl.histogram is warp ballots, a raw window counts by global atomics: SAMPLE_RUNS, 16-bit lines, not a walk's launch)
+        atomic_window = raw_window if c.get("SAMPLE_RUNS", 0) and call.itemsize == 2 and launch.name == "cutoff" else 0.0
         return {
             "loops": {"search ticket loop": (per_program, c["CHUNK"]),
                       "histogram tile": (tiles * (1 - exact - value - gather - count - raw_count - raw - raw_window), c["TILE"]),
                       "count histogram tile": (tiles * count, c["TILE"]), "raw count histogram tile": (tiles * raw_count, c["TILE"]),
-                      "raw histogram tile": (tiles * raw, c["TILE"]), "raw window tile": (tiles * raw_window, c["TILE"]),
+                      "raw histogram tile": (tiles * raw, c["TILE"]), "raw window tile": (tiles * (raw_window - atomic_window), c["TILE"]),
+                      "raw window atomic tile": (tiles * atomic_window, c["TILE"]),
                       "mass histogram tile": (tiles * exact, c["TILE"]), "value histogram tile": (tiles * (value - value_count), c["TILE"]),
                       "value count histogram tile": (tiles * value_count, c["TILE"]),
                       "gather tile": (tiles * (gather - window), c["TILE"]), "window gather tile": (tiles * window, c["TILE"]),
@@ -1136,7 +1159,8 @@ def _work(launch, call: Call, phase: str) -> dict:
             # histogram's stores and the arrival atomic; the last item's read of the chunks'
             # histograms and its release of the pass.
             "rounds": ["l2", "l2", "l2", "l2", "dram", "l2", "l2", "l2"],
-            "atomics": searched * call.vocab * call.search_atomics,  # stage 3: a mass per binned value; a gather: a slot per gathered value
+            # stage 3: a mass per binned value; a gather: a slot per gathered value; an atomic raw window: a count per value inside
+            "atomics": searched * call.vocab * (call.search_atomics + (call.search_window_atomics if atomic_window else 0.0)),
             "finalisers": searched / programs,  # a line's last item of the pass: its next pass (a gather's: a sort of GATHER keys)
         }
     raise ValueError(phase)
@@ -1160,10 +1184,12 @@ def threshold_item_trips(loop: Loop, call: Call, trips: float) -> float:
     p_share, k_share = call.top_p_settled_share, call.top_k_window_share
     # (where a sample may place a top-k line's first gather, the lines that do not sample go around it)
     rest = 1 - p_share - k_share
-    sampled = min(call.sampled_share, rest) if loop.around_sample else rest
+    # (a 16-bit top-p line that samples its first raw window: through that sample, its candidates sorted)
+    p_sampled = min(call.top_p_sampled_share, rest) if loop.through_p_sample else 0.0
+    sampled = min(call.sampled_share, rest - p_sampled) if loop.around_sample else rest - p_sampled
     around = loop.around_sample or loop.instructions
-    return trips * ((sampled * (loop.through_sample or loop.instructions) + (rest - sampled) * around + p_share * loop.through_tiles
-                     + k_share * loop.around_sort) / loop.instructions)
+    return trips * ((sampled * (loop.through_sample or loop.instructions) + (rest - p_sampled - sampled) * around + p_share * loop.through_tiles
+                     + k_share * loop.around_sort + p_sampled * loop.through_p_sample) / loop.instructions)
 
 
 def loop_trips(launch, call: Call, phase: str, code: KernelCode) -> list[tuple[Loop, str, float, int]]:
@@ -1695,6 +1721,48 @@ def sampled_top_k_lo(scaled, top_k: int, gather: int, runs: int, run: int | None
     return (int(np.sort(_order_keys(drawn))[::-1][rank - 1]) >> 16) << 16
 
 
+def sampled_top_p_window(scaled, dtype: str, inv_t, row_max: float, line_mass: float, budget: float, floor_key: int | None, runs: int,
+                         run: int | None = None) -> tuple[int, bool]:
+    """thresholds.py's _sampled_top_p_window on one 16-bit line (``scaled``: its values times
+    ``inv_t``, -inf where not finite; ``dtype`` "bf16" or "fp16"; ``line_mass`` its mass in units
+    of the max's weight; ``floor_key``: the candidates' floor, None when they do not fit the
+    sort): (the raw window's first key, usable). The same integer sums and float64 steps as the
+    kernel's."""
+    import numpy as np
+
+    values = np.asarray(scaled, dtype=np.float32)
+    inf_key = 32640 if dtype == "bf16" else 31744
+    keys = np.where(values > -np.inf, _order_keys(values), -(2**31))
+    weights = _fixed_weights(values, row_max)
+    floor = 2**31 - 1 if floor_key is None else floor_key
+    known = int(weights[keys > floor].sum()) if floor_key is not None else 0
+    ids = sample_ids(values.size, runs, run)
+    f32 = np.float32
+    ref = f32(min(float(_key_floats(np.array([floor]))[0]), row_max)) if -2139095041 < floor < 2139095040 else f32(row_max)
+    with np.errstate(over="ignore", invalid="ignore"):
+        small = (np.exp2((values[ids] - ref) * f32(1.4426950408889634)) * f32(131072.0))
+    drawn = np.where((keys[ids] <= floor) & (values[ids] > -np.inf), small, 0).astype(np.int64)  # (int32 in the kernel: 2**-17 of the floor's)
+    total = int(drawn.sum())
+    rest = np.float64(np.float32(line_mass)) * np.float64(2.0**40) - np.float64(known)
+    need = (np.float64(np.float32(budget)) * np.float64(2.0**40) - np.float64(known)) * np.float64(total)
+
+    def at_key(key: int) -> int:
+        value = f32(_raw_scaled(key, dtype, inv_t))
+        if value > f32(row_max):  # (above the line max: no value, no mass)
+            return 2**31 - 1
+        return int((np.exp2((min(value, ref) - ref) * f32(1.4426950408889634)) * f32(131072.0)).astype(np.int64))
+
+    low, top = -inf_key - 1, inf_key
+    with np.errstate(over="ignore"):  # (a key whose value overflows once scaled: +inf, then the max's weight)
+        for _ in range(16):
+            middle = (low + top + 1) >> 1
+            reached = np.float64(int(drawn[drawn >= at_key(middle)].sum())) * rest >= need
+            low, top = (middle, top) if reached else (low, middle - 1)
+    first = min(max(low - 127, -inf_key - 1), inf_key - 255)
+    apart = first <= -inf_key - 1 or _raw_scaled(max(first - 1, -inf_key - 1), dtype, inv_t) < _raw_scaled(first, dtype, inv_t)
+    return first, bool(total > 0 and apart)
+
+
 def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = None, gather: int = 2048, raw=None, floor_key: int | None = None,
                   window_part: int | None = None, top_p_window: bool = False, sample_runs: int = 0, histogram_top_k: int | None = None) -> dict:
     """select.py's whole-line search on one float32 line (a numpy vector), pass by pass: the cut
@@ -1743,7 +1811,8 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         if p_window["settles"]:
             cut = _order_key(p_window["cut_value"])
             kept = int(weights[s_all >= f32(p_window["cut_value"])].sum())
-            return {"cut": cut, "kept_mass": kept, "passes": [], "stages": [], "path": [], "top_p_window": p_window, "top_k_window": False, "sampled": False}
+            return {"cut": cut, "kept_mass": kept, "passes": [], "stages": [], "path": [], "top_p_window": p_window, "top_k_window": False, "sampled": False,
+                    "sampled_window": False}
     slots = np.arange(2 * bins_n)
     passes, kept = [], 0
     histogram_top_k = _histogram_top_k() if histogram_top_k is None else histogram_top_k
@@ -1770,6 +1839,13 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         sample_lo = sampled_top_k_lo(values, top_k, gather, sample_runs)
         if sample_lo is not None:
             sampled, stage, lo, hi = True, 4, sample_lo, top
+    sampled_window = False
+    if sample_runs and raw is not None and stage in (2, 3) and not 0 < top_k < values.size:
+        # (a 16-bit line cut by top-p alone: a raw window placed from a sample, the bracket kept for a miss)
+        runs = 16 if sample_runs >= 32 else sample_runs // 2 if sample_runs >= 4 else sample_runs  # (thresholds.py's TOP_P_RUNS)
+        first, usable = sampled_top_p_window(values, raw[1], raw[2], row_max, line_mass, budget, floor_key, runs)
+        if usable:
+            sampled_window, stage, bracket, lo, hi = True, 8, (lo, top), first, first + 255
     while stage:
         if raw is not None and stage == 1 and lo == -(2**31):  # a 16-bit line's top-k: over raw keys
             stage, lo, hi = 7, -32768, 32767
@@ -1866,6 +1942,8 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
                 lo = _order_key(scaled_of(min(window_lo + 256, 32767))) if above else bracket[0]
                 hi = bracket[1] if above else max(_order_key(scaled_of(window_lo)), bracket[0])
                 next_stage = 3
+                if len(passes) == 1:  # (a sampled window, the line's first pass: value bins over the side that holds the cut)
+                    next_stage = (2 if above else 6) if _top_p_stage(lo, hi) == 2 else 3
         else:
             counts = np.zeros(2 * bins_n, np.int64)
             masses = np.zeros(2 * bins_n, np.int64)
@@ -1909,7 +1987,7 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
     # path: the passes as the kernel records them (a top-k pass that only counts as 7)
     return {"cut": lo, "kept_mass": kept, "passes": passes, "stages": [q["stage"] for q in passes],
             "path": [7 if q["counts_only"] else 1 if q["stage"] == 7 else q["stage"] for q in passes], "top_p_window": p_window,
-            "top_k_window": k_window, "sampled": sampled}
+            "top_k_window": k_window, "sampled": sampled, "sampled_window": sampled_window}
 
 
 def _order_key(value: float) -> int:
@@ -1983,6 +2061,8 @@ def measure_trips() -> dict:
                 resolved = np.array([o["resolved"] for o in outcomes])
                 tau = filter_thresholds(scaled, torch.full((len(scaled),), top_k), torch.full((len(scaled),), top_p))
                 passes, differs, windowed, steps, plain, unsorted = [], 0, 0, [], [], Counter()
+                # (where tl.histogram is warp ballots, Triton 3.6 and 3.7: no statistics windows, sampled starts)
+                sampled_passes, sampled_lines, sampled_windows = [], 0, 0
                 for n, (line, cut, outcome) in enumerate(zip(scaled, tau.tolist(), outcomes, strict=True)):
                     if outcome["resolved"]:
                         continue
@@ -1995,6 +2075,12 @@ def measure_trips() -> dict:
                         plain.append(select_search(line.numpy(), top_k, top_p, raw=(bits[n], "bf16", inv_t), floor_key=outcome["floor_key"])["passes"])
                     elif search["passes"]:
                         plain.append(search["passes"])
+                    if raw16:
+                        ballots = select_search(line.numpy(), top_k, top_p, raw=(bits[n], "bf16", inv_t), floor_key=outcome["floor_key"],
+                                                sample_runs=_triton_backend.SAMPLE_RUNS, histogram_top_k=_triton_backend.SAMPLED_HISTOGRAM_TOP_K)
+                        sampled_passes.append(ballots["passes"])
+                        sampled_lines += ballots["sampled"]
+                        sampled_windows += ballots["sampled_window"]
                     if search["cut"] != fixed_point_cut(line.numpy(), top_k, top_p):
                         raise AssertionError(f"select_search's cut {search['cut']} is not the fixed-point masses' {fixed_point_cut(line.numpy(), top_k, top_p)}")
                     differs += search["cut"] != _order_key(cut)
@@ -2005,6 +2091,7 @@ def measure_trips() -> dict:
                     passes.append(search["passes"])
                 trips = _search_trips(passes)
                 plain_trips = _search_trips(plain)
+                ballot_trips = _search_trips(sampled_passes) if sampled_passes else {"search_passes": 0.0}
                 above = np.array([o["above_floor"] for o in outcomes])
                 found.append({
                     "source": source, "geometry": f"{label} ({parts} statistics parts of {tiles_per_part} tiles x {rows} rows x {lanes} lanes)",
@@ -2018,6 +2105,11 @@ def measure_trips() -> dict:
                     # Where no top-p window is counted (TOP_P_BINS 0: Triton before 3.8), the lines it settled are searched.
                     "without_top_p_window": {"search_fraction": round(len(plain) / len(outcomes), 4), "search_passes_mean": plain_trips["search_passes"],
                                              **{name: plain_trips.get(name, 0.0) for name in SEARCH_FIELDS}},
+                    # Where tl.histogram is warp ballots (SAMPLE_RUNS: Triton 3.6, 3.7): no window, sampled starts (16-bit lines).
+                    **({"with_sample": {"search_fraction": round(len(sampled_passes) / len(outcomes), 4), "search_passes_mean": ballot_trips["search_passes"],
+                                        "sampled_share": round(sampled_lines / len(outcomes), 4),
+                                        "top_p_sampled_share": round(sampled_windows / len(outcomes), 4),
+                                        **{name: ballot_trips.get(name, 0.0) for name in SEARCH_FIELDS}}} if raw16 else {}),
                     "values_above_floor": {"median": float(np.median(above)), "p1": float(np.percentile(above, 1)), "overflow_fraction": float(np.mean(above < 0))},
                     "part_levels": dict(Counter(level for o in outcomes for level in o["levels"])),
                 })
@@ -2140,14 +2232,18 @@ def _measured_calls(measured: dict) -> list:
     for row in rows:
         if row["top_k"] == 1000 or row["top_p"] == 0.99:
             continue
-        if "without_top_p_window" in row and not top_p_window_on(Call("", **_B64, top_k=row["top_k"], top_p=row["top_p"])):
+        goal = Call("", **_B64, top_k=row["top_k"], top_p=row["top_p"])
+        if "without_top_p_window" in row and not top_p_window_on(goal):
             row = row | row["without_top_p_window"] | {"top_p_window_share": 0.0, "top_p_window_steps": 0.0, "top_p_settled_share": 0.0,
                                                        "top_k_window_share": 0.0}
+        if "with_sample" in row and sampling(goal)["sample_runs"]:  # (Triton 3.6, 3.7: sampled starts, no windows)
+            row = row | row["with_sample"]
         call = Call(f"B=64 K=8 bf16 T={row['temperature']} top-k {row['top_k']} top-p {row['top_p']}, as measured on tiny_llama logits "
                     f"(searched {row['search_fraction']})", **_B64, temperature=row["temperature"], top_k=row["top_k"], top_p=row["top_p"],
                     search_fraction=row["search_fraction"], search_passes=row["search_passes_mean"],
                     top_p_window_share=row.get("top_p_window_share", 0.0), top_p_window_steps=row.get("top_p_window_steps", 0.0),
                     top_p_settled_share=row.get("top_p_settled_share", 0.0), top_k_window_share=row.get("top_k_window_share", 0.0),
+                    sampled_share=row.get("sampled_share", 0.0), top_p_sampled_share=row.get("top_p_sampled_share", 0.0),
                     **{name: row.get(name, 0.0) for name in SEARCH_FIELDS})
         found.append((call, {"x_unfiltered": 2.0}, "B=64 K=8 V=128256 bf16"))
     # Block calls whose walks sum the share of their items measured on the embedded pair's drafts.

@@ -91,7 +91,10 @@ HISTOGRAM_TOP_K = 256
 # slots). On the tiny architectures' bf16 logits and 3 * randn (V = 128256), every top-k 1000 line
 # took one pass (bench/results/sampled-start-2026-12-06.json). A call whose lines are all 32-bit
 # (vLLM's: its sampler hands over float32 logits) samples on every Triton: no key window counts
-# such a line, and its counted high bytes leave a second pass (sample_runs_default).
+# such a line, and its counted high bytes leave a second pass (sample_runs_default). A 16-bit line
+# cut by top-p alone likewise starts with a raw window of single keys placed from half those runs
+# (thresholds.py's _sampled_top_p_window), whose values a call of 16-bit lines counts by global
+# atomics (select.py): one pass when it holds the cut, where value bins and a window take two.
 SAMPLE_RUNS = 32
 SAMPLE_RUN = 256
 SAMPLED_HISTOGRAM_TOP_K = SELECT_GATHER // 2

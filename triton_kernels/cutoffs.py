@@ -43,9 +43,11 @@ def cutoff_items(
     HAS_DRAFT: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, NUM_CHUNKS: tl.constexpr,
     CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr, PASSES: tl.constexpr, GATHER: tl.constexpr, HISTOGRAM_TOP_K: tl.constexpr,
     KEY_WINDOW: tl.constexpr, TOP_P_BINS: tl.constexpr, TOP_P_STEP: tl.constexpr, SAMPLE_RUNS: tl.constexpr, SAMPLE_RUN: tl.constexpr,
+    WINDOW_ATOMICS: tl.constexpr = True,
 ):
     """The threshold and search items of a program (arguments as cutoff_kernel's); returns
-    (the program's first ticket past them, where the items after them start)."""
+    (the program's first ticket past them, where the items after them start). WINDOW_ATOMICS
+    (search_item's): a kernel with more code after these items passes False."""
     lines = batch * (K + 1) + (batch * K if HAS_DRAFT else 0)
     ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
     while ticket < lines:
@@ -76,7 +78,7 @@ def cutoff_items(
         search_item(
             target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr,
             part_mass_ptr, counter_ptr, progress_ptr, control_ptr + 3, line, slot % runs, merge, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k,
-            d_stride_b, d_stride_k, t_parts, d_parts, NUM_CHUNKS, HAS_DRAFT, CHUNK, TILE, BINS, PASSES, PARTS, PP, GATHER,
+            d_stride_b, d_stride_k, t_parts, d_parts, NUM_CHUNKS, HAS_DRAFT, CHUNK, TILE, BINS, PASSES, PARTS, PP, GATHER, SAMPLE_RUNS, WINDOW_ATOMICS,
         )
         ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
     return ticket, lines + PASSES * per_pass
@@ -155,7 +157,7 @@ def cutoff_kernel(
     KEY_WINDOW: tl.constexpr,  # and, of such a 16-bit line, the single raw keys of each part's top window
     TOP_P_BINS: tl.constexpr,  # 0, or the bins of a bf16 top-p line's window, which the statistics counted (stats.py)
     TOP_P_STEP: tl.constexpr,  # bins a threshold item scans a step
-    SAMPLE_RUNS: tl.constexpr,  # 0, or the runs of a top-k line's sample that places its first gather (thresholds.py)
+    SAMPLE_RUNS: tl.constexpr,  # 0, or the runs of a line's sample that places its first gather or raw window (thresholds.py)
     SAMPLE_RUN: tl.constexpr,  # consecutive ids a run
 ):
     cutoff_items(

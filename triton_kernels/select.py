@@ -60,10 +60,15 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    no slots to overflow), or the window misses it and the bracket narrows as after a gather
    (stage 3 then). (No key below the window scales to its first key's value, so the kept set's
    mass is the window's from the cut's value up, and the mass above it.)
+   A raw window may also come first, placed from a sample of the line by the threshold item
+   (thresholds.py, where tl.histogram is warp ballots): one pass when it holds the cut; when not,
+   value bins go on over the side that does (stage 2 above it, 6 below it), as the line would
+   have started. There, a call whose lines are all 16-bit counts a window's values by global
+   atomics (``_atomic_raw_window``): a ballot histogram would bin every value of the line.
 
 Top-k ends within four passes (the fourth over single keys, or a gather; a 16-bit line's within
-three), top-p within seven (value bins twice, a gather, then at most four of stage 3; a 16-bit
-line's value bins, its raw window, then those four at most), both within eleven (PASSES). Masses
+three), top-p within eight (a sampled raw window, value bins twice, a gather, then at most four
+of stage 3), both within eleven (PASSES). Masses
 are exact integers wherever a decision reads them, so the cut is the one key the fixed-point
 masses define, however the search went: the tokens are the eager reference's.
 A finished search writes the cut with the kept set's statistics (the line max, the kept mass), so
@@ -215,6 +220,24 @@ def _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, t0, scal
         elif ABOVE > 1:
             above_mass += fixed_mass_where(s, row_max, above)  # (a value above hi is finite)
     return counts, tl.sum(above_count, axis=0), tl.sum(above_mass, axis=0)
+
+
+@triton.jit
+def _atomic_raw_window(base, first, span, width, inv_t, row_max, lo, count_ptr, TILE: tl.constexpr):
+    """A raw window's pass (stage 8: the 256 single raw keys from ``lo`` of a 16-bit line) where
+    tl.histogram is warp ballots (SAMPLE_RUNS), which would bin every value of the line: each value
+    inside adds its count by a global atomic into the item's zeroed slice ``count_ptr`` (a few of
+    the line's values), those above sum their fixed-point mass in registers. Returns that mass
+    (values -inf once scaled weigh 0 wherever their keys fall)."""
+    offsets = tl.arange(0, TILE)
+    above_mass = tl.zeros((TILE,), tl.int64)
+    for start in range(0, span, TILE):
+        idx = first + start + offsets
+        x = tl.load(base + idx, mask=idx < width, other=float("-inf"))
+        offset = raw_key(x, x.dtype == tl.bfloat16) - lo.to(tl.int32)  # (a bf16's from its float32 bits, which the mass needs too)
+        tl.atomic_add(count_ptr + offset, 1, mask=offset.to(tl.uint32, bitcast=True) < 256, sem="relaxed")
+        above_mass += fixed_mass_where(x.to(tl.float32) * inv_t, row_max, offset > 255)
+    return tl.sum(above_mass, axis=0)
 
 
 @triton.jit
@@ -461,7 +484,7 @@ def _end(line64, lo, kept_mass, row_max, tau_ptr, part_m_ptr, part_z_ptr, parts,
 def _select_pass(
     base, line, chunk, span, width, parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr,
     part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS: tl.constexpr, TILE: tl.constexpr,
-    BINS: tl.constexpr, PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr,
+    BINS: tl.constexpr, PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr, ATOMIC_WINDOW: tl.constexpr,
 ):
     """One item of a search pass (``span`` values of the line from chunk * span: a chunk, or a run of
     chunks, see cutoffs.py), and the next pass's plan by the last of them (see the module docstring)."""
@@ -497,7 +520,20 @@ def _select_pass(
     own = (line64 * NUM_CHUNKS + chunk) * (BINS + 1)
     # A gather's slots: the line's histogram counts, which a gather pass does not use.
     keys_ptr = part_count_ptr + line64 * NUM_CHUNKS * (BINS + 1)
-    if stage == 4:  # a top-k gather: hi is the line max
+    # A raw window where tl.histogram is warp ballots (ATOMIC_WINDOW), which would bin every value
+    # of the line: the window's few values counted by global atomics into the item's zeroed slice.
+    atomic_window = stage < 0  # False, as a runtime value
+    above_mass = lo * 0
+    if RAW16:
+        if ATOMIC_WINDOW:
+            atomic_window = stage == 8
+    if atomic_window:
+        if ATOMIC_WINDOW:
+            tl.store(part_count_ptr + own + slots, tl.zeros((2 * BINS,), tl.int32), mask=slots < BINS)
+            tl.debug_barrier()  # the zeros precede every thread's atomics
+            above_mass = _atomic_raw_window(base, chunk * span, span, width, inv_t, row_max, lo, part_count_ptr + own, TILE)
+            tl.store(part_count_ptr + own + BINS, 0)
+    elif stage == 4:  # a top-k gather: hi is the line max
         if RAW16:
             above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, _raw_floor(lo, inv_t, DTYPE), hi, state + 6, keys_ptr, TILE, GATHER,
                                  False, True)
@@ -649,6 +685,11 @@ def _select_pass(
                     lo = tl.where(above, past, bracket_lo)
                     hi = tl.where(above, bracket_hi, tl.maximum(order_key(raw_scaled(window_lo, inv_t, DTYPE)).to(tl.int64), bracket_lo))
                     next_stage = next_stage * 0 + 3
+                    if tl.load(state + 7, cache_modifier=".cg") == 0:
+                        # A window a sample placed (thresholds.py; the line's first pass): value bins
+                        # over the side that holds the cut, as the line would have started (the mass
+                        # above summed when the window lies above it), else exact key bins.
+                        next_stage = tl.where(top_p_stage(lo, hi) == 2, tl.where(above, 2, 6), 3)
         else:
             best, count_from, mass_from = _narrow(line_counts, line_masses, lo, hi, shift, row_max, stage, budget, top_k, inv_t, BINS, RAW16, DTYPE)
             new_lo = lo + (best.to(tl.int64) << shift)
@@ -709,11 +750,16 @@ def search_item(
     target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr,
     part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, line, chunk, merge, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k,
     t_parts, d_parts, NUM_CHUNKS: tl.constexpr, HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr,
-    PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr,
+    PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr, SAMPLE_RUNS: tl.constexpr, WINDOW_ATOMICS: tl.constexpr = True,
 ):
     """Pass ``search_pass`` over the ``chunk``-th run of ``merge`` chunks of one listed line, once the
     line's previous pass is published (every earlier pass's items hold earlier tickets: the wait
-    always ends)."""
+    always ends). SAMPLE_RUNS (where tl.histogram is warp ballots): a raw window counts by global
+    atomics, in a call whose lines are all 16-bit (a mixed call's two searches would spill), with
+    WINDOW_ATOMICS (a tree or block walk's kernel passes False: its walk's code would spill)."""
+    T16: tl.constexpr = target_ptr.dtype.element_ty.primitive_bitwidth == 16
+    D16: tl.constexpr = draft_ptr.dtype.element_ty.primitive_bitwidth == 16  # (without drafts: the target again)
+    ATOMIC_WINDOW: tl.constexpr = (SAMPLE_RUNS > 0) & T16 & D16 & WINDOW_ATOMICS
     if search_pass > 0:
         finished = tl.atomic_add(progress_ptr + line, 0, sem="acquire", scope="gpu")
         while finished < search_pass:
@@ -734,10 +780,10 @@ def search_item(
                     d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
                     _select_pass(d_base, line, chunk, span, Vd, d_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr,
                                  state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS,
-                                 TILE, BINS, PASSES, PARTS, PP, GATHER)
+                                 TILE, BINS, PASSES, PARTS, PP, GATHER, ATOMIC_WINDOW)
         else:
             if chunk * span < V:
                 t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
                 _select_pass(t_base, line, chunk, span, V, t_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr,
                              state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS, TILE, BINS,
-                             PASSES, PARTS, PP, GATHER)
+                             PASSES, PARTS, PP, GATHER, ATOMIC_WINDOW)

@@ -16,7 +16,9 @@ line's normaliser over the kept set come from the sorted candidates, and the lin
 again. Otherwise (a large k, a flat distribution under top-p) the line gets a search state and the
 whole-line search (select.py) finds the cut in the same launch, with the kept set's statistics,
 unless the statistics' windows settle it: a 16-bit top-k's top windows (``_raw_top_k_start``), a
-bf16 top-p's top-p window (``_top_p_window_cut``). The windows are tried before the candidates are
+bf16 top-p's top-p window (``_top_p_window_cut``). Where there are no windows (tl.histogram is warp
+ballots), a sample of the line places a top-k line's first gather (``_sampled_top_k_lo``) or a
+16-bit top-p line's first raw window (``_sampled_top_p_window``). The windows are tried before the candidates are
 sorted, so a line they settle sorts none. Either way the result is the same exact key.
 """
 
@@ -396,6 +398,51 @@ def _sampled_top_k_lo(base, width, inv_t, top_k, GATHER: tl.constexpr, RUNS: tl.
 
 
 @triton.jit
+def _sampled_top_p_window(base, width, inv_t, row_max, line_mass, budget, known, floor, DTYPE: tl.constexpr, RUNS: tl.constexpr,
+                          RUN: tl.constexpr):
+    """(first, usable): a 16-bit top-p line's raw window (select.py's stage 8: 256 single raw keys
+    from ``first``) centred on the cut a sample of the line estimates (the runs of
+    ``_sampled_top_k_lo``). Above the candidates' ``floor`` the mass is ``known`` (fixed point:
+    every value there is a candidate); of the rest, ``line_mass`` (the statistics') less that,
+    the share at or above a raw key r is the sample's: the weights of its values at or below the
+    floor from r's weight up, over all of them (integer weights: exact sums, compared in float64,
+    the same decisions in any summation order). The cut's estimate is the largest r whose
+    estimated mass from there up reaches ``budget`` (16 halvings). usable: the sample has values
+    below the floor, and no raw key below the window scales to its first key's value (as
+    _raw_window requires). Only a guess: the window's exact masses decide whether it holds the
+    cut, and a window that does not narrows the bracket (select.py)."""
+    INF_KEY: tl.constexpr = 32640 if DTYPE == tl.bfloat16 else 31744  # +inf's raw key (-inf's: -INF_KEY - 1)
+    spread = width > RUNS * RUN
+    step = tl.where(spread, (width - RUN) // (RUNS - 1), RUN)  # (int32: ids of the line)
+    ids = (tl.arange(0, RUNS) * step)[:, None] + tl.arange(0, RUN)[None, :]
+    s = tl.load(base + ids, mask=ids < width, other=float("-inf")).to(tl.float32) * inv_t
+    # Weights in units of 2**-17 of the floor value's (the largest a sampled value may have; the
+    # max's when there is no floor), int32: 4096 of them sum below 2**30, exactly in any order, with
+    # a compare, a select and an add a value and step (the estimate needs no finer).
+    finite = (floor > -2139095041) & (floor < 2139095040)  # (between -inf's key and +inf's: a floor value)
+    ref = tl.where(finite, key_to_float(tl.where(finite, floor, 0).to(tl.int32)), row_max)
+    ref = tl.where(ref < row_max, ref, row_max)
+    weight = tl.where(order_key(s).to(tl.int64) <= floor, (exp(s - ref) * 131072.0).to(tl.int32), 0)  # (-inf: 0)
+    total = tl.sum(tl.sum(weight, axis=0), axis=0)
+    # known + (mass - known) * share(r) >= budget, as share(r)'s sum * (mass - known) >= (budget - known) * total (float64)
+    rest = line_mass.to(tl.float64) * 1099511627776.0 - known.to(tl.float64)
+    need = (budget.to(tl.float64) * 1099511627776.0 - known.to(tl.float64)) * total.to(tl.float64)
+    low = width * 0 - INF_KEY - 1
+    top = low * 0 + INF_KEY
+    for _ in range(16):  # the largest raw key in [low, top] whose estimated mass from there up reaches the budget
+        middle = (low + top + 1) >> 1
+        value = raw_scaled(middle, inv_t, DTYPE)
+        at = (exp(tl.minimum(value, ref) - ref) * 131072.0).to(tl.int32)  # (none above the floor's: 2**17)
+        at = tl.where(value > row_max, 2147483647, at)  # (above the line max: no value, no mass)
+        reached = tl.sum(tl.sum(tl.where(weight >= at, weight, 0), axis=0), axis=0).to(tl.float64) * rest >= need
+        low = tl.where(reached, middle, low)
+        top = tl.where(reached, top, middle - 1)
+    first = tl.minimum(tl.maximum(low - 127, -INF_KEY - 1), INF_KEY - 255)
+    apart = (first <= -INF_KEY - 1) | (raw_scaled(tl.maximum(first - 1, -INF_KEY - 1), inv_t, DTYPE) < raw_scaled(first, inv_t, DTYPE))
+    return first.to(tl.int64), (total > 0) & apart
+
+
+@triton.jit
 def threshold_line(
     line, target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, hist_ptr, window_ptr,
@@ -419,7 +466,9 @@ def threshold_line(
     whose k no statistics counted and fits half the gather's slots, starts its search with a gather
     placed from a sample of the line (``_sampled_top_k_lo``): one pass when the gather holds the
     cut, no histogram. Such a line leaves its candidates unsorted (they cannot settle it, and the
-    search needs none of them): the sort is about a third of its item's instructions."""
+    search needs none of them): the sort is about a third of its item's instructions. A 16-bit
+    line cut by top-p alone that its candidates leave starts with a raw window placed from a
+    sample (``_sampled_top_p_window``): one pass, with no value bins, when it holds the cut."""
     TDTYPE: tl.constexpr = target_ptr.dtype.element_ty
     DDTYPE: tl.constexpr = draft_ptr.dtype.element_ty
     T16: tl.constexpr = TDTYPE.primitive_bitwidth == 16
@@ -440,6 +489,7 @@ def threshold_line(
     path = stage * 0  # no pass yet
     known_mass = tl.full((), -1, tl.int64)  # not known
     start_k_key = tl.full((), -2147483648, tl.int64)  # the top-k key (none yet)
+    bracket_lo = tl.full((), -2147483648, tl.int64)  # a sampled raw window's bracket: [bracket_lo, the line max]
     state = state_ptr + line.to(tl.int64) * 8
     if active:
         # A line its statistics' windows may settle tries them first: the candidates are then
@@ -514,6 +564,36 @@ def threshold_line(
                         stage = stage * 0 + 4
                         lo = sample_lo
                         tl.store(state + 6, 0)  # the gather's slot counter
+                if T16 | D16:  # (a call of 32-bit lines compiles none of it)
+                    if (stage == 2) & tl.where(is_draft, D16, T16):
+                        # A 16-bit line cut by top-p alone that its candidates leave: a raw window
+                        # (select.py's stage 8) placed from a sample of the line, one pass and no
+                        # ballot histogram when it holds the cut; the bracket [lo, the line max] that
+                        # the value bins would take is kept for a window that does not.
+                        # (half the top-k sample's runs, 16 at most: its weights stay in registers beside the item's state)
+                        TOP_P_RUNS: tl.constexpr = 16 if SAMPLE_RUNS >= 32 else (SAMPLE_RUNS // 2 if SAMPLE_RUNS >= 4 else SAMPLE_RUNS)
+                        row_max, line_mass, bad = _line_mass(line, parts, part_m_ptr, part_z_ptr, PARTS, PP)
+                        index = tl.arange(0, SORT)
+                        known = tl.sum(tl.where(index < count, fixed_mass(key_to_float(keys), row_max), 0), axis=0)
+                        known = tl.where(count >= 0, known, 0)  # (more candidates than the sort: the sample alone)
+                        sample_floor = tl.where(count >= 0, floor, 2147483647)
+                        window_first = lo
+                        usable = stage < 0  # False, as a runtime value
+                        if is_draft:
+                            if HAS_DRAFT & D16:
+                                d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
+                                window_first, usable = _sampled_top_p_window(d_base, width, inv_t, row_max, line_mass, carried, known, sample_floor, DDTYPE,
+                                                                             TOP_P_RUNS, SAMPLE_RUN)
+                        else:
+                            if T16:
+                                t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
+                                window_first, usable = _sampled_top_p_window(t_base, width, inv_t, row_max, line_mass, carried, known, sample_floor, TDTYPE,
+                                                                             TOP_P_RUNS, SAMPLE_RUN)
+                        if usable:
+                            bracket_lo = lo
+                            stage = stage * 0 + 8
+                            lo = window_first
+                            hi = window_first + 255
             if histogrammed(use_k, top_k, HISTOGRAM_TOP_K):
                 bins = tl.arange(0, 256)
                 counts = tl.load(hist_ptr + line.to(tl.int64) * 256 + bins, cache_modifier=".cg")
@@ -552,8 +632,9 @@ def threshold_line(
         tl.store(state + 1, lo.to(tl.int32))  # lo: at or below the cut
         tl.store(state + 2, hi.to(tl.int32))  # hi: the line max (a raw key's after the counts)
         tl.store(state + 3, start_k_key.to(tl.int32))  # the top-k key (none yet, unless the window settled it)
-        tl.store(state + 4, known_mass.to(tl.int32))  # the mass above a raw window (top-p's bracket later)
-        tl.store(state + 5, (known_mass >> 32).to(tl.int32))
+        # The mass above a raw window (top-p's bracket later; a sampled raw window's from the start).
+        tl.store(state + 4, tl.where(stage == 8, bracket_lo, known_mass).to(tl.int32))
+        tl.store(state + 5, tl.where(stage == 8, max_key, known_mass >> 32).to(tl.int32))
         tl.store(state + 7, path)  # the passes taken (4 bits each)
         tl.store(state_f_ptr + line.to(tl.int64) * 2, row_max)
         tl.store(state_f_ptr + line.to(tl.int64) * 2 + 1, carried)

@@ -197,3 +197,47 @@ def test_items_drawn_by_ticket_charge_the_pipes_their_average_share(monkeypatch)
         assert work["most"] * lines / 264 == pytest.approx(-(-lines // 264))
         issue[lines] = gpu_model.estimate_launch(launch, call, "cutoff").issue_us
     assert issue[1088] / issue[1056] == pytest.approx(1088 / 1056, rel=0.02)
+
+
+# A threshold items' loop (0x10-0x100) whose sort (0x30-0x50) a line may skip, then a top-k sample's
+# bisection (0x70-0x90: no load, no exponential), then a top-p sample's: its prologue (0xb0) and
+# its bisection (0xc0-0xe0: no load, each key's weight an exponential), which a top-p line that
+# samples takes after its sorted candidates.
+_TWO_SAMPLES_ITEM = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0020*/               @P5 BRA P6, 0x60 ;
+        /*0030*/                   ISETP.GT.XOR P3, PT, R7, R8, P4 ;
+        /*0040*/                   SEL R7, R7, R8, P3 ;
+        /*0050*/                   SEL R8, R8, R7, P3 ;
+        /*0060*/               @P0 BRA 0xa0 ;
+        /*0070*/                   IADD3 R9, R9, 0x1, RZ ;
+        /*0080*/                   ISETP.GE.AND P1, PT, R9, R10, PT ;
+        /*0090*/               @P1 BRA 0x70 ;
+        /*00a0*/               @P3 BRA 0xf0 ;
+        /*00b0*/                   IMAD.MOV.U32 R11, RZ, RZ, R12 ;
+        /*00c0*/                   MUFU.EX2 R13, R11 ;
+        /*00d0*/                   ISETP.GE.AND P1, PT, R13, R10, PT ;
+        /*00e0*/               @P1 BRA 0xc0 ;
+        /*00f0*/                   STG.E desc[UR4][R4.64], R7 ;
+        /*0100*/               @P2 BRA 0x10 ;
+        /*0110*/                   CCTL.IVALL ;
+        /*0120*/                   EXIT ;
+        /*0130*/                   BRA 0x130 ;
+"""
+
+
+def test_a_top_p_line_that_samples_goes_through_its_sample_and_its_sort():
+    """The top-p sample's bisection (an exponential, no load) is a loop of its own kind. A line
+    that samples its raw window takes the longest path through that sample, its sort included (10
+    of 10: the prologue only it runs); a top-k line that samples, the path through its own sample
+    around the sort and the other sample (6); any other line, the longest around both samples (9).
+    Each loop's own steps are counted as its trips."""
+    code = gpu_model.analyse(_TWO_SAMPLES_ITEM, _RESOURCES)
+    loop = next(loop for loop in code.loops if loop.parent is None)
+    assert gpu_model.loop_kinds("cutoff", code) == ["threshold ticket loop", "sample bisection step", "top-p sample bisection step"]
+    assert (loop.instructions, loop.through_p_sample, loop.through_sample, loop.around_sample) == (10, 10, 6, 9)
+    for p_sampled, k_sampled in ((0.0, 0.0), (0.5, 0.0), (0.25, 0.5), (1.0, 0.0)):
+        call = gpu_model.Call("x", 64, 8, 128256, "bf16", top_p=0.99, search_fraction=1.0, sampled_share=k_sampled, top_p_sampled_share=p_sampled)
+        expected = (p_sampled * 10 + k_sampled * 6 + (1 - p_sampled - k_sampled) * 9) / 10
+        assert gpu_model.threshold_item_trips(loop, call, 2.0) == pytest.approx(2.0 * expected)

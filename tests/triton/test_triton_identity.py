@@ -511,6 +511,17 @@ def _sampled_line(kind: str, vocab: int = 3000) -> torch.Tensor:
 
 _SAMPLED = _SEARCHED | {"sample_runs": 4, "select_gather": 512}
 
+
+def _sampled_search(target, top_k, top_p) -> tuple:
+    """(args, the search state's path word) of one sampled line's call at T=0.9 (_SAMPLED), after
+    checking its cut is the reference's and that the search took it."""
+    args = _params.validate_verify(target, None, torch.zeros(1, 0, dtype=torch.int64), generator=None, check=False, temperature=0.9,
+                                   top_k=top_k, top_p=top_p, num_draft_tokens=None)
+    got, resolved = _triton_thresholds(args, **_SAMPLED)
+    assert torch.equal(got, _reference_thresholds(args)), got.tolist()
+    assert resolved.tolist() == [0]
+    return args, int(_triton_backend.workspace(target.device).ints[_search_state_offset(args, 512, sample_runs=4) + 7])
+
 # (line, vocab, top-k, top-p, the stages of the passes for float32 and for bf16)
 _SAMPLED_PATHS = [
     ("plain", 3000, 100, 1.0, [4], [4]),  # the sampled gather holds the cut: one pass
@@ -534,12 +545,7 @@ def test_a_sampled_gather_starts_a_top_k_search(dtype, kind, vocab, top_k, top_p
     from specdec_ext._params import inverse_temperature
 
     target = _sampled_line(kind, vocab).to(dtype).reshape(1, 1, vocab)
-    args = _params.validate_verify(target, None, torch.zeros(1, 0, dtype=torch.int64), generator=None, check=False, temperature=0.9,
-                                   top_k=top_k, top_p=top_p, num_draft_tokens=None)
-    got, resolved = _triton_thresholds(args, **_SAMPLED)
-    assert torch.equal(got, _reference_thresholds(args)), got.tolist()
-    assert resolved.tolist() == [0]
-    path = int(_triton_backend.workspace(target.device).ints[_search_state_offset(args, 512, sample_runs=4) + 7])
+    args, path = _sampled_search(target, top_k, top_p)
     inv_t = inverse_temperature(torch.tensor([0.9]))
     raw = (target[0, 0].view(torch.int16).numpy(), "bf16", np.float32(inv_t.item())) if dtype == torch.bfloat16 else None
     modelled = select_search((target[0, 0].float() * inv_t).numpy(), top_k, top_p, gather=512, raw=raw, sample_runs=4, histogram_top_k=1024)
@@ -560,6 +566,109 @@ def test_sampled_gathers_give_the_reference_tokens(dtype):
         args = _args(target.reshape(2, 2, 3000), draft, tokens, seeds=seeds, offsets=offsets, temperature=torch.tensor([0.9, 1.0]),
                      return_logprobs="processed", return_accept_probs=True, **params)
         assert_same(_triton_backend.verify(args, 3, **_SAMPLED), verify_eager(args, 3))
+
+
+def _window_line(kind: str, vocab: int = 3000) -> torch.Tensor:
+    """A flat line for the sampled raw window (sample_runs 4: a top-p sample takes half, 2 runs of
+    256 ids over 3000): 0.2 * N(0, 1); "low", the sampled runs 0.5 lower (the sample reads too
+    little mass high up: the window lies below the cut); "high", 0.5 higher (it lies above the cut)."""
+    from bench.gpu_model import sample_ids
+
+    line = 0.2 * torch.randn(vocab, generator=torch.Generator().manual_seed(9))
+    sampled = torch.from_numpy(sample_ids(vocab, 2))
+    if kind != "flat":
+        line[sampled] += 0.5 if kind == "high" else -0.5
+    return line
+
+
+# (line, dtype, top-p, the stages of the passes: 8 the raw window, then 2 / 6 value bins, 5 a gather, 8 a raw window again)
+_WINDOW_PATHS = [
+    ("flat", torch.bfloat16, 0.99, [8]),  # the sampled window holds the cut: one pass
+    ("flat", torch.bfloat16, 0.9, [8]),
+    ("low", torch.bfloat16, 0.5, [8, 2, 8]),  # the cut above the window: value bins over [past it, line max]
+    ("high", torch.bfloat16, 0.9, [8, 6, 8]),  # below it: value bins over [floor, its first value], the mass above summed
+    ("flat", torch.float16, 0.9, [8]),
+    ("low", torch.float16, 0.5, [8, 2, 5]),  # (fp16's 256 keys are a quarter binade: a gather after the value bins)
+    ("high", torch.float16, 0.9, [8, 6, 5]),
+]
+
+
+@pytest.mark.parametrize("kind,dtype,top_p,stages", _WINDOW_PATHS)
+def test_a_sampled_raw_window_starts_a_top_p_search(kind, dtype, top_p, stages):
+    """Where tl.histogram is warp ballots (sample_runs), a 16-bit line cut by top-p alone that the
+    candidates leave starts with a raw window (select.py's stage 8) that a sample of the line
+    places (thresholds.py), its counts added by global atomics: the reference's cut whichever way
+    it goes, with the passes bench.gpu_model.select_search takes (the candidates' floor as the
+    kernel has it). One pass when the window holds the cut; else value bins over the side that
+    does, as the line would have started."""
+    from bench.gpu_model import candidate_outcome, select_search
+    from specdec_ext._params import inverse_temperature
+
+    target = _window_line(kind).to(dtype).reshape(1, 1, 3000)
+    args, path = _sampled_search(target, None, top_p)
+    inv_t = inverse_temperature(torch.tensor([0.9]))
+    scaled = (target[0, 0].float() * inv_t).numpy()
+    stats = _triton_backend.launches_for(args, 0, **_SAMPLED)[0]
+    c = stats.constexprs
+    floor_key = candidate_outcome(scaled, stats.grid[1], c["T_LANES"], c["T_ROWS"], stats.args[-1], c["LINE_SLOTS"], c["SORT"], 0, top_p)["floor_key"]
+    raw = (target[0, 0].view(torch.int16).numpy(), "bf16" if dtype == torch.bfloat16 else "fp16", np.float32(inv_t.item()))
+    modelled = select_search(scaled, 0, top_p, gather=512, raw=raw, floor_key=floor_key, sample_runs=4)
+    assert modelled["sampled_window"] and modelled["stages"] == stages, modelled["stages"]
+    assert [int(d, 16) for d in hex(path)[2:]] == modelled["path"][:7]
+
+
+def test_a_sampled_raw_window_holds_the_cut_of_trained_logits():
+    """The embedded target's bf16 logits on a demo document (peaked: the max often outweighs the
+    rest, and more candidates than the sort hold; the default 32 runs, whose half for top-p hold
+    the line's 1832 values): each sampled window holds the cut, one pass (the estimate never climbs above the line max,
+    where no value lies), with the reference's cut and the passes bench.gpu_model.select_search
+    takes."""
+    from bench.gpu_model import _demo_lines, candidate_outcome, select_search
+
+    lines = _demo_lines(torch.bfloat16)[1][:48:8].to(torch.bfloat16)
+    vocab = lines.shape[-1]
+    target = lines.reshape(1, 6, vocab)
+    args = _params.validate_verify(target, None, torch.zeros(1, 5, dtype=torch.int64), generator=None, check=False, temperature=1.0,
+                                   top_k=None, top_p=0.95, num_draft_tokens=None)
+    geometry = _SAMPLED | {"sample_runs": 32}
+    got, resolved = _triton_thresholds(args, **geometry)
+    assert torch.equal(got, _reference_thresholds(args)), got.tolist()
+    stats = _triton_backend.launches_for(args, 0, **geometry)[0]
+    c = stats.constexprs
+    offset = _search_state_offset(args, 512, sample_runs=32)
+    searched = 0
+    for n, line in enumerate(lines):
+        scaled = line.float().numpy()
+        outcome = candidate_outcome(scaled, stats.grid[1], c["T_LANES"], c["T_ROWS"], stats.args[-1], c["LINE_SLOTS"], c["SORT"], 0, 0.95)
+        if resolved[n]:
+            continue
+        searched += 1
+        modelled = select_search(scaled, 0, 0.95, gather=512, raw=(line.view(torch.int16).numpy(), "bf16", np.float32(1.0)),
+                                 floor_key=outcome["floor_key"], sample_runs=32)
+        assert modelled["sampled_window"] and modelled["stages"] == [8], (n, modelled["stages"])
+        assert int(_triton_backend.workspace(target.device).ints[offset + 8 * n + 7]) == 8
+    assert searched >= 3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sampled_raw_windows_give_the_reference_tokens(dtype):
+    """Sampled raw windows that hold the cut and that miss it (both ways), target and draft lines,
+    two temperatures: token for token, with the probabilities (the kept mass), through the whole
+    call, and a block verification's cut-offs (the same search)."""
+    from specdec_ext import _triton_tree
+    from specdec_ext.reference_tree import verify_block_eager
+
+    target = torch.stack([_window_line("flat"), _window_line("low"), _window_line("high"), _window_line("flat").flip(0)]).to(dtype)
+    draft = torch.stack([_window_line("high").roll(5), _window_line("flat").roll(11)]).to(dtype).reshape(2, 1, 3000)
+    tokens = torch.tensor([[5], [7]])
+    seeds, offsets = _keys(2)
+    for top_p in (0.9, 0.99):
+        args = _args(target.reshape(2, 2, 3000), draft, tokens, seeds=seeds, offsets=offsets, temperature=torch.tensor([0.9, 1.0]), top_p=top_p,
+                     return_logprobs="processed", return_accept_probs=True)
+        assert_same(_triton_backend.verify(args, 3, **_SAMPLED), verify_eager(args, 3))
+    block = _args(target.reshape(2, 2, 3000), draft, tokens, seeds=seeds, offsets=offsets, temperature=0.9, top_p=0.9)
+    fused, eager = _triton_tree.verify_block(block, 3, **_SAMPLED), verify_block_eager(block, 3)
+    assert torch.equal(fused[0], eager[0]) and torch.equal(fused[1], eager[1])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
