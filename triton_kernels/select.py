@@ -524,9 +524,8 @@ def _select_pass(
     # of the line: the window's few values counted by global atomics into the item's zeroed slice.
     atomic_window = stage < 0  # False, as a runtime value
     above_mass = lo * 0
-    if RAW16:
-        if ATOMIC_WINDOW:
-            atomic_window = stage == 8
+    if ATOMIC_WINDOW:  # (every line of the call is 16-bit)
+        atomic_window = stage == 8
     if atomic_window:
         if ATOMIC_WINDOW:
             tl.store(part_count_ptr + own + slots, tl.zeros((2 * BINS,), tl.int32), mask=slots < BINS)

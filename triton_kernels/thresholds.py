@@ -372,6 +372,16 @@ def _isqrt(x):
 
 
 @triton.jit
+def _sample(base, width, inv_t, RUNS: tl.constexpr, RUN: tl.constexpr):
+    """A line's sample, scaled: RUNS runs of RUN consecutive ids, evenly spaced, (width - RUN) //
+    (RUNS - 1) apart (the whole line when it is no longer; -inf past its end), as (RUNS, RUN)."""
+    spread = width > RUNS * RUN
+    step = tl.where(spread, (width - RUN) // (RUNS - 1), RUN)  # (int32: ids of the line)
+    ids = (tl.arange(0, RUNS) * step)[:, None] + tl.arange(0, RUN)[None, :]
+    return tl.load(base + ids, mask=ids < width, other=float("-inf")).to(tl.float32) * inv_t
+
+
+@triton.jit
 def _sampled_top_k_lo(base, width, inv_t, top_k, GATHER: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr):
     """(lo, usable): a top-k gather's lo placed from a sample of the line, RUNS runs of RUN
     consecutive ids evenly spaced, (width - RUN) // (RUNS - 1) apart (the whole line when it is no
@@ -380,9 +390,7 @@ def _sampled_top_k_lo(base, width, inv_t, top_k, GATHER: tl.constexpr, RUNS: tl.
     when the sample is the line); usable when the sample has r finite values. Only a guess: the
     gather's exact count decides (select.py's stage 4), so no cut depends on it."""
     spread = width > RUNS * RUN
-    step = tl.where(spread, (width - RUN) // (RUNS - 1), RUN)  # (int32: ids of the line)
-    ids = (tl.arange(0, RUNS) * step)[:, None] + tl.arange(0, RUN)[None, :]
-    s = tl.load(base + ids, mask=ids < width, other=float("-inf")).to(tl.float32) * inv_t
+    s = _sample(base, width, inv_t, RUNS, RUN)
     high = tl.where(s > float("-inf"), order_key(s) >> 16, -32769)  # the keys' 16 high bits (-inf: below them all)
     rank = tl.where(spread, (_isqrt(top_k * GATHER) * (RUNS * RUN) + width - 1) // width, top_k).to(tl.int32)
     usable = tl.sum(tl.sum((high >= -32768).to(tl.int32), axis=0), axis=0) >= rank  # (down the runs first: inside each thread)
@@ -412,10 +420,7 @@ def _sampled_top_p_window(base, width, inv_t, row_max, line_mass, budget, known,
     _raw_window requires). Only a guess: the window's exact masses decide whether it holds the
     cut, and a window that does not narrows the bracket (select.py)."""
     INF_KEY: tl.constexpr = 32640 if DTYPE == tl.bfloat16 else 31744  # +inf's raw key (-inf's: -INF_KEY - 1)
-    spread = width > RUNS * RUN
-    step = tl.where(spread, (width - RUN) // (RUNS - 1), RUN)  # (int32: ids of the line)
-    ids = (tl.arange(0, RUNS) * step)[:, None] + tl.arange(0, RUN)[None, :]
-    s = tl.load(base + ids, mask=ids < width, other=float("-inf")).to(tl.float32) * inv_t
+    s = _sample(base, width, inv_t, RUNS, RUN)
     # Weights in units of 2**-17 of the floor value's (the largest a sampled value may have; the
     # max's when there is no floor), int32: 4096 of them sum below 2**30, exactly in any order, with
     # a compare, a select and an add a value and step (the estimate needs no finer).
