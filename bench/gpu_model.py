@@ -2208,19 +2208,35 @@ def measure_block_walks(k: int = 8, coins: int = 16) -> dict:
             "results": found}
 
 
-def _measured(options) -> dict:
+def measured_windows(stored: dict, versions: dict) -> bool:
+    """Whether a stored measurement of trips was made where the statistics count windows
+    (key_window_default(): Triton 3.8 and later). Its lines' outcomes depend on it: a top-p line
+    measured without the statistics' top-p windows has no outcome for them, so a model of Triton
+    3.8+ must not take it. Measurements record it; older ones, by their file's Triton."""
+    if "statistics_windows" in stored:
+        return bool(stored["statistics_windows"])
+    found = tuple(int(part) for part in str(versions.get("triton", "0.0")).split(".")[:2])
+    return found >= (3, 8)
+
+
+def _measured(options, results_dir: Path = RESULTS_DIR) -> dict:
     """The data-dependent trips: measured now (--measure, in this process's CPU time), or the
-    newest stored measurement of bench/results/gpu-model-*.json."""
+    newest stored measurement of bench/results/gpu-model-*.json made where the statistics count
+    windows as they do here (``measured_windows``)."""
+    from specdec_ext._triton_backend import key_window_default
+
     if options.measure:
         print("measuring the data-dependent trips on LM logits (candidate_outcome, every line)")
         # (the time of day too: of two measurements the same day, the later is the newer)
-        return measure_trips() | {"measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")}
-    # The newest measurement (by its date; a file that measured itself before one that copied it).
+        return measure_trips() | {"measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+                                  "statistics_windows": key_window_default()}
+    # The newest measurement (by its date) of the files that made theirs (a copy names its source).
     found = []
-    for path in RESULTS_DIR.glob("gpu-model-*.json"):
-        stored = json.loads(path.read_text()).get("measured_trips")
-        if stored:
-            found.append(((stored.get("measured", ""), "from" not in stored, path.name), stored | {"from": stored.get("from", path.name)}))
+    for path in results_dir.glob("gpu-model-*.json"):
+        data = json.loads(path.read_text())
+        stored = data.get("measured_trips")
+        if stored and stored.get("from", path.name) == path.name and measured_windows(stored, data.get("versions", {})) == key_window_default():
+            found.append(((stored.get("measured", ""), path.name), stored | {"from": path.name}))
     return max(found, key=lambda item: item[0])[1] if found else {}
 
 
