@@ -364,6 +364,23 @@ def _barrier(instruction: Instruction) -> bool:
     return instruction.base == "BAR"
 
 
+def sample_loop(loop: Loop) -> str | None:
+    """The sample a threshold item's inner loop bisects, read from its code: none when it loads
+    (a tile loop); a top-p sample's ("top-p") when it exponentiates (a 16-bit raw window's: the
+    weight at each key) or compares float64 estimates of the line (its mass, or its count); else
+    a top-k sample's ("top-k": counts against a rank, in integers)."""
+    if loop.has("LDG"):
+        return None
+    return "top-p" if loop.has("MUFU") or loop.has("DSETP") else "top-k"
+
+
+def sample_steps_per_trip(loop: Loop, kind: str) -> int:
+    """Bisection steps one trip of a sample's loop takes (the compiler may unroll a few): each
+    step compares one float64 estimate, two for a top-p gather's window (its two bounds)."""
+    per_step = 2 if kind == "top-p gather window step" else 1
+    return max(1, loop.has("DSETP") // per_step) if kind in ("top-p gather estimate step", "top-p gather window step") else 1
+
+
 def analyse(sass: str, resources: str) -> KernelCode:
     body = [i for i in _main_body(parse_sass(sass)) if i.base != "NOP"]
     cold = _cold_addresses(body)
@@ -395,11 +412,10 @@ def analyse(sass: str, resources: str) -> KernelCode:
             tiles = frozenset(i.address for i in own for c in loops if c.parent == loop.start and c.has("LDG") and c.has("MUFU")
                               and c.start <= i.address <= c.end)
             whole = longest_path(own, skip)
-            # (a top-k sample's bisection: a loop inside the item with no load and no exponential;
-            # a top-p sample's: no load, the weight at each key's value)
-            sampling = frozenset(i.address for i in own for c in loops if c.parent == loop.start and not c.has("LDG") and not c.has("MUFU")
+            # (a sample's bisections: loops inside the item with no load, a top-p sample's with float64 estimates)
+            sampling = frozenset(i.address for i in own for c in loops if c.parent == loop.start and sample_loop(c) == "top-k"
                                  and c.start <= i.address <= c.end)
-            p_sampling = frozenset(i.address for i in own for c in loops if c.parent == loop.start and not c.has("LDG") and c.has("MUFU")
+            p_sampling = frozenset(i.address for i in own for c in loops if c.parent == loop.start and sample_loop(c) == "top-p"
                                    and c.start <= i.address <= c.end)
             loop.around_sample = max(longest_path(own, skip, avoid=sampling | p_sampling), 0) if sampling | p_sampling else 0
             # (a top-k line that samples leaves its candidates unsorted: around the sort, through its sample)
@@ -678,6 +694,10 @@ LOOP_KINDS = {
                              "registers, 16 halvings of the keys' high half: 16 per sampled line (sampled_share, MEASURED)",
     "top-p sample bisection step": "SAMPLE_RUNS, 16-bit lines: a threshold item places a top-p line's first raw window from a sample of the line (its weights held "
                                    "in registers), 16 halvings of the raw keys: 16 per sampled line (top_p_sampled_share, MEASURED)",
+    "top-p gather estimate step": "SAMPLE_RUNS, a call of 32-bit lines: a threshold item places a top-p line's first gather from a sample of the line, "
+                                  "16 halvings of the keys' high half by the sampled mass: 16 per sampled line, over the steps a trip takes "
+                                  "(the float64 tests a trip compiles; top_p_sampled_share, MEASURED)",
+    "top-p gather window step": "then the gather's two bounds, 16 halvings by the sampled counts: 16 per sampled line, over the steps a trip takes",
     "residual race tile": "race tiles of a rejected row: the vocabulary over the row's chunks (every row rejects, ASSUMPTIONS)",
     "bonus race tile": "race tiles of an accepted row: 0 (every row rejects)",
     "zero-residual race (rare)": "the finalising program's race when every residual weight is zero (on p; a tree's on the residual before its last rejection, then p), with its removed-id tests: 0 (rounding corner)",
@@ -834,10 +854,14 @@ def _cutoff_kinds(loops: list[Loop], kinds: list, at: list[int] | None = None) -
     for n, loop in zip(at if at is not None else range(len(loops)), loops, strict=True):
         if loop.start in parents:
             kinds[n] = "search ticket loop" if loop.after_wait else "threshold ticket loop"
-        elif not loop.after_wait and loop.parent is not None and not loop.has("LDG") and not loop.has("MUFU"):
+        elif not loop.after_wait and loop.parent is not None and sample_loop(loop) == "top-k":
             kinds[n] = "sample bisection step"  # (inside a threshold item: a sampled top-k's lo, on keys held in registers)
-        elif not loop.after_wait and loop.parent is not None and not loop.has("LDG") and loop.has("MUFU"):
+        elif not loop.after_wait and loop.parent is not None and sample_loop(loop) == "top-p" and loop.has("MUFU"):
             kinds[n] = "top-p sample bisection step"  # (a sampled top-p window's: each key's weight, on weights held in registers)
+        elif not loop.after_wait and loop.parent is not None and sample_loop(loop) == "top-p":
+            # (a 32-bit line's sampled top-p gather: the cut's bucket by the sampled mass, then its
+            # window's bounds by the sampled counts, popcounts of the buckets' tests)
+            kinds[n] = "top-p gather window step" if loop.has("POPC") else "top-p gather estimate step"
         elif not loop.after_wait and loop.parent is not None and loop.has("LDG") and loop.has("MUFU"):
             # (inside a threshold item: the steps summed from the top, then the one scanned, a running sum)
             kinds[n] = "top-p window scan" if loop.has("SHFL.UP") else "top-p window sum step"
@@ -973,6 +997,11 @@ def unsorted_kind(search: dict) -> dict:
     return {"top_p_settled_share": bool(search["top_p_window"] and search["top_p_window"]["settles"]), "top_k_window_share": bool(search["top_k_window"])}
 
 
+def all_32_bit(call: Call) -> bool:
+    """Whether every line of ``call`` is 32-bit (vLLM's): its top-p lines' first gather comes from a sample."""
+    return call.dtype == "fp32" and (call.draft != "logits" or (call.draft_dtype or call.dtype) == "fp32")
+
+
 def synthetic_search(call: Call, lines: int = 4) -> dict:
     """What select.py's search takes (select_search, pass by pass) on ``lines`` synthetic flat
     lines: standard normal logits at the call's vocabulary (rounded to its 16-bit dtype), scaled by
@@ -1003,7 +1032,10 @@ def synthetic_search(call: Call, lines: int = 4) -> dict:
                 steps.append(search["top_p_window"]["steps"])
             unsorted.update(unsorted_kind(search))
         else:
-            search = select_search(values / np.float32(call.temperature), call.top_k, call.top_p, **sample)
+            # (a call of 32-bit lines starts a top-p line with a gather a sample places)
+            scaled = values * (np.float32(1.0) / np.float32(call.temperature))
+            floor_key = candidate_outcome(scaled, *geometry, SORT, call.top_k, call.top_p)["floor_key"]
+            search = select_search(scaled, call.top_k, call.top_p, floor_key=floor_key, top_p_gather=all_32_bit(call), **sample)
             passes.append(search["passes"])
         sampled += search["sampled"]
         sampled_window += search["sampled_window"]
@@ -1111,7 +1143,9 @@ def _work(launch, call: Call, phase: str) -> dict:
                       "top-p window sum step": (items * call.top_p_window_share * call.top_p_window_steps, c.get("TOP_P_STEP", 0)),
                       "top-p window scan": (items * call.top_p_window_share, c.get("TOP_P_STEP", 0)),
                       "sample bisection step": (items * call.sampled_share * 16, sample),
-                      "top-p sample bisection step": (items * call.top_p_sampled_share * 16, sample)},
+                      "top-p sample bisection step": (items * call.top_p_sampled_share * 16, sample),
+                      "top-p gather estimate step": (items * call.top_p_sampled_share * 16, sample),
+                      "top-p gather window step": (items * call.top_p_sampled_share * 16, sample)},
             "programs_used": programs, "most": math.ceil(items) / items,
             "bytes": lines * (c["LINE_SLOTS"] * 4 + 2 * c["SORT"] * 4 + c["PARTS"] * 16
                               + call.top_p_window_share * call.top_p_window_steps * c.get("TOP_P_STEP", 0) * 4 + (call.sampled_share + call.top_p_sampled_share) * sample * call.itemsize),
@@ -1209,6 +1243,7 @@ def loop_trips(launch, call: Call, phase: str, code: KernelCode) -> list[tuple[L
             trips = (trips * (loop.instructions - loop.tail) + work.get("finalisers", 0.0) * search_tail(loop, call)) / loop.instructions
         if kind == "threshold ticket loop":
             trips = threshold_item_trips(loop, call, trips)
+        trips /= sample_steps_per_trip(loop, kind)
         found.append((loop, kind, trips / copies[kind], values or work["loops"].get(base(kind), (0, 0))[1]))
     return found
 
@@ -1721,6 +1756,31 @@ def sampled_top_k_lo(scaled, top_k: int, gather: int, runs: int, run: int | None
     return (int(np.sort(_order_keys(drawn))[::-1][rank - 1]) >> 16) << 16
 
 
+def _sample_weights(scaled, row_max: float, line_mass: float, budget: float, floor_key: int | None, runs: int, run: int | None) -> dict:
+    """thresholds.py's _sample_weights on one line's sample (sample_ids): the sampled values' order
+    keys, which lie at or below the candidates' floor, their int32 weights (int64 here) in units
+    of 2**-17 of the floor value's, the reference value, the total, and the float64 rest and need
+    of the estimate's test; with the floor and the line's size."""
+    import numpy as np
+
+    f32, f64 = np.float32, np.float64
+    values = np.asarray(scaled, dtype=f32)
+    keys = np.where(values > -np.inf, _order_keys(values), -(2**31))
+    floor = 2**31 - 1 if floor_key is None else floor_key
+    known = int(_fixed_weights(values, row_max)[keys > floor].sum()) if floor_key is not None else 0
+    ids = sample_ids(values.size, runs, run)
+    ref = f32(min(float(_key_floats(np.array([floor]))[0]), row_max)) if -2139095041 < floor < 2139095040 else f32(row_max)
+    drawn, drawn_keys = values[ids], keys[ids]
+    below = (drawn_keys <= floor) & (drawn > -np.inf)
+    with np.errstate(invalid="ignore"):
+        weight = np.where(below, (np.exp2((np.minimum(drawn, ref) - ref) * f32(1.4426950408889634)) * f32(131072.0)).astype(np.int64), 0)
+    total = int(weight.sum())
+    rest = f64(f32(line_mass)) * f64(2.0**40) - f64(known)
+    need = (f64(f32(budget)) * f64(2.0**40) - f64(known)) * f64(total)
+    return {"keys": drawn_keys, "below": below, "weight": weight, "ref": ref, "total": total, "rest": rest, "need": need, "floor": floor,
+            "size": values.size}
+
+
 def sampled_top_p_window(scaled, dtype: str, inv_t, row_max: float, line_mass: float, budget: float, floor_key: int | None, runs: int,
                          run: int | None = None) -> tuple[int, bool]:
     """thresholds.py's _sampled_top_p_window on one 16-bit line (``scaled``: its values times
@@ -1730,21 +1790,10 @@ def sampled_top_p_window(scaled, dtype: str, inv_t, row_max: float, line_mass: f
     kernel's."""
     import numpy as np
 
-    values = np.asarray(scaled, dtype=np.float32)
     inf_key = 32640 if dtype == "bf16" else 31744
-    keys = np.where(values > -np.inf, _order_keys(values), -(2**31))
-    weights = _fixed_weights(values, row_max)
-    floor = 2**31 - 1 if floor_key is None else floor_key
-    known = int(weights[keys > floor].sum()) if floor_key is not None else 0
-    ids = sample_ids(values.size, runs, run)
     f32 = np.float32
-    ref = f32(min(float(_key_floats(np.array([floor]))[0]), row_max)) if -2139095041 < floor < 2139095040 else f32(row_max)
-    with np.errstate(over="ignore", invalid="ignore"):
-        small = (np.exp2((values[ids] - ref) * f32(1.4426950408889634)) * f32(131072.0))
-    drawn = np.where((keys[ids] <= floor) & (values[ids] > -np.inf), small, 0).astype(np.int64)  # (int32 in the kernel: 2**-17 of the floor's)
-    total = int(drawn.sum())
-    rest = np.float64(np.float32(line_mass)) * np.float64(2.0**40) - np.float64(known)
-    need = (np.float64(np.float32(budget)) * np.float64(2.0**40) - np.float64(known)) * np.float64(total)
+    sample = _sample_weights(scaled, row_max, line_mass, budget, floor_key, runs, run)
+    drawn, ref, total, rest, need = (sample[name] for name in ("weight", "ref", "total", "rest", "need"))
 
     def at_key(key: int) -> int:
         value = f32(_raw_scaled(key, dtype, inv_t))
@@ -1763,8 +1812,42 @@ def sampled_top_p_window(scaled, dtype: str, inv_t, row_max: float, line_mass: f
     return first, bool(total > 0 and apart)
 
 
+def sampled_top_p_gather(scaled, row_max: float, line_mass: float, budget: float, floor_key: int | None, runs: int, gather: int, bracket_lo: int,
+                         max_key: int, run: int | None = None) -> tuple[int, int, bool]:
+    """thresholds.py's _sampled_top_p_gather on one 32-bit line (``scaled``: its values times 1 /
+    temperature, -inf where not finite; the rest as ``sampled_top_p_window``): (the gather's lo and
+    hi order keys, usable). The same integer sums and float64 steps as the kernel's."""
+    import numpy as np
+
+    f64 = np.float64
+    sample = _sample_weights(scaled, row_max, line_mass, budget, floor_key, runs, run)
+    weight, total, rest, need = (sample[name] for name in ("weight", "total", "rest", "need"))
+    high = np.where(sample["below"], sample["keys"] >> 16, -32769)
+    floor, size, drawn = sample["floor"], sample["size"], sample["keys"].size
+    low, top = -32768, 32767
+    for _ in range(16):
+        middle = (low + top + 1) >> 1
+        low, top = (middle, top) if f64(int(weight[high >= middle].sum())) * rest >= need else (low, middle - 1)
+    cut = low
+    per_sampled = f64(size) / f64(drawn)  # (the kernel's width / min(width, runs * run))
+    count = lambda bucket: int((high >= bucket).sum())  # noqa: E731
+    at_cut, past_cut = count(cut), count(cut + 1)
+    in_bucket = f64(at_cut - past_cut) * per_sampled
+    quota = (gather * 0.75 - in_bucket) * 0.5
+    first, first_top, past, past_top = -32768, cut, cut + 1, 32768
+    for _ in range(16):
+        middle = (first + first_top) >> 1
+        first, first_top = (first, middle) if f64(count(middle) - at_cut) * per_sampled <= quota else (middle + 1, first_top)
+        middle = (past + past_top + 1) >> 1
+        past, past_top = (middle, past_top) if f64(past_cut - count(middle)) * per_sampled <= quota else (past, middle - 1)
+    lo = max(first_top << 16, bracket_lo)
+    hi = min((past << 16) - 1, max_key, floor)
+    return lo, hi, bool(total > 0 and lo <= hi and in_bucket <= gather * 0.375)
+
+
 def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = None, gather: int = 2048, raw=None, floor_key: int | None = None,
-                  window_part: int | None = None, top_p_window: bool = False, sample_runs: int = 0, histogram_top_k: int | None = None) -> dict:
+                  window_part: int | None = None, top_p_window: bool = False, sample_runs: int = 0, histogram_top_k: int | None = None,
+                  top_p_gather: bool = False) -> dict:
     """select.py's whole-line search on one float32 line (a numpy vector), pass by pass: the cut
     (an order key), the kept mass (fixed point) and, per pass, its stage and the fraction of the
     line's values it bins or gathers (stage 3 adds each binned one's mass by a global atomic).
@@ -1781,7 +1864,8 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
     returned as "top_p_window"): a window that holds the cut settles it with no pass. ``sample_runs``:
     a top-k whose k no statistics counted (``histogram_top_k``, default HISTOGRAM_TOP_K) and that fits
     half the gather starts with a gather placed from a sample of the line (``sampled_top_k_lo``;
-    Triton 3.6 and 3.7)."""
+    Triton 3.6 and 3.7), and so does a 32-bit line cut by top-p alone with ``top_p_gather`` (in a
+    call of 32-bit lines: ``sampled_top_p_gather``)."""
     import numpy as np
 
     f32, bins_n = np.float32, 256
@@ -1846,6 +1930,12 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         first, usable = sampled_top_p_window(values, raw[1], raw[2], row_max, line_mass, budget, floor_key, runs)
         if usable:
             sampled_window, stage, bracket, lo, hi = True, 8, (lo, top), first, first + 255
+    elif sample_runs and top_p_gather and raw is None and stage in (2, 3) and not 0 < top_k < values.size:
+        # (a 32-bit line of a call of 32-bit lines cut by top-p alone: a gather placed from a sample, the bracket kept for a miss)
+        runs = 16 if sample_runs >= 32 else sample_runs // 2 if sample_runs >= 4 else sample_runs  # (thresholds.py's TOP_P_RUNS)
+        first, last, usable = sampled_top_p_gather(values, row_max, line_mass, budget, floor_key, runs, gather, lo, top)
+        if usable:
+            sampled_window, stage, bracket, lo, hi = True, 5, (lo, top), first, last
     while stage:
         if raw is not None and stage == 1 and lo == -(2**31):  # a 16-bit line's top-k: over raw keys
             stage, lo, hi = 7, -32768, 32767
@@ -1896,6 +1986,8 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
                 lo = window[1] + 1 if above else bracket[0]
                 hi = bracket[1] if above or n > gather else window[0] - 1
                 next_stage = 3
+                if len(passes) == 1:  # (a sampled gather, the line's first pass: value bins over the side that holds the cut)
+                    next_stage = (2 if above or n > gather else 6) if _top_p_stage(lo, hi) == 2 else 3
         elif stage in (2, 6):
             t0, t1 = (float(_key_floats(np.array([k]))[0]) for k in (lo, hi))
             scale = f32(bins_n) / (f32(t1) - f32(t0))

@@ -70,7 +70,8 @@ CUTOFF_PROGRAMS_PER_SM = 4
 CUTOFF_CONTROL = 4
 # The whole-line search (select.py): histogram bins per pass, passes (top-k ends within four, 8
 # bits each or a gather; top-p within seven: value bins, once more value bins, a gather, then at
-# most four of 8 bits; top-k then top-p within eleven), values per work item, values per loop step.
+# most four of 8 bits, and one more before them for a window a sample placed; top-k then top-p
+# within eleven), values per work item, values per loop step.
 SELECT_BINS = 256
 SELECT_TOP_K_PASSES = 4
 SELECT_TOP_P_PASSES = 7
@@ -94,7 +95,9 @@ HISTOGRAM_TOP_K = 256
 # such a line, and its counted high bytes leave a second pass (sample_runs_default). A 16-bit line
 # cut by top-p alone likewise starts with a raw window of single keys placed from half those runs
 # (thresholds.py's _sampled_top_p_window), whose values a call of 16-bit lines counts by global
-# atomics (select.py): one pass when it holds the cut, where value bins and a window take two.
+# atomics (select.py): one pass when it holds the cut, where value bins and a window take two. In a
+# call of 32-bit lines, such a line starts with a gather placed the same way (_sampled_top_p_gather):
+# one pass when it holds the cut, where value bins, value bins again and a gather take three.
 SAMPLE_RUNS = 32
 SAMPLE_RUN = 256
 SAMPLED_HISTOGRAM_TOP_K = SELECT_GATHER // 2

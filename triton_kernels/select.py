@@ -39,6 +39,9 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    fewer than k values lie from lo up, or more than GATHER, stage 1 goes on below lo (a 16-bit
    line over its raw keys, stage 7 from the start) or over [lo, the line max]. Fewer than k from
    -inf's key or below are every finite value of a line that has fewer than k: its top-k set.
+   A top-p gather may come first too, in a call of 32-bit lines (vLLM's), placed around the cut a
+   sample of the line estimates (thresholds.py's _sampled_top_p_gather): one pass when it holds the
+   cut; when not, value bins go on over the side that does (stage 2 above it, 6 below it).
 7. top-k of a bf16 or fp16 line: stage 1 over the raw keys of its logits' bits (``raw_key``),
    whose order is the scaled values': 256 bins of the high byte, then single keys. Under a top-k
    above HISTOGRAM_TOP_K the statistics launch counted the high bytes as it read the line
@@ -67,8 +70,8 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    atomics (``_atomic_raw_window``): a ballot histogram would bin every value of the line.
 
 Top-k ends within four passes (the fourth over single keys, or a gather; a 16-bit line's within
-three), top-p within eight (a sampled raw window, value bins twice, a gather, then at most four
-of stage 3), both within eleven (PASSES). Masses
+three), top-p within eight (a sampled raw window or gather, value bins twice, a gather, then at
+most four of stage 3), both within eleven (PASSES). Masses
 are exact integers wherever a decision reads them, so the cut is the one key the fixed-point
 masses define, however the search went: the tokens are the eager reference's.
 A finished search writes the cut with the kept set's statistics (the line max, the kept mass), so
@@ -481,6 +484,18 @@ def _end(line64, lo, kept_mass, row_max, tau_ptr, part_m_ptr, part_z_ptr, parts,
 
 
 @triton.jit
+def _after_missed_window(stage, lo, hi, up_to_max, state):
+    """The stage after a top-p window (a gather, or a raw window) that did not hold the cut, over
+    the side [lo, hi] that does: ``stage`` (exact key bins), unless the window was the line's first
+    pass, which a sample placed (thresholds.py; no pass recorded yet): value bins then, as the line
+    would have started, over [lo, the line max] (``up_to_max``: stage 2) or with the mass above hi
+    summed (stage 6), else exact key bins."""
+    if tl.load(state + 7, cache_modifier=".cg") == 0:
+        stage = tl.where(top_p_stage(lo, hi) == 2, tl.where(up_to_max, 2, 6), 3)
+    return stage
+
+
+@triton.jit
 def _select_pass(
     base, line, chunk, span, width, parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr,
     part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS: tl.constexpr, TILE: tl.constexpr,
@@ -624,7 +639,7 @@ def _select_pass(
                 above = reaches(above_mass, budget) & (overflow == 0)
                 lo = tl.where(above, window_hi + 1, bracket_lo)
                 hi = tl.where(above | overflow, bracket_hi, window_lo - 1)
-                next_stage = next_stage + 3
+                next_stage = _after_missed_window(next_stage + 3, lo, hi, above | overflow, state)
         elif stage == 2 or stage == 6:
             # Value bins: gather the widest window of bins around the cut's estimated bin that
             # fits; when not even its neighbours fit, bin the nine bins around it again (once, when
@@ -683,12 +698,7 @@ def _select_pass(
                     past = order_key(raw_scaled(tl.minimum(window_lo + 256, 32767), inv_t, DTYPE)).to(tl.int64)
                     lo = tl.where(above, past, bracket_lo)
                     hi = tl.where(above, bracket_hi, tl.maximum(order_key(raw_scaled(window_lo, inv_t, DTYPE)).to(tl.int64), bracket_lo))
-                    next_stage = next_stage * 0 + 3
-                    if tl.load(state + 7, cache_modifier=".cg") == 0:
-                        # A window a sample placed (thresholds.py; the line's first pass): value bins
-                        # over the side that holds the cut, as the line would have started (the mass
-                        # above summed when the window lies above it), else exact key bins.
-                        next_stage = tl.where(top_p_stage(lo, hi) == 2, tl.where(above, 2, 6), 3)
+                    next_stage = _after_missed_window(next_stage * 0 + 3, lo, hi, above, state)
         else:
             best, count_from, mass_from = _narrow(line_counts, line_masses, lo, hi, shift, row_max, stage, budget, top_k, inv_t, BINS, RAW16, DTYPE)
             new_lo = lo + (best.to(tl.int64) << shift)

@@ -17,9 +17,10 @@ again. Otherwise (a large k, a flat distribution under top-p) the line gets a se
 whole-line search (select.py) finds the cut in the same launch, with the kept set's statistics,
 unless the statistics' windows settle it: a 16-bit top-k's top windows (``_raw_top_k_start``), a
 bf16 top-p's top-p window (``_top_p_window_cut``). Where there are no windows (tl.histogram is warp
-ballots), a sample of the line places a top-k line's first gather (``_sampled_top_k_lo``) or a
-16-bit top-p line's first raw window (``_sampled_top_p_window``). The windows are tried before the candidates are
-sorted, so a line they settle sorts none. Either way the result is the same exact key.
+ballots, or a call of 32-bit lines), a sample of the line places a top-k line's first gather
+(``_sampled_top_k_lo``), a 16-bit top-p line's first raw window (``_sampled_top_p_window``) or a
+32-bit top-p line's first gather (``_sampled_top_p_gather``). The windows are tried before the
+candidates are sorted, so a line they settle sorts none. Either way the result is the same exact key.
 """
 
 import triton
@@ -382,6 +383,28 @@ def _sample(base, width, inv_t, RUNS: tl.constexpr, RUN: tl.constexpr):
 
 
 @triton.jit
+def _sample_weights(s, row_max, line_mass, budget, known, floor):
+    """(weight, below, ref, total, rest, need) of a top-p line's sample ``s`` (scaled values): the sampled
+    values at or below the candidates' ``floor`` (``below``: the others are candidates, whose mass
+    ``known`` is exact) weigh, in units of 2**-17 of the floor value's weight (``ref``: the largest a
+    sampled value may have; the max's when there is no floor), int32: 4096 of them sum below
+    2**30, exactly in any order, with a compare, a select and an add a value and step (the estimate
+    needs no finer); -inf and the others weigh 0. An estimate of the mass from a point up,
+    known + (line_mass - known) * (the sample's weight from there up) / (its total weight), reaches
+    ``budget`` when that weight times ``rest`` reaches ``need`` (float64, fixed point: the same
+    decisions in any order of the sums)."""
+    finite = (floor > -2139095041) & (floor < 2139095040)  # (between -inf's key and +inf's: a floor value)
+    ref = tl.where(finite, key_to_float(tl.where(finite, floor, 0).to(tl.int32)), row_max)
+    ref = tl.where(ref < row_max, ref, row_max)
+    below = (order_key(s).to(tl.int64) <= floor) & (s > float("-inf"))
+    weight = tl.where(below, (exp(tl.minimum(s, ref) - ref) * 131072.0).to(tl.int32), 0)
+    total = tl.sum(tl.sum(weight, axis=0), axis=0)
+    rest = line_mass.to(tl.float64) * 1099511627776.0 - known.to(tl.float64)
+    need = (budget.to(tl.float64) * 1099511627776.0 - known.to(tl.float64)) * total.to(tl.float64)
+    return weight, below, ref, total, rest, need
+
+
+@triton.jit
 def _sampled_top_k_lo(base, width, inv_t, top_k, GATHER: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr):
     """(lo, usable): a top-k gather's lo placed from a sample of the line, RUNS runs of RUN
     consecutive ids evenly spaced, (width - RUN) // (RUNS - 1) apart (the whole line when it is no
@@ -421,17 +444,7 @@ def _sampled_top_p_window(base, width, inv_t, row_max, line_mass, budget, known,
     cut, and a window that does not narrows the bracket (select.py)."""
     INF_KEY: tl.constexpr = 32640 if DTYPE == tl.bfloat16 else 31744  # +inf's raw key (-inf's: -INF_KEY - 1)
     s = _sample(base, width, inv_t, RUNS, RUN)
-    # Weights in units of 2**-17 of the floor value's (the largest a sampled value may have; the
-    # max's when there is no floor), int32: 4096 of them sum below 2**30, exactly in any order, with
-    # a compare, a select and an add a value and step (the estimate needs no finer).
-    finite = (floor > -2139095041) & (floor < 2139095040)  # (between -inf's key and +inf's: a floor value)
-    ref = tl.where(finite, key_to_float(tl.where(finite, floor, 0).to(tl.int32)), row_max)
-    ref = tl.where(ref < row_max, ref, row_max)
-    weight = tl.where(order_key(s).to(tl.int64) <= floor, (exp(s - ref) * 131072.0).to(tl.int32), 0)  # (-inf: 0)
-    total = tl.sum(tl.sum(weight, axis=0), axis=0)
-    # known + (mass - known) * share(r) >= budget, as share(r)'s sum * (mass - known) >= (budget - known) * total (float64)
-    rest = line_mass.to(tl.float64) * 1099511627776.0 - known.to(tl.float64)
-    need = (budget.to(tl.float64) * 1099511627776.0 - known.to(tl.float64)) * total.to(tl.float64)
+    weight, below, ref, total, rest, need = _sample_weights(s, row_max, line_mass, budget, known, floor)
     low = width * 0 - INF_KEY - 1
     top = low * 0 + INF_KEY
     for _ in range(16):  # the largest raw key in [low, top] whose estimated mass from there up reaches the budget
@@ -445,6 +458,71 @@ def _sampled_top_p_window(base, width, inv_t, row_max, line_mass, budget, known,
     first = tl.minimum(tl.maximum(low - 127, -INF_KEY - 1), INF_KEY - 255)
     apart = (first <= -INF_KEY - 1) | (raw_scaled(tl.maximum(first - 1, -INF_KEY - 1), inv_t, DTYPE) < raw_scaled(first, inv_t, DTYPE))
     return first.to(tl.int64), (total > 0) & apart
+
+
+@triton.jit
+def _sampled_top_p_gather(base, width, inv_t, row_max, line_mass, budget, known, floor, bracket_lo, max_key, GATHER: tl.constexpr,
+                          RUNS: tl.constexpr, RUN: tl.constexpr):
+    """(lo, hi, usable): a 32-bit top-p line's first gather (select.py's stage 5 over the order keys
+    [lo, hi]) placed around the cut a sample of the line estimates (the runs of
+    ``_sampled_top_k_lo``), in buckets of 2**16 keys (the keys' 16 high bits, a bf16's precision).
+    The estimate is ``_sampled_top_p_window``'s, over the buckets: the largest bucket whose
+    estimated mass from there up reaches ``budget``. The window then takes the cut's bucket and,
+    either side, the buckets whose values the sample estimates at most half of the rest of 3/4 of
+    GATHER (a sampled value stands for width / (sampled values) of the line's): about 3/4 of the
+    slots in all. Its bounds stay within [``bracket_lo``, the floor, ``max_key``]. usable: the
+    sample has values below the floor, and the cut's bucket alone is estimated at most 3/8 of the
+    slots. Only a guess: the gather's exact count and masses decide whether it holds the cut, and
+    one that does not narrows the bracket (select.py)."""
+    s = _sample(base, width, inv_t, RUNS, RUN)
+    weight, below, ref, total, rest, need = _sample_weights(s, row_max, line_mass, budget, known, floor)
+    high = tl.where(below, order_key(s) >> 16, -32769)  # (a value above the floor, or -inf: below every bucket)
+    low = width * 0 - 32768
+    top = low * 0 + 32767
+    for _ in range(16):  # the largest bucket whose estimated mass from there up reaches the budget
+        middle = (low + top + 1) >> 1
+        reached = tl.sum(tl.sum(tl.where(high >= middle, weight, 0), axis=0), axis=0).to(tl.float64) * rest >= need
+        low = tl.where(reached, middle, low)
+        top = tl.where(reached, top, middle - 1)
+    cut = low
+    # The line's values a bucket range holds, estimated: sampled counts times width / sampled.
+    per_sampled = width.to(tl.float64) / tl.minimum(width, RUNS * RUN).to(tl.float64)
+    at_cut = tl.sum(tl.sum((high >= cut).to(tl.int32), axis=0), axis=0)
+    past_cut = tl.sum(tl.sum((high > cut).to(tl.int32), axis=0), axis=0)
+    # Each side takes half of 3/4 of the slots less the cut's bucket, which may itself hold more (a
+    # line of bf16 values upcast: one value a bucket, often repeated): such a line is not sampled.
+    in_bucket = (at_cut - past_cut).to(tl.float64) * per_sampled
+    quota = (GATHER * 0.75 - in_bucket) * 0.5
+    first = cut * 0 - 32768  # the lowest bucket with at most quota estimated values from it to the cut's
+    first_top = cut
+    past = cut + 1  # the highest bucket with at most quota estimated values above the cut's bucket and below it
+    past_top = cut * 0 + 32768
+    for _ in range(16):
+        middle = (first + first_top) >> 1
+        fits = (tl.sum(tl.sum((high >= middle).to(tl.int32), axis=0), axis=0) - at_cut).to(tl.float64) * per_sampled <= quota
+        first_top = tl.where(fits, middle, first_top)
+        first = tl.where(fits, first, middle + 1)
+        middle = (past + past_top + 1) >> 1
+        fits = (past_cut - tl.sum(tl.sum((high >= middle).to(tl.int32), axis=0), axis=0)).to(tl.float64) * per_sampled <= quota
+        past = tl.where(fits, middle, past)
+        past_top = tl.where(fits, past_top, middle - 1)
+    lo = tl.maximum(first_top.to(tl.int64) << 16, bracket_lo)
+    hi = tl.minimum((past.to(tl.int64) << 16) - 1, max_key)
+    return lo, hi, (total > 0) & (lo <= hi) & (in_bucket <= GATHER * 0.375)
+
+
+@triton.jit
+def _sampled_top_p_start(base, width, inv_t, row_max, line_mass, budget, known, floor, bracket_lo, max_key, DTYPE: tl.constexpr, GATHER: tl.constexpr,
+                         RUNS: tl.constexpr, RUN: tl.constexpr):
+    """(lo, hi, usable) of a top-p line's first pass placed from a sample: a 16-bit line's raw
+    window (``_sampled_top_p_window``: 256 raw keys from lo), a 32-bit line's gather
+    (``_sampled_top_p_gather``: order keys)."""
+    if DTYPE.primitive_bitwidth == 16:
+        lo, usable = _sampled_top_p_window(base, width, inv_t, row_max, line_mass, budget, known, floor, DTYPE, RUNS, RUN)
+        hi = lo + 255
+    else:
+        lo, hi, usable = _sampled_top_p_gather(base, width, inv_t, row_max, line_mass, budget, known, floor, bracket_lo, max_key, GATHER, RUNS, RUN)
+    return lo, hi, usable
 
 
 @triton.jit
@@ -473,7 +551,10 @@ def threshold_line(
     cut, no histogram. Such a line leaves its candidates unsorted (they cannot settle it, and the
     search needs none of them): the sort is about a third of its item's instructions. A 16-bit
     line cut by top-p alone that its candidates leave starts with a raw window placed from a
-    sample (``_sampled_top_p_window``): one pass, with no value bins, when it holds the cut."""
+    sample (``_sampled_top_p_window``), a 32-bit one in a call of 32-bit lines with a gather
+    (``_sampled_top_p_gather``): one pass, with no value bins, when it holds the cut. Target and
+    draft lines of one dtype run one copy of each sample's code (from either's row): a second
+    copy's loop-invariant values, kept on the stack, doubled the launch's prologue."""
     TDTYPE: tl.constexpr = target_ptr.dtype.element_ty
     DDTYPE: tl.constexpr = draft_ptr.dtype.element_ty
     T16: tl.constexpr = TDTYPE.primitive_bitwidth == 16
@@ -553,15 +634,22 @@ def threshold_line(
                 )
             hi = max_key
             if SAMPLE_RUNS > 0:
+                # The line's row: a target's, or a draft's (where the two have one dtype, either's:
+                # one copy of each sample's code, not one for each).
+                t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
+                d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
+                line_base = t_base
+                if HAS_DRAFT & (TDTYPE == DDTYPE):
+                    line_base = tl.where(is_draft, d_base, t_base)
                 if (stage == 1) & sampled_route:
                     sample_lo = lo
                     usable = stage < 0  # False, as a runtime value
-                    if is_draft:
+                    if TDTYPE == DDTYPE:
+                        sample_lo, usable = _sampled_top_k_lo(line_base, width, inv_t, top_k, GATHER, SAMPLE_RUNS, SAMPLE_RUN)
+                    elif is_draft:
                         if HAS_DRAFT:
-                            d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
                             sample_lo, usable = _sampled_top_k_lo(d_base, width, inv_t, top_k, GATHER, SAMPLE_RUNS, SAMPLE_RUN)
                     else:
-                        t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
                         sample_lo, usable = _sampled_top_k_lo(t_base, width, inv_t, top_k, GATHER, SAMPLE_RUNS, SAMPLE_RUN)
                     if usable:
                         # A top-k gather of every key from the sample's lo up (select.py's stage 4): its
@@ -569,36 +657,40 @@ def threshold_line(
                         stage = stage * 0 + 4
                         lo = sample_lo
                         tl.store(state + 6, 0)  # the gather's slot counter
-                if T16 | D16:  # (a call of 32-bit lines compiles none of it)
-                    if (stage == 2) & tl.where(is_draft, D16, T16):
-                        # A 16-bit line cut by top-p alone that its candidates leave: a raw window
-                        # (select.py's stage 8) placed from a sample of the line, one pass and no
-                        # ballot histogram when it holds the cut; the bracket [lo, the line max] that
-                        # the value bins would take is kept for a window that does not.
-                        # (half the top-k sample's runs, 16 at most: its weights stay in registers beside the item's state)
-                        TOP_P_RUNS: tl.constexpr = 16 if SAMPLE_RUNS >= 32 else (SAMPLE_RUNS // 2 if SAMPLE_RUNS >= 4 else SAMPLE_RUNS)
-                        row_max, line_mass, bad = _line_mass(line, parts, part_m_ptr, part_z_ptr, PARTS, PP)
-                        index = tl.arange(0, SORT)
-                        known = tl.sum(tl.where(index < count, fixed_mass(key_to_float(keys), row_max), 0), axis=0)
-                        known = tl.where(count >= 0, known, 0)  # (more candidates than the sort: the sample alone)
-                        sample_floor = tl.where(count >= 0, floor, 2147483647)
-                        window_first = lo
-                        usable = stage < 0  # False, as a runtime value
-                        if is_draft:
-                            if HAS_DRAFT & D16:
-                                d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
-                                window_first, usable = _sampled_top_p_window(d_base, width, inv_t, row_max, line_mass, carried, known, sample_floor, DDTYPE,
-                                                                             TOP_P_RUNS, SAMPLE_RUN)
-                        else:
-                            if T16:
-                                t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
-                                window_first, usable = _sampled_top_p_window(t_base, width, inv_t, row_max, line_mass, carried, known, sample_floor, TDTYPE,
-                                                                             TOP_P_RUNS, SAMPLE_RUN)
-                        if usable:
-                            bracket_lo = lo
-                            stage = stage * 0 + 8
-                            lo = window_first
-                            hi = window_first + 255
+                # A line cut by top-p alone that its candidates leave: its first pass placed from a
+                # sample of the line (half the top-k sample's runs, 16 at most: its weights stay in
+                # registers beside the item's state). In a call of 16-bit lines a 16-bit line's
+                # raw window (select.py's stage 8, no ballot histogram), in a call of 32-bit lines
+                # (vLLM's) a gather (stage 5), either one pass when it holds the cut; the bracket
+                # [lo, the line max] that value bins would take is kept for one that does not. (A
+                # kind samples when it is 16-bit, or when no line of the call is: T16 == D16.)
+                TOP_P_RUNS: tl.constexpr = 16 if SAMPLE_RUNS >= 32 else (SAMPLE_RUNS // 2 if SAMPLE_RUNS >= 4 else SAMPLE_RUNS)
+                if (stage == 2) & tl.where(is_draft, D16 | (T16 == D16), T16 | (T16 == D16)):
+                    row_max, line_mass, bad = _line_mass(line, parts, part_m_ptr, part_z_ptr, PARTS, PP)
+                    index = tl.arange(0, SORT)
+                    known = tl.sum(tl.where(index < count, fixed_mass(key_to_float(keys), row_max), 0), axis=0)
+                    known = tl.where(count >= 0, known, 0)  # (more candidates than the sort: the sample alone)
+                    sample_floor = tl.where(count >= 0, floor, 2147483647)
+                    start_lo = lo
+                    start_hi = hi
+                    usable = stage < 0  # False, as a runtime value
+                    if TDTYPE == DDTYPE:
+                        start_lo, start_hi, usable = _sampled_top_p_start(line_base, width, inv_t, row_max, line_mass, carried, known, sample_floor, lo,
+                                                                          max_key, TDTYPE, GATHER, TOP_P_RUNS, SAMPLE_RUN)
+                    elif is_draft:
+                        if HAS_DRAFT & D16:
+                            start_lo, start_hi, usable = _sampled_top_p_start(d_base, width, inv_t, row_max, line_mass, carried, known, sample_floor, lo,
+                                                                              max_key, DDTYPE, GATHER, TOP_P_RUNS, SAMPLE_RUN)
+                    else:
+                        if T16:
+                            start_lo, start_hi, usable = _sampled_top_p_start(t_base, width, inv_t, row_max, line_mass, carried, known, sample_floor, lo,
+                                                                              max_key, TDTYPE, GATHER, TOP_P_RUNS, SAMPLE_RUN)
+                    if usable:
+                        bracket_lo = lo
+                        stage = tl.where(tl.where(is_draft, D16, T16), 8, 5)
+                        lo = start_lo
+                        hi = start_hi
+                        tl.store(state + 6, 0)  # (a gather's slot counter)
             if histogrammed(use_k, top_k, HISTOGRAM_TOP_K):
                 bins = tl.arange(0, 256)
                 counts = tl.load(hist_ptr + line.to(tl.int64) * 256 + bins, cache_modifier=".cg")
@@ -637,9 +729,9 @@ def threshold_line(
         tl.store(state + 1, lo.to(tl.int32))  # lo: at or below the cut
         tl.store(state + 2, hi.to(tl.int32))  # hi: the line max (a raw key's after the counts)
         tl.store(state + 3, start_k_key.to(tl.int32))  # the top-k key (none yet, unless the window settled it)
-        # The mass above a raw window (top-p's bracket later; a sampled raw window's from the start).
-        tl.store(state + 4, tl.where(stage == 8, bracket_lo, known_mass).to(tl.int32))
-        tl.store(state + 5, tl.where(stage == 8, max_key, known_mass >> 32).to(tl.int32))
+        # The mass above a raw window (top-p's bracket later; a sampled start's from the start).
+        tl.store(state + 4, tl.where((stage == 8) | (stage == 5), bracket_lo, known_mass).to(tl.int32))
+        tl.store(state + 5, tl.where((stage == 8) | (stage == 5), max_key, known_mass >> 32).to(tl.int32))
         tl.store(state + 7, path)  # the passes taken (4 bits each)
         tl.store(state_f_ptr + line.to(tl.int64) * 2, row_max)
         tl.store(state_f_ptr + line.to(tl.int64) * 2 + 1, carried)

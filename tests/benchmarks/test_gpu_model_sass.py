@@ -241,3 +241,60 @@ def test_a_top_p_line_that_samples_goes_through_its_sample_and_its_sort():
         call = gpu_model.Call("x", 64, 8, 128256, "bf16", top_p=0.99, search_fraction=1.0, sampled_share=k_sampled, top_p_sampled_share=p_sampled)
         expected = (p_sampled * 10 + k_sampled * 6 + (1 - p_sampled - k_sampled) * 9) / 10
         assert gpu_model.threshold_item_trips(loop, call, 2.0) == pytest.approx(2.0 * expected)
+
+
+# A threshold items' loop (0x10-0x140) with a sort (0x30-0x50), a top-k sample's bisection (0x70-0x90:
+# integer counts, a popcount), then a 32-bit top-p line's sampled gather: its estimate (0xb0-0xe0,
+# unrolled twice: two float64 tests a trip) and its window's bounds (0xf0-0x120: popcounts and two
+# float64 tests a step).
+_GATHER_SAMPLE_ITEM = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0020*/               @P5 BRA P6, 0x60 ;
+        /*0030*/                   ISETP.GT.XOR P3, PT, R7, R8, P4 ;
+        /*0040*/                   SEL R7, R7, R8, P3 ;
+        /*0050*/                   SEL R8, R8, R7, P3 ;
+        /*0060*/               @P0 BRA 0xa0 ;
+        /*0070*/                   POPC R9, R9 ;
+        /*0080*/                   ISETP.GE.AND P1, PT, R9, R10, PT ;
+        /*0090*/               @P1 BRA 0x70 ;
+        /*00a0*/               @P3 BRA 0x130 ;
+        /*00b0*/                   DSETP.GE.AND P1, PT, R12, R14, PT ;
+        /*00c0*/                   DSETP.GE.AND P2, PT, R12, R16, PT ;
+        /*00d0*/                   IADD3 R9, R9, 0x1, RZ ;
+        /*00e0*/               @P1 BRA 0xb0 ;
+        /*00f0*/                   POPC R11, R11 ;
+        /*0100*/                   DSETP.GE.AND P1, PT, R12, R14, PT ;
+        /*0110*/                   DSETP.GTU.AND P2, PT, R12, R16, PT ;
+        /*0120*/               @P1 BRA 0xf0 ;
+        /*0130*/                   STG.E desc[UR4][R4.64], R7 ;
+        /*0140*/               @P2 BRA 0x10 ;
+        /*0150*/                   CCTL.IVALL ;
+        /*0160*/                   EXIT ;
+        /*0170*/                   BRA 0x170 ;
+"""
+
+
+def test_a_float32_top_p_gather_sample_is_counted_step_by_step(monkeypatch):
+    """A call of 32-bit lines bisects a top-p line's sample twice: the cut's bucket by the sampled
+    mass (float64 tests, no exponential), then the window's two bounds by the sampled counts
+    (popcounts). Each is a loop kind of its own, with 16 steps per sampled line over the steps one
+    trip takes (the compiler unrolled the estimate twice here), not the top-k sample's (integer
+    counts). Both lie on a sampled line's path around the top-k sample."""
+    from types import SimpleNamespace
+
+    code = gpu_model.analyse(_GATHER_SAMPLE_ITEM, _RESOURCES)
+    assert gpu_model.loop_kinds("cutoff", code) == ["threshold ticket loop", "sample bisection step", "top-p gather estimate step",
+                                                    "top-p gather window step"]
+    item = next(loop for loop in code.loops if loop.parent is None)
+    assert (item.instructions, item.through_p_sample, item.through_sample) == (9, 9, 6)  # (its own code: around the sort and both gathers)
+    monkeypatch.setattr(gpu_model, "compiled_code", lambda launch: code)
+    monkeypatch.setattr(gpu_model, "_occupancy", lambda code, warps: 2)
+    constexprs = {"SORT": 1024, "LINE_SLOTS": 2048, "PARTS": 1, "SAMPLE_RUNS": 32, "SAMPLE_RUN": 256, "TOP_P_STEP": 1024}
+    launch = SimpleNamespace(name="cutoff", grid=(528,), constexprs=constexprs, num_warps=8, args=())
+    call = gpu_model.Call("x", 64, 8, 128256, "fp32", top_p=0.99, search_fraction=1.0, top_p_sampled_share=0.5)
+    trips = {kind: trips for _, kind, trips, _ in gpu_model.loop_trips(launch, call, "cutoff", code)}
+    per_program = 1088 / 264 * 0.5 * 16  # lines a program, half of them sampled, 16 steps each
+    assert trips["top-p gather estimate step"] == pytest.approx(per_program / 2)
+    assert trips["top-p gather window step"] == pytest.approx(per_program)
+    assert trips["sample bisection step"] == 0.0

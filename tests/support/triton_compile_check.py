@@ -39,6 +39,7 @@ def calls():
         Call("fp16 one-hot drafts, filtered, check, logprobs processed", 4, 3, 50257, "fp16", draft="one-hot", top_k=50, top_p=0.9, check=True, logprobs=1),
         Call("fp32 sample stream, seeds", 8, 0, 32000, "fp32", draft="one-hot", stream=2, seeds=True),
         Call("fp32 target, bf16 draft of a smaller vocabulary, filtered", 2, 5, 152064, "fp32", draft_dtype="bf16", draft_vocab=151936, top_p=0.95),
+        Call("fp32 draft logits, top-p (vLLM's lines: sampled starts)", 8, 4, v, "fp32", top_p=0.95),
         Call("bf16 filtered, check", 16, 4, 32000, "bf16", top_k=20, check=True),
         Call("block fp32 draft logits, logprobs raw, seeds, offsets", 64, 8, v, "fp32", method="block", logprobs=2, seeds=True, offsets=True),
         Call("block bf16 one-hot drafts, filtered, check, logprobs processed", 4, 3, 32000, "bf16", draft="one-hot", top_k=50, top_p=0.9, check=True,

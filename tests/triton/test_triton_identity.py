@@ -617,6 +617,41 @@ def test_a_sampled_raw_window_starts_a_top_p_search(kind, dtype, top_p, stages):
     assert [int(d, 16) for d in hex(path)[2:]] == modelled["path"][:7]
 
 
+# (line, top-p, the stages of the passes: 5 the sampled gather, then 2 / 6 value bins, 5 a gather)
+_GATHER_PATHS = [
+    ("flat", 0.99, [5]),  # the sampled gather holds the cut: one pass
+    ("flat", 0.9, [5]),
+    ("flat", 0.5, [5]),
+    ("low", 0.9, [5, 2, 5]),  # the cut above the gather: value bins over [past it, line max]
+    ("high", 0.9, [5, 6, 5]),  # below it: value bins over [floor, its first value], the mass above summed
+]
+
+
+@pytest.mark.parametrize("kind,top_p,stages", _GATHER_PATHS)
+def test_a_sampled_gather_starts_a_float32_top_p_search(kind, top_p, stages):
+    """In a call of 32-bit lines (sample_runs), a line cut by top-p alone that the candidates
+    leave starts with a gather (select.py's stage 5) that a sample of the line places
+    (thresholds.py's _sampled_top_p_gather): the reference's cut whichever way it goes, with the
+    passes bench.gpu_model.select_search takes (the candidates' floor as the kernel has it). One
+    pass when the gather holds the cut; else value bins over the side that does, as the line would
+    have started."""
+    from bench.gpu_model import candidate_outcome, select_search
+    from specdec_ext._params import inverse_temperature
+
+    target = _window_line(kind).reshape(1, 1, 3000)
+    args, path = _sampled_search(target, None, top_p)
+    scaled = (target[0, 0] * inverse_temperature(torch.tensor([0.9]))).numpy()
+    stats = _triton_backend.launches_for(args, 0, **_SAMPLED)[0]
+    c = stats.constexprs
+    floor_key = candidate_outcome(scaled, stats.grid[1], c["T_LANES"], c["T_ROWS"], stats.args[-1], c["LINE_SLOTS"], c["SORT"], 0, top_p)["floor_key"]
+    modelled = select_search(scaled, 0, top_p, gather=512, floor_key=floor_key, sample_runs=4, top_p_gather=True)
+    assert modelled["sampled_window"] and modelled["stages"] == stages, modelled["stages"]
+    assert [int(d, 16) for d in hex(path)[2:]] == modelled["path"][:7]
+    if stages == [5]:  # (the sampled gather's own window: as many values as the model's, the slot counter after its one pass)
+        gathered = int(_triton_backend.workspace(target.device).ints[_search_state_offset(args, 512, sample_runs=4) + 6])
+        assert gathered == round(modelled["passes"][0]["binned"] * 3000) and 0 < gathered <= 512
+
+
 def test_a_sampled_raw_window_holds_the_cut_of_trained_logits():
     """The embedded target's bf16 logits on a demo document (peaked: the max often outweighs the
     rest, and more candidates than the sort hold; the default 32 runs, whose half for top-p hold
@@ -650,16 +685,18 @@ def test_a_sampled_raw_window_holds_the_cut_of_trained_logits():
     assert searched >= 3
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_sampled_raw_windows_give_the_reference_tokens(dtype):
-    """Sampled raw windows that hold the cut and that miss it (both ways), target and draft lines,
-    two temperatures: token for token, with the probabilities (the kept mass), through the whole
-    call, and a block verification's cut-offs (the same search)."""
+@pytest.mark.parametrize("dtype,draft_dtype", [(torch.bfloat16, None), (torch.float16, None), (torch.float32, None), (torch.float32, torch.bfloat16)],
+                         ids=["bf16", "fp16", "fp32", "fp32-bf16"])
+def test_sampled_raw_windows_give_the_reference_tokens(dtype, draft_dtype):
+    """Sampled raw windows (16-bit lines) and sampled gathers (a call of 32-bit lines) that hold the
+    cut and that miss it (both ways), target and draft lines, two temperatures: token for token,
+    with the probabilities (the kept mass), through the whole call, and a block verification's
+    cut-offs (the same search). In a mixed call the 16-bit drafts sample, the float32 targets do not."""
     from specdec_ext import _triton_tree
     from specdec_ext.reference_tree import verify_block_eager
 
     target = torch.stack([_window_line("flat"), _window_line("low"), _window_line("high"), _window_line("flat").flip(0)]).to(dtype)
-    draft = torch.stack([_window_line("high").roll(5), _window_line("flat").roll(11)]).to(dtype).reshape(2, 1, 3000)
+    draft = torch.stack([_window_line("high").roll(5), _window_line("flat").roll(11)]).to(draft_dtype or dtype).reshape(2, 1, 3000)
     tokens = torch.tensor([[5], [7]])
     seeds, offsets = _keys(2)
     for top_p in (0.9, 0.99):
