@@ -172,6 +172,9 @@ class Loop:
     # last item of a pass that gathered nothing runs at most.
     tail: int = 0
     tail_without_sort: int = 0
+    # ... and through its byte histograms around the sort (DIGIT_SELECT: a top-k gather's cut, under
+    # top-k alone; 0 where the code has none), which the other passes' longest path leaves out.
+    tail_top_k: int = 0
     # Of the threshold items' loop: its longest path around the sort (a line its statistics' top
     # windows settle before its candidates are sorted), and the longest around it through its tile
     # loops (a line its top-p window settles: that window's steps); 0 where it has no sort.
@@ -185,6 +188,9 @@ class Loop:
     # ... and where a 16-bit top-p line's sample may place its first raw window: the longest path
     # through that sample (such a line's candidates are sorted first).
     through_p_sample: int = 0
+    # Of a threshold items' or search items' loop: the barriers on its path that meets the most
+    # (-1: every barrier of its body, each trip), as a program takes one branch of each if.
+    path_barriers: int = -1
 
     def has(self, opcode: str) -> int:
         return sum(n for name, n in self.by_opcode.items() if name == opcode or name.startswith(opcode + "."))
@@ -243,24 +249,7 @@ def longest_path(body: list[Instruction], cold: set[int], counted=lambda instruc
     found, edges = basic_blocks(body)
     blocks = [sum(1 for i in block if i.address not in cold and counted(i)) for block in found]
     dead = {b for b, block in enumerate(found) if any(i.address in avoid for i in block)}
-    # Depth-first search from the entry: an edge to a block on the stack closes a loop.
-    state = [0] * len(blocks)  # 0 new, 1 on the stack, 2 done
-    forward = [[] for _ in blocks]
-    stack = [(0, iter(edges[0]))]
-    state[0] = 1
-    while stack:
-        node, successors = stack[-1]
-        nxt = next(successors, None)
-        if nxt is None:
-            state[node] = 2
-            stack.pop()
-            continue
-        if state[nxt] == 1:
-            continue  # back edge
-        forward[node].append(nxt)
-        if state[nxt] == 0:
-            state[nxt] = 1
-            stack.append((nxt, iter(edges[nxt])))
+    forward = _forward_edges(edges)
     # Longest path over the remaining (acyclic) edges, in reverse postorder.
     order, seen = [], [False] * len(blocks)
     stack = [(0, iter(forward[0]))]
@@ -292,6 +281,55 @@ def longest_path(body: list[Instruction], cold: set[int], counted=lambda instruc
     passing = [upto[b] + best[b] - blocks[b] for b, block in enumerate(found) if b in upto and upto[b] >= 0 and best[b] >= 0
                and any(i.address in through for i in block)]
     return max(passing, default=-1)
+
+
+def _forward_edges(edges: list[list[int]]) -> list[list[int]]:
+    """The blocks' edges less the back edges a depth-first search from the entry finds (an edge to
+    a block on its stack closes a loop): an acyclic graph of the same paths."""
+    state = [0] * len(edges)  # 0 new, 1 on the stack, 2 done
+    forward = [[] for _ in edges]
+    stack = [(0, iter(edges[0]))]
+    state[0] = 1
+    while stack:
+        node, successors = stack[-1]
+        nxt = next(successors, None)
+        if nxt is None:
+            state[node] = 2
+            stack.pop()
+            continue
+        if state[nxt] == 1:
+            continue  # back edge
+        forward[node].append(nxt)
+        if state[nxt] == 0:
+            state[nxt] = 1
+            stack.append((nxt, iter(edges[nxt])))
+    return forward
+
+
+def reached_from(body: list[Instruction], start: frozenset) -> set[int]:
+    """Addresses of ``body`` a path from an address in ``start`` reaches without going back round a
+    loop (over the forward edges from its entry)."""
+    if not body or not start:
+        return set()
+    found, edges = basic_blocks(body)
+    forward = _forward_edges(edges)
+    todo = [b for b, block in enumerate(found) if any(i.address in start for i in block)]
+    seen = set(todo)
+    while todo:
+        for n in forward[todo.pop()]:
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return {i.address for b in seen for i in found[b]}
+
+
+def histogram_blocks(body: list[Instruction], cold: set[int]) -> frozenset:
+    """Addresses of the basic blocks of ``body`` (less ``cold``: loop bodies) that count by
+    shared-memory atomics (ATOMS: ``tl.histogram`` where it lowers so, Triton 3.8 on): in a
+    threshold item, a sample's byte digits; in a search item's tail, a top-k gather's
+    (DIGIT_SELECT)."""
+    blocks, _ = basic_blocks(body)
+    return frozenset(i.address for block in blocks if any(i.base == "ATOMS" and i.address not in cold for i in block) for i in block)
 
 
 @dataclass
@@ -417,12 +455,18 @@ def analyse(sass: str, resources: str) -> KernelCode:
                                  and c.start <= i.address <= c.end)
             p_sampling = frozenset(i.address for i in own for c in loops if c.parent == loop.start and sample_loop(c) == "top-p"
                                    and c.start <= i.address <= c.end)
+            # (a sample's byte digits, DIGIT_SELECT: straight code, a top-p sample's after its
+            # estimate's loop, a top-k sample's where no such loop leads)
+            digits = histogram_blocks(own, skip)
+            p_digits = digits & reached_from(own, p_sampling)
+            sampling, p_sampling = sampling | (digits - p_digits), p_sampling | p_digits
             loop.around_sample = max(longest_path(own, skip, avoid=sampling | p_sampling), 0) if sampling | p_sampling else 0
             # (a top-k line that samples leaves its candidates unsorted: around the sort, through its sample)
             loop.through_sample = max(longest_path(own, skip, avoid=sort | p_sampling, through=sampling), 0) if sampling else 0
-            loop.through_p_sample = max(longest_path(own, skip, through=p_sampling), 0) if p_sampling else 0
+            loop.through_p_sample = max(longest_path(own, skip, avoid=sampling, through=p_sampling), 0) if p_sampling else 0
             loop.around_sort = max(longest_path(own, skip, avoid=sort), 0)
             loop.through_tiles = max(longest_path(own, skip, avoid=sort, through=tiles), 0) if tiles else 0
+            loop.path_barriers = longest_path(own, skip, _barrier)
         elif tiles_end is not None:
             # A search item: each trip takes one branch of its body to its tile loops (one stage's),
             # and a line's last item one branch of the tail: the longest of each.
@@ -430,7 +474,10 @@ def analyse(sass: str, resources: str) -> KernelCode:
             head = longest_path(head_code, skip)
             tail = [i for i in body if tiles_end < i.address <= loop.end]
             loop.tail = longest_path(tail, skip)
-            loop.tail_without_sort = longest_path(tail, skip | sorted_blocks(tail))
+            sort, digits = sorted_blocks(tail), histogram_blocks(tail, skip)
+            loop.tail_without_sort = longest_path(tail, skip | sort | digits)
+            loop.tail_top_k = max(longest_path(tail, skip | sort, through=digits), 0) if digits else 0
+            loop.path_barriers = longest_path(head_code, skip, _barrier) + longest_path(tail, skip, _barrier)
             whole = head + loop.tail
         else:
             continue
@@ -691,13 +738,15 @@ LOOP_KINDS = {
                              "(top_p_window_steps, MEASURED)",
     "top-p window scan": "then scans that step (a running sum): one per such line",
     "sample bisection step": "SAMPLE_RUNS (Triton 3.6, 3.7; float32 calls on any): a threshold item places a top-k line's first gather from a sample of the line held in "
-                             "registers, 16 halvings of the keys' high half: 16 per sampled line (sampled_share, MEASURED)",
+                             "registers, 16 halvings of the keys' high half: 16 per sampled line (sampled_share, MEASURED); with DIGIT_SELECT (Triton 3.8 on) "
+                             "two byte histograms instead, straight code on the item's path through its sample",
     "top-p sample bisection step": "SAMPLE_RUNS, 16-bit lines: a threshold item places a top-p line's first raw window from a sample of the line (its weights held "
                                    "in registers), 16 halvings of the raw keys: 16 per sampled line (top_p_sampled_share, MEASURED)",
     "top-p gather estimate step": "SAMPLE_RUNS, a call of 32-bit lines: a threshold item places a top-p line's first gather from a sample of the line, "
                                   "16 halvings of the keys' high half by the sampled mass: 16 per sampled line, over the steps a trip takes "
                                   "(the float64 tests a trip compiles; top_p_sampled_share, MEASURED)",
-    "top-p gather window step": "then the gather's two bounds, 16 halvings by the sampled counts: 16 per sampled line, over the steps a trip takes",
+    "top-p gather window step": "then the gather's two bounds, 16 halvings by the sampled counts: 16 per sampled line, over the steps a trip takes "
+                                "(DIGIT_SELECT: byte histograms, straight code on the item's path through its sample)",
     "residual race tile": "race tiles of a rejected row: the vocabulary over the row's chunks (every row rejects, ASSUMPTIONS)",
     "bonus race tile": "race tiles of an accepted row: 0 (every row rejects)",
     "zero-residual race (rare)": "the finalising program's race when every residual weight is zero (on p; a tree's on the residual before its last rejection, then p), with its removed-id tests: 0 (rounding corner)",
@@ -1202,8 +1251,12 @@ def _work(launch, call: Call, phase: str) -> dict:
 
 def search_tail(loop: Loop, call: Call) -> float:
     """The instructions of a search pass's last item after its tiles, per pass: a gather's (stages
-    4 and 5: its sort) on the longest path, any other pass's on the longest without the sort."""
-    return call.search_gather_share * loop.tail + (1 - call.search_gather_share) * (loop.tail_without_sort or loop.tail)
+    4 and 5: its sort) on the longest path, a top-k gather's alone through its byte histograms
+    where the code has them (DIGIT_SELECT: no sort), any other pass's on the longest without
+    either."""
+    gathers = call.search_gather_share
+    by_digits = gathers if call.top_p >= 1 and loop.tail_top_k else 0.0
+    return (gathers - by_digits) * loop.tail + by_digits * loop.tail_top_k + (1 - gathers) * (loop.tail_without_sort or loop.tail)
 
 
 def threshold_item_trips(loop: Loop, call: Call, trips: float) -> float:
@@ -1276,7 +1329,7 @@ def estimate_launch(launch, call: Call, phase: str | None = None) -> LaunchEstim
     for loop, _, trips, _ in loops:
         for pipe, n in loop.by_pipe.items():
             pipes[pipe] += n * trips
-        barriers += loop.has("BAR") * trips
+        barriers += (loop.has("BAR") if loop.path_barriers < 0 else loop.path_barriers) * trips
     hot = max(loops, key=lambda entry: entry[0].instructions * entry[2], default=None)
     if hot is not None and hot[2] == 0:
         hot = None

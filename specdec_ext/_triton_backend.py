@@ -130,7 +130,10 @@ def key_window_default() -> bool:
     lowering and later (3.8 is the one torch 2.14, hence vLLM 0.33, installs). Triton 3.6 and 3.7
     take a warp ballot per bit of the bin and a popcount per bin a lane owns, about 88
     instructions a value at 256 bins and twice that at 512: they keep the 256 bins, the same cuts
-    either way (tests/support/triton_compile_check.py --lowering reads each version's SASS)."""
+    either way (tests/support/triton_compile_check.py --lowering reads each version's SASS). The
+    same lowering decides how a line's sample is ranked and a top-k gather's cut found
+    (``digit_select``): by byte histograms where they are shared-memory atomics, else by halvings
+    and by the gathered keys sorted (the same results)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -294,6 +297,7 @@ class Geometry(NamedTuple):
     key_window: bool  # key_window_default(): histogrammed 16-bit lines' statistics also count their parts' top windows
     top_p_window: bool  # key_window_default(): bf16 top-p lines read whole by one program have their top-p windows counted
     sample_runs: int  # sample_runs_default(): SAMPLE_RUNS or 0; a top-k line's sample places its first gather
+    digit_select: bool  # key_window_default(): ranks by byte histograms (a sample's; a top-k gather's cut), else by halvings and sorts
     walk_chunks: int | None  # None: a block walk's items per position from the multiprocessors (_triton_tree.walk_chunks)
 
 
@@ -301,7 +305,8 @@ def geometry(
     device: torch.device, *, race_chunks: int | None = None, race_block: int | None = None, stats_tile: int | None = None, stats_parts: int | None = None,
     line_slots: int | None = None, sort: int | None = None, select_chunk: int | None = None, select_programs: int | None = None,
     select_gather: int | None = None, histogram_top_k: int | None = None, key_window: bool | None = None, top_p_window: bool | None = None,
-    sample_runs: int | None = None, walk_chunks: int | None = None, sm_count: int | None = None, line_dtypes: tuple[torch.dtype, ...] = (),
+    sample_runs: int | None = None, digit_select: bool | None = None, walk_chunks: int | None = None, sm_count: int | None = None,
+    line_dtypes: tuple[torch.dtype, ...] = (),
 ) -> Geometry:
     """The geometry a call on ``device`` whose target and draft logits have ``line_dtypes`` uses
     (arguments override it: tests cover several chunks per row, ragged tiles and each way of the
@@ -340,6 +345,7 @@ def geometry(
         key_window=key_window_default() if key_window is None else key_window,
         top_p_window=key_window_default() if top_p_window is None else top_p_window,
         sample_runs=sample_runs,
+        digit_select=key_window_default() if digit_select is None else digit_select,  # (the same lowering decides)
         walk_chunks=walk_chunks,
     )
 
@@ -668,7 +674,8 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
         {"HAS_DRAFT": sh.has_draft, "PARTS": tiles, "PP": _next_power_of_2(tiles), "LINE_SLOTS": geo.line_slots, "SORT": geo.sort,
          "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES,
          "GATHER": gather_slots(sc, geo.select_gather), "HISTOGRAM_TOP_K": geo.histogram_top_k, "KEY_WINDOW": geo.key_window,
-         "TOP_P_BINS": layout["top_p_bins"], "TOP_P_STEP": TOP_P_WINDOW_STEP, "SAMPLE_RUNS": geo.sample_runs, "SAMPLE_RUN": SAMPLE_RUN, "maxnreg": 128},
+         "TOP_P_BINS": layout["top_p_bins"], "TOP_P_STEP": TOP_P_WINDOW_STEP, "SAMPLE_RUNS": geo.sample_runs, "SAMPLE_RUN": SAMPLE_RUN,
+         "DIGIT_SELECT": geo.digit_select, "maxnreg": 128},
         CUTOFF_WARPS,
     )
     return [line_stats(1), cutoff]

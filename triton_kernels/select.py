@@ -29,9 +29,11 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    into the item's slice): the interval narrows 256-fold per pass, the last over single keys.
 4. / 5. gather: the values with key in [lo, hi] are written to the line's GATHER slots (a slot
    each, from an atomic counter) while those above hi are summed (count and mass); the last item
-   sorts them and finds the cut exactly: top-k's (and top-p's inside the top-k set, which the
-   gathered values hold whole), or top-p's, when the window does hold it (the mass above lo
-   reaches the budget, the mass above hi does not). A window that does not, or that held more
+   finds the cut exactly: top-k's alone as the k-th largest gathered key, a byte at a time by
+   histograms where they are shared-memory atomics (scan.py's ``largest_reaching``, no sort);
+   else from the keys sorted, top-k's and
+   top-p's inside the top-k set (which the gathered values hold whole), or top-p's, when the
+   window does hold it (the mass above lo reaches the budget, the mass above hi does not). A window that does not, or that held more
    values than slots, narrows the bracket it was drawn from (stage 2's interval), and stage 3
    finishes the search.
    A top-k gather may also come first, its lo placed from a sample of the line by the threshold
@@ -84,7 +86,7 @@ import triton
 import triton.language as tl
 
 from .random import exp, key_to_float, order_key, raw_key, raw_scaled
-from .scan import before_here, from_here
+from .scan import before_here, from_here, largest_reaching
 from .stats import line_of
 
 # Masses are summed in fixed point: exp(s - line max) <= 1 times 2**40, as int64 (exact for every
@@ -437,10 +439,11 @@ def _plan(counts, above_mass, t0, scale, row_max, budget, BINS: tl.constexpr, GA
 
 @triton.jit
 def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budget, inv_t, GATHER: tl.constexpr, RAW16: tl.constexpr,
-             DTYPE: tl.constexpr):
+             DTYPE: tl.constexpr, DIGITS: tl.constexpr):
     """The cut from the gathered keys (n of them, at most GATHER): (cut, kept mass, found). Stage 4
-    gathered every key >= lo (nothing above): top-k's cut is its k-th largest, then top-p's inside
-    the top-k set (a 16-bit line's as raw keys, RAW16: scaled here, the few gathered rather than
+    gathered every key >= lo (nothing above): top-k's cut is its k-th largest (under top-k alone
+    with DIGITS, where tl.histogram is shared-memory atomics, by byte histograms: no sort), then
+    top-p's inside the top-k set (a 16-bit line's as raw keys, RAW16: scaled here, the few gathered rather than
     every value of the line). Stage 5 gathered a window with ``above_mass`` above it: found when the
     window holds the cut (the mass above it below the budget, with the window's reaching it)."""
     slot = tl.arange(0, GATHER)
@@ -448,26 +451,34 @@ def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budge
     if RAW16:
         if stage == 4:  # (a 16-bit line's top-k gather wrote raw keys: their scaled values' keys)
             keys = tl.where(slot < n, order_key(raw_scaled(keys, inv_t, DTYPE)), keys)
-    keys = tl.sort(keys, descending=True)
-    weights = fixed_mass(key_to_float(keys), row_max)  # 0 for the empty slots (NaN keys)
-    k_key = tl.full((), -2147483648, tl.int32)
-    if stage == 4:
-        k_key = pick(keys, top_k - 1, GATHER, -2147483648)
-        kept = tl.where(keys >= k_key, weights, 0)
-        top_k_mass = tl.sum(kept, axis=0)
-        budget = top_p * unfixed(top_k_mass).to(tl.float32)
-        weights = kept
-    # The mass strictly before each sorted key; the cut is the last key whose mass before it is
-    # below the budget (the first of a run of ties has the mass above the tied value).
-    before = above_mass + before_here(weights)
-    below = (~reaches(before, budget)) & (slot < n)
-    keep = tl.sum(below.to(tl.int32), axis=0)
-    cut = pick(keys, tl.maximum(keep, 1) - 1, GATHER, -2147483648)
-    found = (keep > 0) & reaches(above_mass + tl.sum(weights, axis=0), budget)
-    if stage == 4:
-        cut = tl.where(use_p, tl.maximum(cut, k_key), k_key)
-        found = keep >= 0  # True: the top-k set is whole
-    kept_mass = above_mass + tl.sum(tl.where(keys >= cut, weights, 0), axis=0)
+    if DIGITS & (stage == 4) & (use_p == 0):
+        # Top-k alone: its k-th largest key by byte histograms, no sort (the empty slots' keys,
+        # -2**31, count as the sort's would: a line of fewer than k values keeps them all), and
+        # the mass of every key from it up, in any order.
+        cut = (largest_reaching(keys.to(tl.int64) + 2147483648, top_k, 4) - 2147483648).to(tl.int32)
+        kept_mass = above_mass + tl.sum(tl.where(keys >= cut, fixed_mass(key_to_float(keys), row_max), 0), axis=0)
+        found = tl.full((), 1, tl.int1)
+    else:
+        keys = tl.sort(keys, descending=True)
+        weights = fixed_mass(key_to_float(keys), row_max)  # 0 for the empty slots (NaN keys)
+        k_key = tl.full((), -2147483648, tl.int32)
+        if stage == 4:
+            k_key = pick(keys, top_k - 1, GATHER, -2147483648)
+            kept = tl.where(keys >= k_key, weights, 0)
+            top_k_mass = tl.sum(kept, axis=0)
+            budget = top_p * unfixed(top_k_mass).to(tl.float32)
+            weights = kept
+        # The mass strictly before each sorted key; the cut is the last key whose mass before it is
+        # below the budget (the first of a run of ties has the mass above the tied value).
+        before = above_mass + before_here(weights)
+        below = (~reaches(before, budget)) & (slot < n)
+        keep = tl.sum(below.to(tl.int32), axis=0)
+        cut = pick(keys, tl.maximum(keep, 1) - 1, GATHER, -2147483648)
+        found = (keep > 0) & reaches(above_mass + tl.sum(weights, axis=0), budget)
+        if stage == 4:
+            cut = tl.where(use_p, tl.maximum(cut, k_key), k_key)
+            found = keep >= 0  # True: the top-k set is whole
+        kept_mass = above_mass + tl.sum(tl.where(keys >= cut, weights, 0), axis=0)
     return cut.to(tl.int64), kept_mass, found
 
 
@@ -500,6 +511,7 @@ def _select_pass(
     base, line, chunk, span, width, parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr,
     part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS: tl.constexpr, TILE: tl.constexpr,
     BINS: tl.constexpr, PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr, ATOMIC_WINDOW: tl.constexpr,
+    DIGIT_SELECT: tl.constexpr,
 ):
     """One item of a search pass (``span`` values of the line from chunk * span: a chunk, or a run of
     chunks, see cutoffs.py), and the next pass's plan by the last of them (see the module docstring)."""
@@ -616,7 +628,7 @@ def _select_pass(
         if (stage == 4) | (stage == 5):
             gathered = tl.load(state + 6, cache_modifier=".cg")
             cut, kept_mass, found = _resolve(keys_ptr, tl.minimum(gathered, GATHER), above_mass, row_max, stage, top_k, top_p, use_p, budget, inv_t,
-                                             GATHER, RAW16, DTYPE)
+                                             GATHER, RAW16, DTYPE, DIGIT_SELECT)
             overflow = gathered > GATHER
             window_lo = lo
             window_hi = hi
@@ -759,13 +771,16 @@ def search_item(
     target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr,
     part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, line, chunk, merge, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k,
     t_parts, d_parts, NUM_CHUNKS: tl.constexpr, HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr,
-    PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr, SAMPLE_RUNS: tl.constexpr, WINDOW_ATOMICS: tl.constexpr = True,
+    PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr, SAMPLE_RUNS: tl.constexpr, DIGIT_SELECT: tl.constexpr,
+    WINDOW_ATOMICS: tl.constexpr = True,
 ):
     """Pass ``search_pass`` over the ``chunk``-th run of ``merge`` chunks of one listed line, once the
     line's previous pass is published (every earlier pass's items hold earlier tickets: the wait
     always ends). SAMPLE_RUNS (where tl.histogram is warp ballots): a raw window counts by global
     atomics, in a call whose lines are all 16-bit (a mixed call's two searches would spill), with
-    WINDOW_ATOMICS (a tree or block walk's kernel passes False: its walk's code would spill)."""
+    WINDOW_ATOMICS (a tree or block walk's kernel passes False: its walk's code would spill).
+    DIGIT_SELECT: a top-k gather's cut by byte histograms (where tl.histogram is shared-memory
+    atomics), else from its keys sorted."""
     T16: tl.constexpr = target_ptr.dtype.element_ty.primitive_bitwidth == 16
     D16: tl.constexpr = draft_ptr.dtype.element_ty.primitive_bitwidth == 16  # (without drafts: the target again)
     ATOMIC_WINDOW: tl.constexpr = (SAMPLE_RUNS > 0) & T16 & D16 & WINDOW_ATOMICS
@@ -789,10 +804,10 @@ def search_item(
                     d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
                     _select_pass(d_base, line, chunk, span, Vd, d_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr,
                                  state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS,
-                                 TILE, BINS, PASSES, PARTS, PP, GATHER, ATOMIC_WINDOW)
+                                 TILE, BINS, PASSES, PARTS, PP, GATHER, ATOMIC_WINDOW, DIGIT_SELECT)
         else:
             if chunk * span < V:
                 t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
                 _select_pass(t_base, line, chunk, span, V, t_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr,
                              state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS, TILE, BINS,
-                             PASSES, PARTS, PP, GATHER, ATOMIC_WINDOW)
+                             PASSES, PARTS, PP, GATHER, ATOMIC_WINDOW, DIGIT_SELECT)

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .random import exp, key_to_float, order_key, raw_scaled
-from .scan import before_here, from_here
+from .scan import before_here, from_here, largest_reaching
 from .select import fixed_mass, pick, reaches, top_p_floor, top_p_inside, top_p_stage, unfixed
 from .stats import filter_of, histogrammed
 
@@ -405,27 +405,40 @@ def _sample_weights(s, row_max, line_mass, budget, known, floor):
 
 
 @triton.jit
-def _sampled_top_k_lo(base, width, inv_t, top_k, GATHER: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr):
+def _sampled_top_k_lo(base, width, inv_t, top_k, GATHER: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr, DIGITS: tl.constexpr):
     """(lo, usable): a top-k gather's lo placed from a sample of the line, RUNS runs of RUN
     consecutive ids evenly spaced, (width - RUN) // (RUNS - 1) apart (the whole line when it is no
     longer). lo is the sample's r-th largest order key floored to its 16 high bits, r the values
     isqrt(top_k * GATHER) (the geometric middle of [top_k, GATHER]) would be in the sample (top_k
     when the sample is the line); usable when the sample has r finite values. Only a guess: the
-    gather's exact count decides (select.py's stage 4), so no cut depends on it."""
+    gather's exact count decides (select.py's stage 4), so no cut depends on it. DIGITS: found by
+    two byte histograms (where tl.histogram is shared-memory atomics), else by 16 halvings."""
     spread = width > RUNS * RUN
     s = _sample(base, width, inv_t, RUNS, RUN)
     high = tl.where(s > float("-inf"), order_key(s) >> 16, -32769)  # the keys' 16 high bits (-inf: below them all)
     rank = tl.where(spread, (_isqrt(top_k * GATHER) * (RUNS * RUN) + width - 1) // width, top_k).to(tl.int32)
     usable = tl.sum(tl.sum((high >= -32768).to(tl.int32), axis=0), axis=0) >= rank  # (down the runs first: inside each thread)
-    # The largest prefix p with at least rank sampled keys from p * 2**16 up: 16 halvings of [-2**15, 2**15).
-    low = rank * 0 - 32768
-    top = rank * 0 + 32767
-    for _ in range(16):
-        middle = (low + top + 1) >> 1
-        reached = tl.sum(tl.sum((high >= middle).to(tl.int32), axis=0), axis=0) >= rank
-        low = tl.where(reached, middle, low)
-        top = tl.where(reached, top, middle - 1)
+    # The largest prefix p with at least rank sampled keys from p * 2**16 up (-2**15 when none has).
+    if DIGITS:
+        low = _largest_bucket_reaching(high, rank, RUNS * RUN)
+    else:
+        low = rank * 0 - 32768
+        top = rank * 0 + 32767
+        for _ in range(16):  # (halvings of [-2**15, 2**15))
+            middle = (low + top + 1) >> 1
+            reached = tl.sum(tl.sum((high >= middle).to(tl.int32), axis=0), axis=0) >= rank
+            low = tl.where(reached, middle, low)
+            top = tl.where(reached, top, middle - 1)
     return low.to(tl.int64) << 16, usable
+
+
+@triton.jit
+def _largest_bucket_reaching(high, rank, N: tl.constexpr):
+    """The largest bucket p in [-2**15, 2**15) with at least ``rank`` of a sample's buckets ``high``
+    (N of them, as (runs, run); -32769: none) from p up, -2**15 when fewer are present: scan.py's
+    largest_reaching over two bytes."""
+    present = tl.reshape(high, (N,)).to(tl.int64) + 32768
+    return (largest_reaching(tl.where(present >= 0, present, -1), rank, 2) - 32768).to(tl.int32)
 
 
 @triton.jit
@@ -462,7 +475,7 @@ def _sampled_top_p_window(base, width, inv_t, row_max, line_mass, budget, known,
 
 @triton.jit
 def _sampled_top_p_gather(base, width, inv_t, row_max, line_mass, budget, known, floor, bracket_lo, max_key, GATHER: tl.constexpr,
-                          RUNS: tl.constexpr, RUN: tl.constexpr):
+                          RUNS: tl.constexpr, RUN: tl.constexpr, DIGITS: tl.constexpr):
     """(lo, hi, usable): a 32-bit top-p line's first gather (select.py's stage 5 over the order keys
     [lo, hi]) placed around the cut a sample of the line estimates (the runs of
     ``_sampled_top_k_lo``), in buckets of 2**16 keys (the keys' 16 high bits, a bf16's precision).
@@ -473,7 +486,8 @@ def _sampled_top_p_gather(base, width, inv_t, row_max, line_mass, budget, known,
     slots in all. Its bounds stay within [``bracket_lo``, the floor, ``max_key``]. usable: the
     sample has values below the floor, and the cut's bucket alone is estimated at most 3/8 of the
     slots. Only a guess: the gather's exact count and masses decide whether it holds the cut, and
-    one that does not narrows the bracket (select.py)."""
+    one that does not narrows the bracket (select.py). DIGITS: the window's bounds found by byte
+    histograms (where tl.histogram is shared-memory atomics), else by 16 halvings each."""
     s = _sample(base, width, inv_t, RUNS, RUN)
     weight, below, ref, total, rest, need = _sample_weights(s, row_max, line_mass, budget, known, floor)
     high = tl.where(below, order_key(s) >> 16, -32769)  # (a value above the floor, or -inf: below every bucket)
@@ -493,19 +507,36 @@ def _sampled_top_p_gather(base, width, inv_t, row_max, line_mass, budget, known,
     # line of bf16 values upcast: one value a bucket, often repeated): such a line is not sampled.
     in_bucket = (at_cut - past_cut).to(tl.float64) * per_sampled
     quota = (GATHER * 0.75 - in_bucket) * 0.5
-    first = cut * 0 - 32768  # the lowest bucket with at most quota estimated values from it to the cut's
-    first_top = cut
-    past = cut + 1  # the highest bucket with at most quota estimated values above the cut's bucket and below it
-    past_top = cut * 0 + 32768
-    for _ in range(16):
-        middle = (first + first_top) >> 1
-        fits = (tl.sum(tl.sum((high >= middle).to(tl.int32), axis=0), axis=0) - at_cut).to(tl.float64) * per_sampled <= quota
-        first_top = tl.where(fits, middle, first_top)
-        first = tl.where(fits, first, middle + 1)
-        middle = (past + past_top + 1) >> 1
-        fits = (past_cut - tl.sum(tl.sum((high >= middle).to(tl.int32), axis=0), axis=0)).to(tl.float64) * per_sampled <= quota
-        past = tl.where(fits, middle, past)
-        past_top = tl.where(fits, past_top, middle - 1)
+    if DIGITS:
+        # The same bounds from the most estimated values a side may take: d values fit when
+        # d * per_sampled <= quota, the most such d (-1 when none) from a division and one step
+        # either way (the products rounded as the halvings' are).
+        most = tl.floor(quota / per_sampled).to(tl.int64)
+        most = tl.where((most + 1).to(tl.float64) * per_sampled <= quota, most + 1, most)
+        most = tl.where(most.to(tl.float64) * per_sampled <= quota, most, most - 1)
+        most = tl.maximum(most, -1)
+        present = tl.sum(tl.sum((high >= -32768).to(tl.int32), axis=0), axis=0)
+        # first: one above the largest bucket with more than at_cut + most sampled from it up.
+        beyond = (at_cut + most + 1).to(tl.int32)
+        first_top = tl.where(present >= beyond, _largest_bucket_reaching(high, beyond, RUNS * RUN) + 1, -32768)
+        first_top = tl.minimum(first_top, cut)
+        # past: the largest bucket with at least past_cut - most sampled from it up.
+        needed = (past_cut - most).to(tl.int32)
+        past = tl.where(needed <= 0, 32768, tl.maximum(_largest_bucket_reaching(high, tl.maximum(needed, 1), RUNS * RUN), cut + 1))
+    else:
+        first = cut * 0 - 32768  # the lowest bucket with at most quota estimated values from it to the cut's
+        first_top = cut
+        past = cut + 1  # the highest bucket with at most quota estimated values above the cut's bucket and below it
+        past_top = cut * 0 + 32768
+        for _ in range(16):
+            middle = (first + first_top) >> 1
+            fits = (tl.sum(tl.sum((high >= middle).to(tl.int32), axis=0), axis=0) - at_cut).to(tl.float64) * per_sampled <= quota
+            first_top = tl.where(fits, middle, first_top)
+            first = tl.where(fits, first, middle + 1)
+            middle = (past + past_top + 1) >> 1
+            fits = (past_cut - tl.sum(tl.sum((high >= middle).to(tl.int32), axis=0), axis=0)).to(tl.float64) * per_sampled <= quota
+            past = tl.where(fits, middle, past)
+            past_top = tl.where(fits, past_top, middle - 1)
     lo = tl.maximum(first_top.to(tl.int64) << 16, bracket_lo)
     hi = tl.minimum((past.to(tl.int64) << 16) - 1, max_key)
     return lo, hi, (total > 0) & (lo <= hi) & (in_bucket <= GATHER * 0.375)
@@ -513,7 +544,7 @@ def _sampled_top_p_gather(base, width, inv_t, row_max, line_mass, budget, known,
 
 @triton.jit
 def _sampled_top_p_start(base, width, inv_t, row_max, line_mass, budget, known, floor, bracket_lo, max_key, DTYPE: tl.constexpr, GATHER: tl.constexpr,
-                         RUNS: tl.constexpr, RUN: tl.constexpr):
+                         RUNS: tl.constexpr, RUN: tl.constexpr, DIGITS: tl.constexpr):
     """(lo, hi, usable) of a top-p line's first pass placed from a sample: a 16-bit line's raw
     window (``_sampled_top_p_window``: 256 raw keys from lo), a 32-bit line's gather
     (``_sampled_top_p_gather``: order keys)."""
@@ -521,7 +552,8 @@ def _sampled_top_p_start(base, width, inv_t, row_max, line_mass, budget, known, 
         lo, usable = _sampled_top_p_window(base, width, inv_t, row_max, line_mass, budget, known, floor, DTYPE, RUNS, RUN)
         hi = lo + 255
     else:
-        lo, hi, usable = _sampled_top_p_gather(base, width, inv_t, row_max, line_mass, budget, known, floor, bracket_lo, max_key, GATHER, RUNS, RUN)
+        lo, hi, usable = _sampled_top_p_gather(base, width, inv_t, row_max, line_mass, budget, known, floor, bracket_lo, max_key, GATHER, RUNS, RUN,
+                                               DIGITS)
     return lo, hi, usable
 
 
@@ -532,7 +564,7 @@ def threshold_line(
     top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
     HAS_DRAFT: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, HISTOGRAM_TOP_K: tl.constexpr,
     GATHER: tl.constexpr, KEY_WINDOW: tl.constexpr, TOP_P_BINS: tl.constexpr, TOP_P_STEP: tl.constexpr, SAMPLE_RUNS: tl.constexpr,
-    SAMPLE_RUN: tl.constexpr,
+    SAMPLE_RUN: tl.constexpr, DIGIT_SELECT: tl.constexpr,
 ):
     """The cut-off of one line from its candidates (cutoffs.py's first work items): tau and, when
     the candidates settle it, the line's statistics; otherwise a search state, the line appended
@@ -554,7 +586,9 @@ def threshold_line(
     sample (``_sampled_top_p_window``), a 32-bit one in a call of 32-bit lines with a gather
     (``_sampled_top_p_gather``): one pass, with no value bins, when it holds the cut. Target and
     draft lines of one dtype run one copy of each sample's code (from either's row): a second
-    copy's loop-invariant values, kept on the stack, doubled the launch's prologue."""
+    copy's loop-invariant values, kept on the stack, doubled the launch's prologue. DIGIT_SELECT
+    (where tl.histogram is shared-memory atomics): a sample's counted ranks by byte histograms,
+    not 16 halvings (the same bounds)."""
     TDTYPE: tl.constexpr = target_ptr.dtype.element_ty
     DDTYPE: tl.constexpr = draft_ptr.dtype.element_ty
     T16: tl.constexpr = TDTYPE.primitive_bitwidth == 16
@@ -645,12 +679,12 @@ def threshold_line(
                     sample_lo = lo
                     usable = stage < 0  # False, as a runtime value
                     if TDTYPE == DDTYPE:
-                        sample_lo, usable = _sampled_top_k_lo(line_base, width, inv_t, top_k, GATHER, SAMPLE_RUNS, SAMPLE_RUN)
+                        sample_lo, usable = _sampled_top_k_lo(line_base, width, inv_t, top_k, GATHER, SAMPLE_RUNS, SAMPLE_RUN, DIGIT_SELECT)
                     elif is_draft:
                         if HAS_DRAFT:
-                            sample_lo, usable = _sampled_top_k_lo(d_base, width, inv_t, top_k, GATHER, SAMPLE_RUNS, SAMPLE_RUN)
+                            sample_lo, usable = _sampled_top_k_lo(d_base, width, inv_t, top_k, GATHER, SAMPLE_RUNS, SAMPLE_RUN, DIGIT_SELECT)
                     else:
-                        sample_lo, usable = _sampled_top_k_lo(t_base, width, inv_t, top_k, GATHER, SAMPLE_RUNS, SAMPLE_RUN)
+                        sample_lo, usable = _sampled_top_k_lo(t_base, width, inv_t, top_k, GATHER, SAMPLE_RUNS, SAMPLE_RUN, DIGIT_SELECT)
                     if usable:
                         # A top-k gather of every key from the sample's lo up (select.py's stage 4): its
                         # exact count tells whether it holds the cut, and where to go on when not.
@@ -676,15 +710,15 @@ def threshold_line(
                     usable = stage < 0  # False, as a runtime value
                     if TDTYPE == DDTYPE:
                         start_lo, start_hi, usable = _sampled_top_p_start(line_base, width, inv_t, row_max, line_mass, carried, known, sample_floor, lo,
-                                                                          max_key, TDTYPE, GATHER, TOP_P_RUNS, SAMPLE_RUN)
+                                                                          max_key, TDTYPE, GATHER, TOP_P_RUNS, SAMPLE_RUN, DIGIT_SELECT)
                     elif is_draft:
                         if HAS_DRAFT & D16:
                             start_lo, start_hi, usable = _sampled_top_p_start(d_base, width, inv_t, row_max, line_mass, carried, known, sample_floor, lo,
-                                                                              max_key, DDTYPE, GATHER, TOP_P_RUNS, SAMPLE_RUN)
+                                                                              max_key, DDTYPE, GATHER, TOP_P_RUNS, SAMPLE_RUN, DIGIT_SELECT)
                     else:
                         if T16:
                             start_lo, start_hi, usable = _sampled_top_p_start(t_base, width, inv_t, row_max, line_mass, carried, known, sample_floor, lo,
-                                                                              max_key, TDTYPE, GATHER, TOP_P_RUNS, SAMPLE_RUN)
+                                                                              max_key, TDTYPE, GATHER, TOP_P_RUNS, SAMPLE_RUN, DIGIT_SELECT)
                     if usable:
                         bracket_lo = lo
                         stage = tl.where(tl.where(is_draft, D16, T16), 8, 5)

@@ -110,6 +110,47 @@ def test_only_the_gathers_share_of_the_passes_pays_for_the_sort(gather_share, ex
     assert gpu_model.search_tail(_item_loop(), call) == pytest.approx(expected)
 
 
+# A search item's loop (0x10-0x100) around a tile loop (0x20-0x50), then a tail whose last item
+# either sorts (0x90-0xb0) or, a top-k gather alone, finds its cut by byte histograms (0xd0-0xe0:
+# shared-memory atomics, DIGIT_SELECT), then a store common to every pass.
+_DIGITS_TAIL = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0020*/                   LDG.E R3, desc[UR4][R4.64] ;
+        /*0030*/                   MUFU.EX2 R3, R3 ;
+        /*0040*/                   ATOMS.POPC.INC.32 RZ, [R5] ;
+        /*0050*/               @P0 BRA 0x20 ;
+        /*0060*/                   ISETP.NE.AND P1, PT, R2, R6, PT ;
+        /*0070*/               @P1 BRA 0x100 ;
+        /*0080*/               @P2 BRA 0xd0 ;
+        /*0090*/                   ISETP.GT.XOR P3, PT, R7, R8, P4 ;
+        /*00a0*/                   SEL R7, R7, R8, P3 ;
+        /*00b0*/                   SEL R8, R8, R7, P3 ;
+        /*00c0*/                   BRA 0xf0 ;
+        /*00d0*/                   ATOMS.POPC.INC.32 RZ, [R6] ;
+        /*00e0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*00f0*/                   STG.E desc[UR4][R4.64], R7 ;
+        /*0100*/               @P5 BRA 0x10 ;
+        /*0110*/                   EXIT ;
+        /*0120*/                   BRA 0x120 ;
+"""
+
+
+@pytest.mark.parametrize("gather_share", [0.0, 1.0, 0.25])
+def test_a_top_k_gather_alone_goes_through_its_byte_histograms(gather_share):
+    """The tail's longest path sorts (9); a top-k gather alone goes through its byte histograms
+    around the sort (7); any other pass around both (5: the sort's block holds its branch). Under top-p a gather sorts; where the
+    code has no byte histograms (Triton 3.6, 3.7) a top-k gather sorts too."""
+    loop = next(loop for loop in gpu_model.analyse(_DIGITS_TAIL, _RESOURCES).loops if loop.parent is None)
+    assert (loop.tail, loop.tail_top_k, loop.tail_without_sort) == (9, 7, 5)
+    top_k = gpu_model.Call("x", 64, 8, 128256, "bf16", top_k=1000, search_fraction=1.0, search_passes=1.0, search_gather_share=gather_share)
+    top_p = gpu_model.Call("x", 64, 8, 128256, "bf16", top_k=1000, top_p=0.9, search_fraction=1.0, search_passes=1.0,
+                           search_gather_share=gather_share)
+    assert gpu_model.search_tail(loop, top_k) == pytest.approx(gather_share * 7 + (1 - gather_share) * 5)
+    assert gpu_model.search_tail(loop, top_p) == pytest.approx(gather_share * 9 + (1 - gather_share) * 5)
+    assert gpu_model.search_tail(_item_loop(), top_k) == pytest.approx(gather_share * 8 + (1 - gather_share) * 5)
+
+
 # A tile loop (0x10-0x50) that keeps two values on the stack (STL / LDL.LU every trip), as a build
 # at the register limit does, then a store.
 _SPILLING = """
@@ -298,3 +339,53 @@ def test_a_float32_top_p_gather_sample_is_counted_step_by_step(monkeypatch):
     assert trips["top-p gather estimate step"] == pytest.approx(per_program / 2)
     assert trips["top-p gather window step"] == pytest.approx(per_program)
     assert trips["sample bisection step"] == 0.0
+
+
+# A threshold items' loop (0x10-0x140) with a sort (0x30-0x50), a top-k sample ranked by byte
+# histograms (0x70-0xa0: straight code, shared-memory atomics and barriers: DIGIT_SELECT), then a
+# 32-bit top-p line's sampled gather: its estimate's loop (0xc0-0xe0: float64 tests) and its
+# window's bounds by byte histograms (0xf0-0x120).
+_DIGITS_ITEM = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0020*/               @P5 BRA P6, 0x60 ;
+        /*0030*/                   ISETP.GT.XOR P3, PT, R7, R8, P4 ;
+        /*0040*/                   SEL R7, R7, R8, P3 ;
+        /*0050*/                   SEL R8, R8, R7, P3 ;
+        /*0060*/               @P0 BRA 0xb0 ;
+        /*0070*/                   ATOMS.POPC.INC.32 RZ, [R5] ;
+        /*0080*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0090*/                   ATOMS.POPC.INC.32 RZ, [R6] ;
+        /*00a0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*00b0*/               @P3 BRA 0x130 ;
+        /*00c0*/                   DSETP.GE.AND P1, PT, R12, R14, PT ;
+        /*00d0*/                   IADD3 R9, R9, 0x1, RZ ;
+        /*00e0*/               @P1 BRA 0xc0 ;
+        /*00f0*/                   ATOMS.POPC.INC.32 RZ, [R7] ;
+        /*0100*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0110*/                   IADD3 R11, R11, 0x1, RZ ;
+        /*0120*/                   IADD3 R12, R12, 0x1, RZ ;
+        /*0130*/                   STG.E desc[UR4][R4.64], R7 ;
+        /*0140*/               @P2 BRA 0x10 ;
+        /*0150*/                   CCTL.IVALL ;
+        /*0160*/                   EXIT ;
+        /*0170*/                   BRA 0x170 ;
+"""
+
+
+def test_a_samples_byte_histograms_lie_on_the_paths_of_the_lines_that_sample():
+    """Where a sample is ranked by byte histograms (no loop of its own), its code is told by its
+    shared-memory atomics: a top-p sample's after its estimate's loop, a top-k sample's elsewhere.
+    A top-k line that samples runs its own histograms around the sort (10: the head, its branch,
+    the histograms, the branch past the top-p sample, the store and the loop's branch); a top-p
+    line that samples, its estimate and its histograms after its sort (13); any other, neither
+    (9). A trip meets the barriers of one path: where the top-k sample's code leaves past the
+    top-p sample's, one of the two barriers of the body."""
+    code = gpu_model.analyse(_DIGITS_ITEM, _RESOURCES)
+    loop = next(loop for loop in code.loops if loop.parent is None)
+    assert gpu_model.loop_kinds("cutoff", code) == ["threshold ticket loop", "top-p gather estimate step"]
+    assert (loop.instructions, loop.through_sample, loop.through_p_sample, loop.around_sample) == (17, 10, 13, 9)
+    assert loop.path_barriers == loop.has("BAR") == 3
+    apart = _DIGITS_ITEM.replace("/*00a0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;", "/*00a0*/                   BRA 0x130 ;")
+    item = next(loop for loop in gpu_model.analyse(apart, _RESOURCES).loops if loop.parent is None)
+    assert (item.has("BAR"), item.path_barriers) == (2, 1)

@@ -62,6 +62,7 @@ def searched_lines(draw):
         "key_window": draw(st.booleans()),
         "top_p_window": draw(st.booleans()),
         "histogram_top_k": draw(st.sampled_from([None, 16])),
+        "digit_select": draw(st.booleans()),
     }
     params = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
     return values.to(dtype), params, {name: value for name, value in geometry.items() if value is not None}, seed

@@ -512,12 +512,12 @@ def _sampled_line(kind: str, vocab: int = 3000) -> torch.Tensor:
 _SAMPLED = _SEARCHED | {"sample_runs": 4, "select_gather": 512}
 
 
-def _sampled_search(target, top_k, top_p) -> tuple:
-    """(args, the search state's path word) of one sampled line's call at T=0.9 (_SAMPLED), after
-    checking its cut is the reference's and that the search took it."""
+def _sampled_search(target, top_k, top_p, **geometry) -> tuple:
+    """(args, the search state's path word) of one sampled line's call at T=0.9 (_SAMPLED, and
+    ``geometry``), after checking its cut is the reference's and that the search took it."""
     args = _params.validate_verify(target, None, torch.zeros(1, 0, dtype=torch.int64), generator=None, check=False, temperature=0.9,
                                    top_k=top_k, top_p=top_p, num_draft_tokens=None)
-    got, resolved = _triton_thresholds(args, **_SAMPLED)
+    got, resolved = _triton_thresholds(args, **(_SAMPLED | geometry))
     assert torch.equal(got, _reference_thresholds(args)), got.tolist()
     assert resolved.tolist() == [0]
     return args, int(_triton_backend.workspace(target.device).ints[_search_state_offset(args, 512, sample_runs=4) + 7])
@@ -534,24 +534,29 @@ _SAMPLED_PATHS = [
 ]
 
 
+@pytest.mark.parametrize("digits", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind,vocab,top_k,top_p,stages32,stages16", _SAMPLED_PATHS)
-def test_a_sampled_gather_starts_a_top_k_search(dtype, kind, vocab, top_k, top_p, stages32, stages16):
+def test_a_sampled_gather_starts_a_top_k_search(dtype, kind, vocab, top_k, top_p, stages32, stages16, digits):
     """Where tl.histogram is warp ballots (sample_runs), a top-k line the candidates leave starts
     with a gather whose lo a sample of the line places (thresholds.py): the reference's cut
     whichever way it goes, with the passes bench.gpu_model.select_search takes (one gather when it
-    holds the cut; else key bins over the side that does)."""
+    holds the cut; else key bins over the side that does), the sample's rank found by halvings or
+    by byte histograms (``digits``) alike."""
     from bench.gpu_model import select_search
     from specdec_ext._params import inverse_temperature
 
     target = _sampled_line(kind, vocab).to(dtype).reshape(1, 1, vocab)
-    args, path = _sampled_search(target, top_k, top_p)
+    args, path = _sampled_search(target, top_k, top_p, digit_select=digits)
     inv_t = inverse_temperature(torch.tensor([0.9]))
     raw = (target[0, 0].view(torch.int16).numpy(), "bf16", np.float32(inv_t.item())) if dtype == torch.bfloat16 else None
     modelled = select_search((target[0, 0].float() * inv_t).numpy(), top_k, top_p, gather=512, raw=raw, sample_runs=4, histogram_top_k=1024)
     assert modelled["stages"] == (stages32 if dtype == torch.float32 else stages16)
     assert modelled["sampled"] == (2 * top_k <= 512)
     assert [int(d, 16) for d in hex(path)[2:]] == modelled["path"][:7]
+    if modelled["stages"] == [4]:  # (the sampled lo itself: as many values from it up as the model's, the slot counter after the pass)
+        gathered = int(_triton_backend.workspace(target.device).ints[_search_state_offset(args, 512, sample_runs=4) + 6])
+        assert gathered == round(modelled["passes"][0]["binned"] * vocab) and top_k <= gathered <= 512
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -627,19 +632,21 @@ _GATHER_PATHS = [
 ]
 
 
+@pytest.mark.parametrize("digits", [False, True])
 @pytest.mark.parametrize("kind,top_p,stages", _GATHER_PATHS)
-def test_a_sampled_gather_starts_a_float32_top_p_search(kind, top_p, stages):
+def test_a_sampled_gather_starts_a_float32_top_p_search(kind, top_p, stages, digits):
     """In a call of 32-bit lines (sample_runs), a line cut by top-p alone that the candidates
     leave starts with a gather (select.py's stage 5) that a sample of the line places
     (thresholds.py's _sampled_top_p_gather): the reference's cut whichever way it goes, with the
     passes bench.gpu_model.select_search takes (the candidates' floor as the kernel has it). One
     pass when the gather holds the cut; else value bins over the side that does, as the line would
-    have started."""
+    have started. The window's bounds by halvings or by byte histograms (``digits``) alike: the
+    same slots filled."""
     from bench.gpu_model import candidate_outcome, select_search
     from specdec_ext._params import inverse_temperature
 
     target = _window_line(kind).reshape(1, 1, 3000)
-    args, path = _sampled_search(target, None, top_p)
+    args, path = _sampled_search(target, None, top_p, digit_select=digits)
     scaled = (target[0, 0] * inverse_temperature(torch.tensor([0.9]))).numpy()
     stats = _triton_backend.launches_for(args, 0, **_SAMPLED)[0]
     c = stats.constexprs
@@ -785,14 +792,16 @@ def test_fewer_finite_values_than_k_keep_them_all_and_top_p_cuts_inside(dtype, g
         assert fused[0].tolist() == [[1, -1]], fused  # token 0 has no mass once top-p keeps the max alone: rejected, the max drawn
 
 
+@pytest.mark.parametrize("digits", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_a_16_bit_top_k_gather_reads_raw_keys(dtype):
+def test_a_16_bit_top_k_gather_reads_raw_keys(dtype, digits):
     """A 16-bit line's top-k gather tests and writes the raw keys of its logits' bits from the lowest
     whose scaled value reaches lo (select.py's _raw_floor), where 1 / temperature merges raw keys
     into one scaled value (subnormals scaled to 0, -0.0 beside +0.0) and where the cut lies among
-    them: the reference's cut and tokens, by one gather."""
+    them: the reference's cut and tokens, by one gather, its k-th largest key from the keys sorted
+    or by byte histograms (``digits``: many tied keys, empty slots)."""
     cases = [(_underflowing_line(), 1e10, 200), (_signed_zeros_line(), 0.9, 250), (_signed_zeros_line(), 0.9, 120)]
-    geometry = _SAMPLED | {"select_gather": 1024}
+    geometry = _SAMPLED | {"select_gather": 1024, "digit_select": digits}
     for line, temperature, top_k in cases:
         target = torch.stack([line, line.flip(0)]).to(dtype).reshape(1, 2, 600)
         args = _params.validate_verify(target, None, torch.zeros(1, 1, dtype=torch.int64), generator=None, check=False, temperature=temperature,
