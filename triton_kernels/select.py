@@ -31,11 +31,11 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    each, from an atomic counter) while those above hi are summed (count and mass); the last item
    finds the cut exactly: top-k's alone as the k-th largest gathered key, a byte at a time by
    histograms where they are shared-memory atomics (scan.py's ``largest_reaching``, no sort);
-   else from the keys sorted, top-k's and
-   top-p's inside the top-k set (which the gathered values hold whole), or top-p's, when the
-   window does hold it (the mass above lo reaches the budget, the mass above hi does not). A window that does not, or that held more
-   values than slots, narrows the bracket it was drawn from (stage 2's interval), and stage 3
-   finishes the search.
+   else from the keys sorted, top-k's and top-p's inside the top-k set (which the gathered
+   values hold whole), or top-p's, when the window does hold it (the mass above lo reaches the
+   budget, the mass above hi does not). A window that does not, or that held more values than
+   slots, narrows the bracket it was drawn from (stage 2's interval), and stage 3 finishes the
+   search.
    A top-k gather may also come first, its lo placed from a sample of the line by the threshold
    item (thresholds.py, where tl.histogram is warp ballots, or for a call of 32-bit lines): when
    fewer than k values lie from lo up, or more than GATHER, stage 1 goes on below lo (a 16-bit
@@ -443,9 +443,10 @@ def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budge
     """The cut from the gathered keys (n of them, at most GATHER): (cut, kept mass, found). Stage 4
     gathered every key >= lo (nothing above): top-k's cut is its k-th largest (under top-k alone
     with DIGITS, where tl.histogram is shared-memory atomics, by byte histograms: no sort), then
-    top-p's inside the top-k set (a 16-bit line's as raw keys, RAW16: scaled here, the few gathered rather than
-    every value of the line). Stage 5 gathered a window with ``above_mass`` above it: found when the
-    window holds the cut (the mass above it below the budget, with the window's reaching it)."""
+    top-p's inside the top-k set (a 16-bit line's as raw keys, RAW16: scaled here, the few
+    gathered rather than every value of the line). Stage 5 gathered a window with ``above_mass``
+    above it: found when the window holds the cut (the mass above it below the budget, with the
+    window's reaching it)."""
     slot = tl.arange(0, GATHER)
     keys = tl.load(keys_ptr + slot, mask=slot < n, other=-2147483648, cache_modifier=".cg")
     if RAW16:
