@@ -306,21 +306,39 @@ def _forward_edges(edges: list[list[int]]) -> list[list[int]]:
     return forward
 
 
-def reached_from(body: list[Instruction], start: frozenset) -> set[int]:
-    """Addresses of ``body`` a path from an address in ``start`` reaches without going back round a
-    loop (over the forward edges from its entry)."""
+def _reach(body: list[Instruction], start: frozenset, backward: bool) -> set[int]:
+    """Addresses of ``body`` on a path from an address in ``start`` (``backward``: to one), without
+    going back round a loop (over the forward edges from its entry), ``start``'s blocks included."""
     if not body or not start:
         return set()
     found, edges = basic_blocks(body)
     forward = _forward_edges(edges)
+    graph = forward
+    if backward:
+        graph = [[] for _ in found]
+        for node, successors in enumerate(forward):
+            for n in successors:
+                graph[n].append(node)
     todo = [b for b, block in enumerate(found) if any(i.address in start for i in block)]
     seen = set(todo)
     while todo:
-        for n in forward[todo.pop()]:
+        for n in graph[todo.pop()]:
             if n not in seen:
                 seen.add(n)
                 todo.append(n)
     return {i.address for b in seen for i in found[b]}
+
+
+def reached_from(body: list[Instruction], start: frozenset) -> set[int]:
+    """Addresses of ``body`` a path from an address in ``start`` reaches without going back round a
+    loop (over the forward edges from its entry)."""
+    return _reach(body, start, backward=False)
+
+
+def reaching(body: list[Instruction], targets: frozenset) -> set[int]:
+    """Addresses of ``body`` from which a path reaches an address in ``targets`` without going back
+    round a loop, the targets' own blocks included."""
+    return _reach(body, targets, backward=True)
 
 
 def histogram_blocks(body: list[Instruction], cold: set[int]) -> frozenset:
@@ -440,7 +458,7 @@ def analyse(sass: str, resources: str) -> KernelCode:
         inner = {i.address for i in body for a, b in ranges if (a, b) != (loop.start, loop.end) and loop.start <= a and b <= loop.end and a <= i.address <= b}
         skip = cold | inner
         own = [i for i in body if loop.start <= i.address <= loop.end]
-        tiles_end = max((c.end for c in loops if c.parent == loop.start and c.has("LDG") and (c.has("MUFU") or c.has("ATOMS"))), default=None)
+        tile_loops = [c for c in loops if c.parent == loop.start and c.has("LDG") and (c.has("MUFU") or c.has("ATOMS"))]
         sort = frozenset(sorted_blocks(own)) if loop.parent is None else frozenset()
         if wait is not None and loop.end < wait and sort:
             # The threshold items (work items before the acquire, which sort): each line takes one
@@ -467,17 +485,21 @@ def analyse(sass: str, resources: str) -> KernelCode:
             loop.around_sort = max(longest_path(own, skip, avoid=sort), 0)
             loop.through_tiles = max(longest_path(own, skip, avoid=sort, through=tiles), 0) if tiles else 0
             loop.path_barriers = longest_path(own, skip, _barrier)
-        elif tiles_end is not None:
+        elif tile_loops:
             # A search item: each trip takes one branch of its body to its tile loops (one stage's),
-            # and a line's last item one branch of the tail: the longest of each.
-            head_code = [i for i in body if loop.start <= i.address <= tiles_end]
-            head = longest_path(head_code, skip)
-            tail = [i for i in body if tiles_end < i.address <= loop.end]
-            loop.tail = longest_path(tail, skip)
+            # and a line's last item one branch of the tail: the longest of each. The tail is the
+            # code after a tile loop that leads to none (the compiler may place one copy's tail
+            # before another copy's tiles: addresses do not tell them apart).
+            tiles = frozenset(i.address for i in own for c in tile_loops if c.start <= i.address <= c.end)
+            tail_addresses = (reached_from(own, tiles) - reaching(own, tiles)) - skip
+            head_addresses = {i.address for i in own} - tail_addresses
+            tail = [i for i in own if i.address in tail_addresses]
+            head = longest_path(own, skip | tail_addresses)
+            loop.tail = longest_path(own, skip | head_addresses)
             sort, digits = sorted_blocks(tail), histogram_blocks(tail, skip)
-            loop.tail_without_sort = longest_path(tail, skip | sort | digits)
-            loop.tail_top_k = max(longest_path(tail, skip | sort, through=digits), 0) if digits else 0
-            loop.path_barriers = longest_path(head_code, skip, _barrier) + longest_path(tail, skip, _barrier)
+            loop.tail_without_sort = longest_path(own, skip | head_addresses | sort | digits)
+            loop.tail_top_k = max(longest_path(own, skip | head_addresses | sort, through=digits), 0) if digits else 0
+            loop.path_barriers = longest_path(own, skip | tail_addresses, _barrier) + longest_path(own, skip | head_addresses, _barrier)
             whole = head + loop.tail
         else:
             continue
@@ -584,6 +606,7 @@ class Call:
     sampled_share: float = 0.0  # lines whose threshold item places their first gather from a sample (SAMPLE_RUNS: Triton 3.6, 3.7; float32 calls on any)
     top_p_sampled_share: float = 0.0  # 16-bit top-p lines whose threshold item places their first raw window from a sample (SAMPLE_RUNS)
     search_window_atomics: float = 0.0  # per pass, the fraction of a line's values a raw window counts by global atomics (SAMPLE_RUNS)
+    search_halvings: float = 0.0  # per pass, the trips of a gather's top-p cut halvings (select.py's _top_p_cut; 0 for any other pass), MEASURED
     # "token" (verify), "block" (verify(method="block")) or "tree" (verify_tree: k is then the
     # number of nodes N, the target and draft logits have N+1 contexts).
     method: str = "token"
@@ -773,6 +796,8 @@ LOOP_KINDS = {
     "raw window atomic tile": "the same where its counts are global atomics (SAMPLE_RUNS: tl.histogram is warp ballots), one a value inside the window "
                               "(search_window_atomics, MEASURED, at the L2's atomic rate)",
     "histogram sum": "the last item of a line's pass sums the chunks' histograms, four chunks per step",
+    "top-p cut halving step": "a gather's top-p cut by halvings over its keys, by a line's last item of the pass (stage 5, and stage 4 under top-p): "
+                              "the bit length of the gathered keys' span (search_halvings per pass, MEASURED)",
     "raw floor step": "each item of a 16-bit line's top-k gather (stage 4) first finds the lowest raw key of its set: 17 halvings (search_gather_share "
                       "less search_window_share of the items, MEASURED)",
     "context step": "a tree walk's contexts: tree_depth + 1 per row",
@@ -935,6 +960,8 @@ def _cutoff_kinds(loops: list[Loop], kinds: list, at: list[int] | None = None) -
                     kinds[n] = "raw window tile"  # (a top-p window tests no value for -inf: stage 8)
         elif loop.after_wait and loop.has("LDG") and not loop.has("MUFU") and not _atomics(loop):
             kinds[n] = "histogram sum"
+        elif loop.after_wait and loop.parent is not None and not loop.has("LDG") and not loop.has("MUFU") and loop.has("BAR"):
+            kinds[n] = "top-p cut halving step"  # (a gather's last item: block sums of the gathered keys' weights, a barrier each)
         elif loop.after_wait and loop.parent is not None and not loop.has("LDG") and not loop.has("MUFU"):
             kinds[n] = "raw floor step"  # (a 16-bit line's top-k gather item: its lowest raw key, by halvings)
         elif not loop.after_wait and loop.parent is None:
@@ -1023,11 +1050,13 @@ def window_part(call: Call) -> int | None:
 
 
 def sampling(call: Call) -> dict:
-    """select_search's ``sample_runs`` and ``histogram_top_k`` for ``call``'s filtered form, as its
-    cut-offs launch has them (SAMPLE_RUNS: where tl.histogram is warp ballots)."""
+    """select_search's ``sample_runs``, ``histogram_top_k`` and the gathers' slots (``gather``, and
+    ``window_gather``: twice as many where ranks are by byte histograms) for ``call``'s filtered
+    form, as its cut-offs launch has them (SAMPLE_RUNS: where tl.histogram is warp ballots)."""
     filtered = call if call.filtered else replace(call, top_k=50)
     c = next(launch for launch in launches(filtered, ASSUMPTIONS["multiprocessors"]) if launch.name.endswith("cutoff") or launch.name.endswith("cut_walk"))
-    return {"sample_runs": c.constexprs["SAMPLE_RUNS"], "histogram_top_k": c.constexprs["HISTOGRAM_TOP_K"]}
+    return {"sample_runs": c.constexprs["SAMPLE_RUNS"], "histogram_top_k": c.constexprs["HISTOGRAM_TOP_K"], "gather": c.constexprs["GATHER"],
+            "window_gather": c.constexprs["WINDOW_GATHER"]}
 
 
 def top_p_window_on(call: Call) -> bool:
@@ -1097,7 +1126,7 @@ def synthetic_search(call: Call, lines: int = 4) -> dict:
 
 # The Call fields of a search's passes (_search_trips), as measure_trips records them.
 SEARCH_FIELDS = ("search_exact_share", "search_value_share", "search_value_count_share", "search_gather_share", "search_count_share", "search_window_share",
-                 "search_raw_count_share", "search_raw_share", "search_raw_window_share", "search_atomics", "search_window_atomics")
+                 "search_raw_count_share", "search_raw_share", "search_raw_window_share", "search_atomics", "search_window_atomics", "search_halvings")
 
 
 def _search_trips(passes: list[list[dict]]) -> dict:
@@ -1113,7 +1142,8 @@ def _search_trips(passes: list[list[dict]]) -> dict:
             "search_raw_share": round(sum(not q["counts_only"] and not q["mass_known"] and q["stage"] == 7 for q in every) / len(every), 4),
             "search_raw_window_share": share((8,)),
             "search_atomics": round(sum(q["binned"] for q in every if q["stage"] in (3, 4, 5)) / len(every), 4),
-            "search_window_atomics": round(sum(q["binned"] for q in every if q["stage"] == 8) / len(every), 4)}
+            "search_window_atomics": round(sum(q["binned"] for q in every if q["stage"] == 8) / len(every), 4),
+            "search_halvings": round(sum(q.get("halvings", 0) for q in every) / len(every), 3)}
 
 
 def _work(launch, call: Call, phase: str) -> dict:
@@ -1233,7 +1263,8 @@ def _work(launch, call: Call, phase: str) -> dict:
                       "value count histogram tile": (tiles * value_count, c["TILE"]),
                       "gather tile": (tiles * (gather - window), c["TILE"]), "window gather tile": (tiles * window, c["TILE"]),
                       "histogram sum": (searched * math.ceil(runs / 4) / programs, 4 * (c["BINS"] + 1)), "spin wait": (0.0, 0),
-                      "raw floor step": (per_program * (gather - window) * 17 if call.itemsize == 2 else 0.0, 1)},
+                      "raw floor step": (per_program * (gather - window) * 17 if call.itemsize == 2 else 0.0, 1),
+                      "top-p cut halving step": (searched / programs * call.search_halvings, 1)},
             "programs_used": programs, "most": math.ceil(per_program) / per_program,
             # the lines; the counts stored, then read; stage 3's masses zeroed, then read
             "bytes": searched * call.vocab * call.itemsize + slots * 4 * 2 + exact * slots * 8 * 2,
@@ -1250,13 +1281,14 @@ def _work(launch, call: Call, phase: str) -> dict:
 
 
 def search_tail(loop: Loop, call: Call) -> float:
-    """The instructions of a search pass's last item after its tiles, per pass: a gather's (stages
-    4 and 5: its sort) on the longest path, a top-k gather's alone through its byte histograms
-    where the code has them (DIGIT_SELECT: no sort), any other pass's on the longest without
-    either."""
-    gathers = call.search_gather_share
-    by_digits = gathers if call.top_p >= 1 and loop.tail_top_k else 0.0
-    return (gathers - by_digits) * loop.tail + by_digits * loop.tail_top_k + (1 - gathers) * (loop.tail_without_sort or loop.tail)
+    """The instructions of a search pass's last item after its tiles, per pass (without the
+    halvings of a top-p cut, a loop of its own): a top-k gather's (stage 4) through its byte
+    histograms where the code has them (DIGIT_SELECT), else through its sort; any other pass's
+    (a top-p window's gather, stage 5, included: no sort) on the longest path without either."""
+    top_k_gathers = call.search_gather_share - call.search_window_share
+    by_digits = top_k_gathers if loop.tail_top_k else 0.0
+    return ((top_k_gathers - by_digits) * loop.tail + by_digits * loop.tail_top_k
+            + (1 - top_k_gathers) * (loop.tail_without_sort or loop.tail))
 
 
 def threshold_item_trips(loop: Loop, call: Call, trips: float) -> float:
@@ -1297,7 +1329,14 @@ def loop_trips(launch, call: Call, phase: str, code: KernelCode) -> list[tuple[L
         if kind == "threshold ticket loop":
             trips = threshold_item_trips(loop, call, trips)
         trips /= sample_steps_per_trip(loop, kind)
-        found.append((loop, kind, trips / copies[kind], values or work["loops"].get(base(kind), (0, 0))[1]))
+        shared = copies[kind]
+        if kind == "top-p cut halving step":
+            # (a top-k gather's halvings, over half the slots, are rarer than a window's: every one is
+            # charged as the widest halving loop's, shared by its copies)
+            widest = max(other.instructions for other, k in zip(code.loops, kinds, strict=True) if k == kind)
+            shared = sum(other.instructions == widest for other, k in zip(code.loops, kinds, strict=True) if k == kind)
+            trips = trips if loop.instructions == widest else 0.0
+        found.append((loop, kind, trips / shared, values or work["loops"].get(base(kind), (0, 0))[1]))
     return found
 
 
@@ -1898,9 +1937,24 @@ def sampled_top_p_gather(scaled, row_max: float, line_mass: float, budget: float
     return lo, hi, bool(total > 0 and lo <= hi and in_bucket <= gather * 0.375)
 
 
+def _top_p_halvings(keys, weights, above_mass: int, budget: float) -> tuple[int, int]:
+    """select.py's _top_p_cut on gathered keys (any order) with their fixed-point weights: (its
+    halvings' trips, the cut)."""
+    if not keys.size:
+        return 0, -(2**31)
+    reaches = lambda mass: float(mass) * 2.0**-40 >= float(budget)  # noqa: E731
+    lo, hi, trips = int(keys.min()), int(keys.max()) + 1, 0
+    while lo < hi:
+        middle = (lo + hi) >> 1
+        short = not reaches(above_mass + int(weights[keys > middle].sum()))
+        lo, hi, trips = (lo, middle, trips + 1) if short else (middle + 1, hi, trips + 1)
+    at_or_above = keys[keys >= lo]
+    return trips, int(at_or_above.min()) if at_or_above.size else int(keys.max())
+
+
 def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = None, gather: int = 2048, raw=None, floor_key: int | None = None,
                   window_part: int | None = None, top_p_window: bool = False, sample_runs: int = 0, histogram_top_k: int | None = None,
-                  top_p_gather: bool = False) -> dict:
+                  top_p_gather: bool = False, window_gather: int | None = None) -> dict:
     """select.py's whole-line search on one float32 line (a numpy vector), pass by pass: the cut
     (an order key), the kept mass (fixed point) and, per pass, its stage and the fraction of the
     line's values it bins or gathers (stage 3 adds each binned one's mass by a global atomic).
@@ -1918,10 +1972,13 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
     a top-k whose k no statistics counted (``histogram_top_k``, default HISTOGRAM_TOP_K) and that fits
     half the gather starts with a gather placed from a sample of the line (``sampled_top_k_lo``;
     Triton 3.6 and 3.7), and so does a 32-bit line cut by top-p alone with ``top_p_gather`` (in a
-    call of 32-bit lines: ``sampled_top_p_gather``)."""
+    call of 32-bit lines: ``sampled_top_p_gather``). ``window_gather``: a top-p window gather's slots (stage 5;
+    default twice ``gather``, WINDOW_GATHER where a line's histogram counts hold them). Each pass
+    records ``halvings``: the trips of its top-p cut's halvings (``_top_p_cut``) when it gathered."""
     import numpy as np
 
     f32, bins_n = np.float32, 256
+    window_gather = 2 * gather if window_gather is None else window_gather
     values = np.asarray(scaled, dtype=f32)
     finite = values > -np.inf
     s_all = values[finite]
@@ -1986,7 +2043,7 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
     elif sample_runs and top_p_gather and raw is None and stage in (2, 3) and not 0 < top_k < values.size:
         # (a 32-bit line of a call of 32-bit lines cut by top-p alone: a gather placed from a sample, the bracket kept for a miss)
         runs = 16 if sample_runs >= 32 else sample_runs // 2 if sample_runs >= 4 else sample_runs  # (thresholds.py's TOP_P_RUNS)
-        first, last, usable = sampled_top_p_gather(values, row_max, line_mass, budget, floor_key, runs, gather, lo, top)
+        first, last, usable = sampled_top_p_gather(values, row_max, line_mass, budget, floor_key, runs, window_gather, lo, top)
         if usable:
             sampled_window, stage, bracket, lo, hi = True, 5, (lo, top), first, last
     while stage:
@@ -2010,7 +2067,7 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
             at_hi, low_above = (_raw_scaled(min(key, 32767), raw[1], raw[2]) for key in (hi, hi + 1))
             mass_known = hi >= 32767 or floor_key is not None and at_hi < low_above and _order_key(low_above) > floor_key
         passes.append({"stage": stage, "binned": float(inside.sum()) / values.size, "counts_only": counts_only, "statistics": statistics,
-                       "mass_known": mass_known})
+                       "mass_known": mass_known, "halvings": 0})
         next_stage = 0
         if stage == 4 and (inside.sum() > gather or inside.sum() < top_k and lo > _order_key(-np.inf)):
             # (a gather placed from the sample that does not hold the cut: key bins below it, or over it;
@@ -2020,6 +2077,7 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
         elif stage in (4, 5):
             gathered = np.sort(keys[inside])[::-1]
             n = gathered.size
+            slots_n = gather if stage == 4 else window_gather
             w = _fixed_weights(_key_floats(gathered), row_max)
             if stage == 4:
                 k_key = int(gathered[top_k - 1]) if n >= top_k else -(2**31)
@@ -2029,18 +2087,22 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
             keep = int(sum(not reaches(b, budget) for b in before))
             cut = int(gathered[max(keep, 1) - 1]) if n else -(2**31)
             found = keep > 0 and reaches(above_mass + int(w.sum()), budget)
+            if stage == 5 or use_p:  # (the kernel's halvings over [the lowest key, the highest + 1]: their trips, and the same cut)
+                passes[-1]["halvings"], halved = _top_p_halvings(gathered[:slots_n], w[:slots_n], above_mass, budget)
+                if n <= slots_n and n and halved != cut:
+                    raise AssertionError(f"the halvings' cut {halved} is not the sorted keys' {cut}")
             if stage == 4:
                 cut, found = (max(cut, k_key) if use_p else k_key), True
             kept = above_mass + int(w[gathered >= cut].sum())
-            window = (lo, hi)
+            window_keys = (lo, hi)
             lo = cut
-            if n > gather or not found:
-                above = reaches(above_mass, budget) and n <= gather
-                lo = window[1] + 1 if above else bracket[0]
-                hi = bracket[1] if above or n > gather else window[0] - 1
+            if n > slots_n or not found:
+                above = reaches(above_mass, budget) and n <= slots_n
+                lo = window_keys[1] + 1 if above else bracket[0]
+                hi = bracket[1] if above or n > slots_n else window_keys[0] - 1
                 next_stage = 3
                 if len(passes) == 1:  # (a sampled gather, the line's first pass: value bins over the side that holds the cut)
-                    next_stage = (2 if above or n > gather else 6) if _top_p_stage(lo, hi) == 2 else 3
+                    next_stage = (2 if above or n > slots_n else 6) if _top_p_stage(lo, hi) == 2 else 3
         elif stage in (2, 6):
             t0, t1 = (float(_key_floats(np.array([k]))[0]) for k in (lo, hi))
             scale = f32(bins_n) / (f32(t1) - f32(t0))
@@ -2052,7 +2114,7 @@ def select_search(scaled, top_k: int, top_p: float, line_mass: float | None = No
             ok = from_here * 2.0**-40 >= budget
             cut_bin = int(np.arange(bins_n)[ok].max()) if ok.any() else 0
             within = [int(counts[max(cut_bin - r, 0) : cut_bin + r + 1].sum()) for r in range(bins_n)]
-            radius = max((r for r in range(bins_n) if within[r] <= gather // 2), default=-1)
+            radius = max((r for r in range(bins_n) if within[r] <= window_gather // 2), default=-1)
             if stage == 2:
                 bracket = (lo, hi)
             around = _value_window(max(cut_bin - 4, 0), min(cut_bin + 4, bins_n - 1), lo, hi, t0, scale)
@@ -2217,12 +2279,14 @@ def measure_trips() -> dict:
                     if search["top_p_window"]:
                         steps.append(search["top_p_window"]["steps"])
                         # (the same line where no top-p window is counted: Triton before 3.8)
-                        plain.append(select_search(line.numpy(), top_k, top_p, raw=(bits[n], "bf16", inv_t), floor_key=outcome["floor_key"])["passes"])
+                        plain.append(select_search(line.numpy(), top_k, top_p, raw=(bits[n], "bf16", inv_t), floor_key=outcome["floor_key"],
+                                                   window_gather=_triton_backend.SELECT_GATHER)["passes"])
                     elif search["passes"]:
                         plain.append(search["passes"])
                     if raw16:
                         ballots = select_search(line.numpy(), top_k, top_p, raw=(bits[n], "bf16", inv_t), floor_key=outcome["floor_key"],
-                                                sample_runs=_triton_backend.SAMPLE_RUNS, histogram_top_k=_triton_backend.SAMPLED_HISTOGRAM_TOP_K)
+                                                sample_runs=_triton_backend.SAMPLE_RUNS, histogram_top_k=_triton_backend.SAMPLED_HISTOGRAM_TOP_K,
+                                                window_gather=_triton_backend.SELECT_GATHER)
                         sampled_passes.append(ballots["passes"])
                         sampled_lines += ballots["sampled"]
                         sampled_windows += ballots["sampled_window"]
@@ -2260,9 +2324,49 @@ def measure_trips() -> dict:
                 })
                 print(f"  {source} | {label}: T={temperature} top-k {top_k} top-p {top_p}: resolved {found[-1]['resolved_fraction']}, "
                       f"search passes {found[-1]['search_passes_mean']}, above floor {found[-1]['values_above_floor']}")
+    found += _measure_vllm_trips([source for source in sources if source[0].startswith("tiny_llama")])
     return {"method": "bench.gpu_model.candidate_outcome on every line (the kernels' rules; tests/triton/test_triton_identity.py checks them against the "
                       "kernels), select_search (select.py's search, pass by pass; its cuts checked against the reference's) for the search passes",
             "results": found, "block_walks": measure_block_walks()}
+
+
+VLLM_MEASURE_SETTINGS = [(0.7, 50, 0.9), (1.0, 0, 0.95)]
+
+
+def _measure_vllm_trips(sources: list) -> list[dict]:
+    """The trips of vLLM's call (float32 lines, B=64 K=8) on LM logits upcast to float32, as its
+    sampler hands them over: its lines start with sampled gathers (``sampling``: this Triton's
+    slots, twice a gather's for a top-p window where ranks are by byte histograms)."""
+    import numpy as np
+
+    from specdec_ext._triton_backend import SORT
+
+    found = []
+    call = Call("vLLM", **dict(_B64, dtype="fp32"), top_k=50)
+    geometry, sample = candidate_geometry(call), sampling(call)
+    for source, logits in sources:
+        for temperature, top_k, top_p in VLLM_MEASURE_SETTINGS:
+            scaled = (logits / temperature).numpy().astype(np.float32)
+            passes, sampled, sampled_window = [], 0, 0
+            for line in scaled:
+                outcome = candidate_outcome(line, *geometry, SORT, top_k, top_p)
+                if outcome["resolved"]:
+                    continue
+                search = select_search(line, top_k, top_p, floor_key=outcome["floor_key"], top_p_gather=True, **sample)
+                if search["cut"] != fixed_point_cut(line, top_k, top_p):
+                    raise AssertionError("select_search's cut is not the fixed-point masses'")
+                passes.append(search["passes"])
+                sampled += search["sampled"]
+                sampled_window += search["sampled_window"]
+            trips = _search_trips(passes)
+            found.append({"source": source.replace("bf16", "bf16 upcast to float32"), "geometry": "vLLM B=64 K=8 fp32", "temperature": temperature,
+                          "top_k": top_k, "top_p": top_p, "lines": len(scaled), "search_fraction": round(len(passes) / len(scaled), 4),
+                          "search_passes_mean": trips["search_passes"], "sampled_share": round(sampled / len(scaled), 4),
+                          "top_p_sampled_share": round(sampled_window / len(scaled), 4), "window_gather": sample["window_gather"],
+                          **{name: trips.get(name, 0.0) for name in SEARCH_FIELDS}})
+            print(f"  {found[-1]['source']} | vLLM B=64 K=8 fp32: T={temperature} top-k {top_k} top-p {top_p}: searched {found[-1]['search_fraction']}, "
+                  f"search passes {trips['search_passes']}")
+    return found
 
 
 BLOCK_MEASURE_SETTINGS = [(1.0, 0, 1.0), (0.7, 50, 0.9)]
@@ -2390,6 +2494,12 @@ def _measured_calls(measured: dict) -> list:
     tiny architectures' bf16 logits at V=128256 (the only LM logits of that vocabulary here)."""
     found = []
     rows = [r for r in measured.get("results", []) if r["source"].startswith("tiny_llama") and r["geometry"].startswith("B=64")]
+    for row in [r for r in measured.get("results", []) if r["source"].startswith("tiny_llama") and r["geometry"].startswith("vLLM")]:
+        call = Call(f"vLLM B=64 K=8 fp32 T={row['temperature']} top-k {row['top_k']} top-p {row['top_p']}, as measured on tiny_llama logits upcast "
+                    f"(searched {row['search_fraction']})", **dict(_B64, dtype="fp32"), temperature=row["temperature"], top_k=row["top_k"],
+                    top_p=row["top_p"], search_fraction=row["search_fraction"], search_passes=row["search_passes_mean"],
+                    sampled_share=row["sampled_share"], top_p_sampled_share=row["top_p_sampled_share"], **{name: row.get(name, 0.0) for name in SEARCH_FIELDS})
+        found.append((call, {}, "vLLM B=64 K=8 V=128256 fp32"))
     for row in rows:
         if row["top_k"] == 1000 or row["top_p"] == 0.99:
             continue

@@ -76,8 +76,12 @@ SELECT_BINS = 256
 SELECT_TOP_K_PASSES = 4
 SELECT_TOP_P_PASSES = 7
 SELECT_PASSES = SELECT_TOP_K_PASSES + SELECT_TOP_P_PASSES
-# A line's search state (select.py), and the most key slots a gather takes (in the line's
-# histogram counts, which a gather pass does not use; a power of two, sorted whole).
+# A line's search state (select.py), and the most key slots a top-k gather takes (in the line's
+# histogram counts, which a gather pass does not use; a power of two). A top-p window's gather
+# takes twice as many where ranks are by byte histograms (digit_select) and those counts hold
+# them: its cut is found by halvings, with no sort, and the wider window holds the cut of more
+# flat lines in one pass (on tiny_llama's logits upcast to float32, top-p 0.95: 1.71 passes a
+# line, 2.80 with 2048 slots). Triton 3.6 and 3.7 sort the window's keys, as many as a gather's.
 SEARCH_STATE = 8
 SELECT_GATHER = 2048
 # A 16-bit line under a top-k above this, which its candidates are unlikely to settle, has its raw
@@ -673,7 +677,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
         "cutoff", k.cutoff_kernel, (programs,), cutoff_arguments,
         {"HAS_DRAFT": sh.has_draft, "PARTS": tiles, "PP": _next_power_of_2(tiles), "LINE_SLOTS": geo.line_slots, "SORT": geo.sort,
          "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES,
-         "GATHER": gather_slots(sc, geo.select_gather), "HISTOGRAM_TOP_K": geo.histogram_top_k, "KEY_WINDOW": geo.key_window,
+         "GATHER": gather_slots(sc, geo.select_gather), "WINDOW_GATHER": gather_slots(sc, (2 if geo.digit_select else 1) * geo.select_gather), "HISTOGRAM_TOP_K": geo.histogram_top_k, "KEY_WINDOW": geo.key_window,
          "TOP_P_BINS": layout["top_p_bins"], "TOP_P_STEP": TOP_P_WINDOW_STEP, "SAMPLE_RUNS": geo.sample_runs, "SAMPLE_RUN": SAMPLE_RUN,
          "DIGIT_SELECT": geo.digit_select, "maxnreg": 128},
         CUTOFF_WARPS,

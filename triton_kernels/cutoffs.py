@@ -41,7 +41,8 @@ def cutoff_items(
     control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
     sort_ptr, hist_ptr, window_ptr, top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
     HAS_DRAFT: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, NUM_CHUNKS: tl.constexpr,
-    CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr, PASSES: tl.constexpr, GATHER: tl.constexpr, HISTOGRAM_TOP_K: tl.constexpr,
+    CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr, PASSES: tl.constexpr, GATHER: tl.constexpr, WINDOW_GATHER: tl.constexpr,
+    HISTOGRAM_TOP_K: tl.constexpr,
     KEY_WINDOW: tl.constexpr, TOP_P_BINS: tl.constexpr, TOP_P_STEP: tl.constexpr, SAMPLE_RUNS: tl.constexpr, SAMPLE_RUN: tl.constexpr,
     DIGIT_SELECT: tl.constexpr, WINDOW_ATOMICS: tl.constexpr = True,
 ):
@@ -55,7 +56,7 @@ def cutoff_items(
             ticket, target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, searching_ptr, search_list_ptr,
             temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, hist_ptr, window_ptr,
             top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts, HAS_DRAFT, PARTS, PP, LINE_SLOTS,
-            SORT, HISTOGRAM_TOP_K, GATHER, KEY_WINDOW, TOP_P_BINS, TOP_P_STEP, SAMPLE_RUNS, SAMPLE_RUN, DIGIT_SELECT,
+            SORT, HISTOGRAM_TOP_K, GATHER, WINDOW_GATHER, KEY_WINDOW, TOP_P_BINS, TOP_P_STEP, SAMPLE_RUNS, SAMPLE_RUN, DIGIT_SELECT,
         )
         tl.debug_barrier()  # every thread's stores precede the release
         tl.atomic_add(control_ptr + 1, 1, sem="release", scope="gpu")
@@ -78,8 +79,8 @@ def cutoff_items(
         search_item(
             target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr,
             part_mass_ptr, counter_ptr, progress_ptr, control_ptr + 3, line, slot % runs, merge, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k,
-            d_stride_b, d_stride_k, t_parts, d_parts, NUM_CHUNKS, HAS_DRAFT, CHUNK, TILE, BINS, PASSES, PARTS, PP, GATHER, SAMPLE_RUNS, DIGIT_SELECT,
-            WINDOW_ATOMICS,
+            d_stride_b, d_stride_k, t_parts, d_parts, NUM_CHUNKS, HAS_DRAFT, CHUNK, TILE, BINS, PASSES, PARTS, PP, GATHER, WINDOW_GATHER, SAMPLE_RUNS,
+            DIGIT_SELECT, WINDOW_ATOMICS,
         )
         ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
     return ticket, lines + PASSES * per_pass
@@ -153,7 +154,8 @@ def cutoff_kernel(
     TILE: tl.constexpr,  # values per loop step of a search item
     BINS: tl.constexpr,  # histogram bins per pass: the interval narrows BINS-fold
     PASSES: tl.constexpr,  # search passes that end any line (top-k, then top-p)
-    GATHER: tl.constexpr,  # key slots of a line's gather (a power of two: sorted whole)
+    GATHER: tl.constexpr,  # key slots of a line's top-k gather (a power of two: sorted whole where ranks are not by byte histograms)
+    WINDOW_GATHER: tl.constexpr,  # key slots of a line's top-p window gather (a power of two; twice GATHER where a line's histogram counts hold them)
     HISTOGRAM_TOP_K: tl.constexpr,  # the statistics counted the first top-k pass of lines with top-k above it
     KEY_WINDOW: tl.constexpr,  # and, of such a 16-bit line, the single raw keys of each part's top window
     TOP_P_BINS: tl.constexpr,  # 0, or the bins of a bf16 top-p line's window, which the statistics counted (stats.py)
@@ -166,7 +168,7 @@ def cutoff_kernel(
         target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
         control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
         sort_ptr, hist_ptr, window_ptr, top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
-        HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES, GATHER, HISTOGRAM_TOP_K, KEY_WINDOW, TOP_P_BINS, TOP_P_STEP,
-        SAMPLE_RUNS, SAMPLE_RUN, DIGIT_SELECT,
+        HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES, GATHER, WINDOW_GATHER, HISTOGRAM_TOP_K, KEY_WINDOW, TOP_P_BINS,
+        TOP_P_STEP, SAMPLE_RUNS, SAMPLE_RUN, DIGIT_SELECT,
     )
     cutoff_exit(control_ptr)

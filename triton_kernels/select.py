@@ -27,15 +27,17 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
    nine around it are binned again once (stage 6, the same way), or (no room) stage 3 takes [lo, hi].
 3. top-p over key bins with exact masses (each binned value's mass added by an integer atomic
    into the item's slice): the interval narrows 256-fold per pass, the last over single keys.
-4. / 5. gather: the values with key in [lo, hi] are written to the line's GATHER slots (a slot
-   each, from an atomic counter) while those above hi are summed (count and mass); the last item
-   finds the cut exactly: top-k's alone as the k-th largest gathered key, a byte at a time by
-   histograms where they are shared-memory atomics (scan.py's ``largest_reaching``, no sort);
-   else from the keys sorted, top-k's and top-p's inside the top-k set (which the gathered
-   values hold whole), or top-p's, when the window does hold it (the mass above lo reaches the
-   budget, the mass above hi does not). A window that does not, or that held more values than
-   slots, narrows the bracket it was drawn from (stage 2's interval), and stage 3 finishes the
-   search.
+4. / 5. gather: the values with key in [lo, hi] are written to the line's slots (a slot each,
+   from an atomic counter: GATHER for top-k, WINDOW_GATHER for a top-p window, twice as many
+   where ranks are by byte histograms) while those above hi are summed (count and mass); the
+   last item finds the cut exactly: top-k's as the k-th largest gathered key, a byte at a time
+   by histograms where they are shared-memory atomics (scan.py's ``largest_reaching``), else
+   from the keys sorted; top-p's inside the top-k set (which the gathered values hold whole), or
+   a window's, when it does hold it (the mass above lo reaches the budget, the mass above hi
+   does not), by halvings on integer sums of the keys' masses (``_top_p_cut``, no sort), or
+   from the sorted keys where those are sorted (Triton 3.6 and 3.7). A window that does not
+   hold it, or that held more values than slots, narrows the bracket it was drawn from (stage
+   2's interval), and stage 3 finishes the search.
    A top-k gather may also come first, its lo placed from a sample of the line by the threshold
    item (thresholds.py, where tl.histogram is warp ballots, or for a call of 32-bit lines): when
    fewer than k values lie from lo up, or more than GATHER, stage 1 goes on below lo (a 16-bit
@@ -438,48 +440,92 @@ def _plan(counts, above_mass, t0, scale, row_max, budget, BINS: tl.constexpr, GA
 
 
 @triton.jit
-def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budget, inv_t, GATHER: tl.constexpr, RAW16: tl.constexpr,
-             DTYPE: tl.constexpr, DIGITS: tl.constexpr):
-    """The cut from the gathered keys (n of them, at most GATHER): (cut, kept mass, found). Stage 4
-    gathered every key >= lo (nothing above): top-k's cut is its k-th largest (under top-k alone
-    with DIGITS, where tl.histogram is shared-memory atomics, by byte histograms: no sort), then
-    top-p's inside the top-k set (a 16-bit line's as raw keys, RAW16: scaled here, the few
-    gathered rather than every value of the line). Stage 5 gathered a window with ``above_mass``
-    above it: found when the window holds the cut (the mass above it below the budget, with the
-    window's reaching it)."""
-    slot = tl.arange(0, GATHER)
-    keys = tl.load(keys_ptr + slot, mask=slot < n, other=-2147483648, cache_modifier=".cg")
-    if RAW16:
-        if stage == 4:  # (a 16-bit line's top-k gather wrote raw keys: their scaled values' keys)
-            keys = tl.where(slot < n, order_key(raw_scaled(keys, inv_t, DTYPE)), keys)
-    if DIGITS & (stage == 4) & (use_p == 0):
-        # Top-k alone: its k-th largest key by byte histograms, no sort (the empty slots' keys,
-        # -2**31, count as the sort's would: a line of fewer than k values keeps them all), and
-        # the mass of every key from it up, in any order.
-        cut = (largest_reaching(keys.to(tl.int64) + 2147483648, top_k, 4) - 2147483648).to(tl.int32)
-        kept_mass = above_mass + tl.sum(tl.where(keys >= cut, fixed_mass(key_to_float(keys), row_max), 0), axis=0)
-        found = tl.full((), 1, tl.int1)
+def _top_p_cut(keys, weights, present, above_mass, budget):
+    """Top-p's cut among gathered keys (``present``, any order, with their fixed-point weights),
+    with no sort: (cut, kept mass, found). The cut is the key the keys sorted in descending order
+    give (``_sorted_top_p_cut``): the last whose mass before it (``above_mass`` and every earlier
+    key's weight) is below ``budget``, the first key when none is. That is the smallest present
+    key whose mass strictly above it falls short of the budget (a tie's first copy has exactly
+    that mass before it), so halvings of [the lowest present key, the highest + 1] on integer
+    sums find it exactly. found: the keys reach the budget and the first is below it (a window
+    that holds the cut)."""
+    lo = tl.min(tl.where(present, keys, 2147483647), axis=0).to(tl.int64)
+    top = tl.max(tl.where(present, keys, -2147483648), axis=0)
+    hi = top.to(tl.int64) + 1  # (the mass above it: above_mass alone; +inf's key + 1 fits 32 bits)
+    while lo < hi:  # (the bit length of the keys' span: about 20 halvings for a window of buckets)
+        middle = (lo + hi) >> 1
+        short = ~reaches(above_mass + tl.sum(tl.where(keys > middle.to(tl.int32), weights, 0), axis=0), budget)
+        hi = tl.where(short, middle, hi)
+        lo = tl.where(short, lo, middle + 1)
+    cut = tl.min(tl.where(present & (keys >= lo), keys, top), axis=0)  # (none from lo up: the first key)
+    found = (tl.max(present.to(tl.int32), axis=0) > 0) & (~reaches(above_mass, budget)) & reaches(above_mass + tl.sum(weights, axis=0), budget)
+    return cut, above_mass + tl.sum(tl.where(keys >= cut, weights, 0), axis=0), found
+
+
+@triton.jit
+def _sorted_top_p_cut(keys, weights, present, above_mass, budget, SLOTS: tl.constexpr):
+    """``_top_p_cut`` from keys sorted in descending order (the present ones first), by a scan of
+    the mass before each: where ranks are by sorts (no DIGITS: Triton 3.6 and 3.7), whose
+    register allocator spills the cut-offs kernel around a loop of halvings in a search item."""
+    before = above_mass + before_here(weights)
+    keep = tl.sum(((~reaches(before, budget)) & present).to(tl.int32), axis=0)
+    cut = pick(keys, tl.maximum(keep, 1) - 1, SLOTS, -2147483648)
+    found = (keep > 0) & reaches(above_mass + tl.sum(weights, axis=0), budget)
+    return cut, above_mass + tl.sum(tl.where(keys >= cut, weights, 0), axis=0), found
+
+
+@triton.jit
+def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budget, inv_t, GATHER: tl.constexpr, WINDOW: tl.constexpr,
+             RAW16: tl.constexpr, DTYPE: tl.constexpr, DIGITS: tl.constexpr):
+    """The cut from a gather's keys (n of them): (cut, kept mass, found). Stage 4 gathered every
+    key >= lo (at most GATHER, nothing above): top-k's cut is its k-th largest, then top-p's inside
+    the top-k set (a 16-bit line's keys as raw keys, RAW16: scaled here, the few gathered rather
+    than every value of the line); the empty slots' keys, -2**31, count as the last ones (a line of
+    fewer than k values keeps them all). Stage 5 gathered a window (at most WINDOW) with
+    ``above_mass`` above it: found when the window holds the cut (the mass above it below the
+    budget, with the window's reaching it). Where ranks are by byte histograms (DIGITS): top-k's
+    by them (scan.py's largest_reaching), top-p's by halvings (``_top_p_cut``), no sort; else
+    (Triton 3.6 and 3.7, WINDOW = GATHER) both from one sort of the keys, which either stage shares
+    (two would spill a tree's or block's cut-offs kernel there)."""
+    if DIGITS:
+        # (each branch its own names: its vectors have its own number of slots)
+        if stage == 4:
+            held = tl.arange(0, GATHER) < n
+            top_keys = tl.load(keys_ptr + tl.arange(0, GATHER), mask=held, other=-2147483648, cache_modifier=".cg")
+            if RAW16:
+                top_keys = tl.where(held, order_key(raw_scaled(top_keys, inv_t, DTYPE)), top_keys)
+            k_key = (largest_reaching(top_keys.to(tl.int64) + 2147483648, top_k, 4) - 2147483648).to(tl.int32)
+            kept = tl.where(top_keys >= k_key, fixed_mass(key_to_float(top_keys), row_max), 0)  # (0 for the empty slots: NaN keys)
+            kept_mass = above_mass + tl.sum(kept, axis=0)
+            cut = k_key
+            if use_p:
+                # The set's budget from its mass, as the reference's; a cut below k's keeps the top-k set.
+                p_cut, p_mass, p_found = _top_p_cut(top_keys, kept, held, above_mass, top_p * unfixed(tl.sum(kept, axis=0)).to(tl.float32))
+                cut = tl.maximum(p_cut, k_key)
+                kept_mass = above_mass + tl.sum(tl.where(top_keys >= cut, kept, 0), axis=0)
+            found = n >= 0  # True: the top-k set is whole
+        else:
+            in_window = tl.arange(0, WINDOW) < n
+            window_keys = tl.load(keys_ptr + tl.arange(0, WINDOW), mask=in_window, other=-2147483648, cache_modifier=".cg")
+            cut, kept_mass, found = _top_p_cut(window_keys, fixed_mass(key_to_float(window_keys), row_max), in_window, above_mass, budget)
     else:
+        slot = tl.arange(0, GATHER)
+        keys = tl.load(keys_ptr + slot, mask=slot < n, other=-2147483648, cache_modifier=".cg")
+        if RAW16:
+            if stage == 4:
+                keys = tl.where(slot < n, order_key(raw_scaled(keys, inv_t, DTYPE)), keys)
         keys = tl.sort(keys, descending=True)
-        weights = fixed_mass(key_to_float(keys), row_max)  # 0 for the empty slots (NaN keys)
+        weights = fixed_mass(key_to_float(keys), row_max)  # (0 for the empty slots: NaN keys)
         k_key = tl.full((), -2147483648, tl.int32)
         if stage == 4:
             k_key = pick(keys, top_k - 1, GATHER, -2147483648)
-            kept = tl.where(keys >= k_key, weights, 0)
-            top_k_mass = tl.sum(kept, axis=0)
-            budget = top_p * unfixed(top_k_mass).to(tl.float32)
-            weights = kept
-        # The mass strictly before each sorted key; the cut is the last key whose mass before it is
-        # below the budget (the first of a run of ties has the mass above the tied value).
-        before = above_mass + before_here(weights)
-        below = (~reaches(before, budget)) & (slot < n)
-        keep = tl.sum(below.to(tl.int32), axis=0)
-        cut = pick(keys, tl.maximum(keep, 1) - 1, GATHER, -2147483648)
-        found = (keep > 0) & reaches(above_mass + tl.sum(weights, axis=0), budget)
+            weights = tl.where(keys >= k_key, weights, 0)
+            budget = top_p * unfixed(tl.sum(weights, axis=0)).to(tl.float32)
+        cut, kept_mass, found = _sorted_top_p_cut(keys, weights, slot < n, above_mass, budget, GATHER)
         if stage == 4:
             cut = tl.where(use_p, tl.maximum(cut, k_key), k_key)
-            found = keep >= 0  # True: the top-k set is whole
-        kept_mass = above_mass + tl.sum(tl.where(keys >= cut, weights, 0), axis=0)
+            found = n >= 0  # True: the top-k set is whole
+            kept_mass = above_mass + tl.sum(tl.where(keys >= cut, weights, 0), axis=0)
     return cut.to(tl.int64), kept_mass, found
 
 
@@ -511,7 +557,8 @@ def _after_missed_window(stage, lo, hi, up_to_max, state):
 def _select_pass(
     base, line, chunk, span, width, parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr,
     part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS: tl.constexpr, TILE: tl.constexpr,
-    BINS: tl.constexpr, PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr, ATOMIC_WINDOW: tl.constexpr,
+    BINS: tl.constexpr, PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr, WINDOW_GATHER: tl.constexpr,
+    ATOMIC_WINDOW: tl.constexpr,
     DIGIT_SELECT: tl.constexpr,
 ):
     """One item of a search pass (``span`` values of the line from chunk * span: a chunk, or a run of
@@ -567,7 +614,7 @@ def _select_pass(
         else:
             above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, GATHER, False)
     elif stage == 5:
-        above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, GATHER, True)
+        above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, WINDOW_GATHER, True)
     else:
         if stage == 3:
             tl.store(part_mass_ptr + own + slots, tl.zeros((2 * BINS,), tl.int64), mask=slots < BINS)
@@ -628,9 +675,10 @@ def _select_pass(
         kept_mass = above_mass
         if (stage == 4) | (stage == 5):
             gathered = tl.load(state + 6, cache_modifier=".cg")
-            cut, kept_mass, found = _resolve(keys_ptr, tl.minimum(gathered, GATHER), above_mass, row_max, stage, top_k, top_p, use_p, budget, inv_t,
-                                             GATHER, RAW16, DTYPE, DIGIT_SELECT)
-            overflow = gathered > GATHER
+            slots_held = tl.where(stage == 4, GATHER, WINDOW_GATHER)
+            cut, kept_mass, found = _resolve(keys_ptr, tl.minimum(gathered, slots_held), above_mass, row_max, stage, top_k, top_p, use_p, budget, inv_t,
+                                             GATHER, WINDOW_GATHER, RAW16, DTYPE, DIGIT_SELECT)
+            overflow = gathered > slots_held
             window_lo = lo
             window_hi = hi
             lo = cut
@@ -658,7 +706,7 @@ def _select_pass(
             # fits; when not even its neighbours fit, bin the nine bins around it again (once, when
             # they span enough keys), or gather that bin alone, or (not even it fits) finish with
             # exact key bins over the proven bracket (the first value-bin pass's interval).
-            cut_bin, radius = _plan(line_counts, above_mass, t0, scale, row_max, budget, BINS, GATHER)
+            cut_bin, radius = _plan(line_counts, above_mass, t0, scale, row_max, budget, BINS, WINDOW_GATHER)
             if stage == 2:
                 bracket_lo = lo
                 bracket_hi = hi
@@ -772,7 +820,8 @@ def search_item(
     target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr,
     part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, line, chunk, merge, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k,
     t_parts, d_parts, NUM_CHUNKS: tl.constexpr, HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr,
-    PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr, SAMPLE_RUNS: tl.constexpr, DIGIT_SELECT: tl.constexpr,
+    PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr, WINDOW_GATHER: tl.constexpr, SAMPLE_RUNS: tl.constexpr,
+    DIGIT_SELECT: tl.constexpr,
     WINDOW_ATOMICS: tl.constexpr = True,
 ):
     """Pass ``search_pass`` over the ``chunk``-th run of ``merge`` chunks of one listed line, once the
@@ -780,8 +829,9 @@ def search_item(
     always ends). SAMPLE_RUNS (where tl.histogram is warp ballots): a raw window counts by global
     atomics, in a call whose lines are all 16-bit (a mixed call's two searches would spill), with
     WINDOW_ATOMICS (a tree or block walk's kernel passes False: its walk's code would spill).
-    DIGIT_SELECT: a top-k gather's cut by byte histograms (where tl.histogram is shared-memory
-    atomics), else from its keys sorted."""
+    DIGIT_SELECT: a top-k gather's cut by byte histograms and a top-p cut by halvings (where
+    tl.histogram is shared-memory atomics; a top-p window then takes WINDOW_GATHER slots, twice
+    GATHER), else both from the keys sorted."""
     T16: tl.constexpr = target_ptr.dtype.element_ty.primitive_bitwidth == 16
     D16: tl.constexpr = draft_ptr.dtype.element_ty.primitive_bitwidth == 16  # (without drafts: the target again)
     ATOMIC_WINDOW: tl.constexpr = (SAMPLE_RUNS > 0) & T16 & D16 & WINDOW_ATOMICS
@@ -805,10 +855,10 @@ def search_item(
                     d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
                     _select_pass(d_base, line, chunk, span, Vd, d_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr,
                                  state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS,
-                                 TILE, BINS, PASSES, PARTS, PP, GATHER, ATOMIC_WINDOW, DIGIT_SELECT)
+                                 TILE, BINS, PASSES, PARTS, PP, GATHER, WINDOW_GATHER, ATOMIC_WINDOW, DIGIT_SELECT)
         else:
             if chunk * span < V:
                 t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
                 _select_pass(t_base, line, chunk, span, V, t_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr,
                              state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS, TILE, BINS,
-                             PASSES, PARTS, PP, GATHER, ATOMIC_WINDOW, DIGIT_SELECT)
+                             PASSES, PARTS, PP, GATHER, WINDOW_GATHER, ATOMIC_WINDOW, DIGIT_SELECT)

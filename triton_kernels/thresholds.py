@@ -563,7 +563,7 @@ def threshold_line(
     temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, hist_ptr, window_ptr,
     top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
     HAS_DRAFT: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr, HISTOGRAM_TOP_K: tl.constexpr,
-    GATHER: tl.constexpr, KEY_WINDOW: tl.constexpr, TOP_P_BINS: tl.constexpr, TOP_P_STEP: tl.constexpr, SAMPLE_RUNS: tl.constexpr,
+    GATHER: tl.constexpr, WINDOW_GATHER: tl.constexpr, KEY_WINDOW: tl.constexpr, TOP_P_BINS: tl.constexpr, TOP_P_STEP: tl.constexpr, SAMPLE_RUNS: tl.constexpr,
     SAMPLE_RUN: tl.constexpr, DIGIT_SELECT: tl.constexpr,
 ):
     """The cut-off of one line from its candidates (cutoffs.py's first work items): tau and, when
@@ -710,15 +710,15 @@ def threshold_line(
                     usable = stage < 0  # False, as a runtime value
                     if TDTYPE == DDTYPE:
                         start_lo, start_hi, usable = _sampled_top_p_start(line_base, width, inv_t, row_max, line_mass, carried, known, sample_floor, lo,
-                                                                          max_key, TDTYPE, GATHER, TOP_P_RUNS, SAMPLE_RUN, DIGIT_SELECT)
+                                                                          max_key, TDTYPE, WINDOW_GATHER, TOP_P_RUNS, SAMPLE_RUN, DIGIT_SELECT)
                     elif is_draft:
                         if HAS_DRAFT & D16:
                             start_lo, start_hi, usable = _sampled_top_p_start(d_base, width, inv_t, row_max, line_mass, carried, known, sample_floor, lo,
-                                                                              max_key, DDTYPE, GATHER, TOP_P_RUNS, SAMPLE_RUN, DIGIT_SELECT)
+                                                                              max_key, DDTYPE, WINDOW_GATHER, TOP_P_RUNS, SAMPLE_RUN, DIGIT_SELECT)
                     else:
                         if T16:
                             start_lo, start_hi, usable = _sampled_top_p_start(t_base, width, inv_t, row_max, line_mass, carried, known, sample_floor, lo,
-                                                                              max_key, TDTYPE, GATHER, TOP_P_RUNS, SAMPLE_RUN, DIGIT_SELECT)
+                                                                              max_key, TDTYPE, WINDOW_GATHER, TOP_P_RUNS, SAMPLE_RUN, DIGIT_SELECT)
                     if usable:
                         bracket_lo = lo
                         stage = tl.where(tl.where(is_draft, D16, T16), 8, 5)

@@ -626,6 +626,7 @@ def cut_walk_kernel(
     BINS: tl.constexpr,
     PASSES: tl.constexpr,
     GATHER: tl.constexpr,
+    WINDOW_GATHER: tl.constexpr,
     HISTOGRAM_TOP_K: tl.constexpr,
     KEY_WINDOW: tl.constexpr,
     TOP_P_BINS: tl.constexpr,
@@ -647,8 +648,8 @@ def cut_walk_kernel(
         target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, search_ptr, search_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
         control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
         sort_ptr, hist_ptr, window_ptr, top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
-        HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES, GATHER, HISTOGRAM_TOP_K, KEY_WINDOW, TOP_P_BINS, TOP_P_STEP,
-        SAMPLE_RUNS, SAMPLE_RUN, DIGIT_SELECT, False,  # (no atomic raw windows: with the walk's code they would spill)
+        HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES, GATHER, WINDOW_GATHER, HISTOGRAM_TOP_K, KEY_WINDOW, TOP_P_BINS,
+        TOP_P_STEP, SAMPLE_RUNS, SAMPLE_RUN, DIGIT_SELECT, False,  # (no atomic raw windows: with the walk's code they would spill)
     )
     # The walk items, after every search item: one per row for a tree, a block row's own
     # (_block_walk_item); a row's lines are final once every search has ended.

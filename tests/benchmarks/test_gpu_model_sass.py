@@ -137,18 +137,55 @@ _DIGITS_TAIL = """
 
 
 @pytest.mark.parametrize("gather_share", [0.0, 1.0, 0.25])
-def test_a_top_k_gather_alone_goes_through_its_byte_histograms(gather_share):
-    """The tail's longest path sorts (9); a top-k gather alone goes through its byte histograms
-    around the sort (7); any other pass around both (5: the sort's block holds its branch). Under top-p a gather sorts; where the
-    code has no byte histograms (Triton 3.6, 3.7) a top-k gather sorts too."""
+def test_a_top_k_gather_goes_through_its_byte_histograms(gather_share):
+    """The tail's longest path sorts (9); a top-k gather goes through its byte histograms around
+    the sort (7), under top-p too (its cut inside the set by halvings, a loop of its own); a top-p
+    window's gather, like any other pass, around both (5: the sort's block holds its branch).
+    Where the code has no byte histograms (Triton 3.6, 3.7) a top-k gather sorts."""
     loop = next(loop for loop in gpu_model.analyse(_DIGITS_TAIL, _RESOURCES).loops if loop.parent is None)
     assert (loop.tail, loop.tail_top_k, loop.tail_without_sort) == (9, 7, 5)
     top_k = gpu_model.Call("x", 64, 8, 128256, "bf16", top_k=1000, search_fraction=1.0, search_passes=1.0, search_gather_share=gather_share)
     top_p = gpu_model.Call("x", 64, 8, 128256, "bf16", top_k=1000, top_p=0.9, search_fraction=1.0, search_passes=1.0,
                            search_gather_share=gather_share)
+    window = gpu_model.Call("x", 64, 8, 128256, "fp32", top_p=0.9, search_fraction=1.0, search_passes=1.0, search_gather_share=gather_share,
+                            search_window_share=gather_share)
     assert gpu_model.search_tail(loop, top_k) == pytest.approx(gather_share * 7 + (1 - gather_share) * 5)
-    assert gpu_model.search_tail(loop, top_p) == pytest.approx(gather_share * 9 + (1 - gather_share) * 5)
+    assert gpu_model.search_tail(loop, top_p) == pytest.approx(gather_share * 7 + (1 - gather_share) * 5)
+    assert gpu_model.search_tail(loop, window) == pytest.approx(5)
     assert gpu_model.search_tail(_item_loop(), top_k) == pytest.approx(gather_share * 8 + (1 - gather_share) * 5)
+
+
+# A search item's loop (0x10-0xe0) over two copies of its pass (a target line's and a draft
+# line's), the compiler placing the first copy's tile loop (0x30-0x50) and tail (0x60-0x70)
+# before the second copy's tile loop (0x80-0xa0) and tail (0xb0-0xd0); then the latch (0xe0).
+_TWO_COPIES = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0020*/               @P6 BRA 0x80 ;
+        /*0030*/                   LDG.E R3, desc[UR4][R4.64] ;
+        /*0040*/                   MUFU.EX2 R3, R3 ;
+        /*0050*/               @P0 BRA 0x30 ;
+        /*0060*/                   ISETP.NE.AND P1, PT, R2, R6, PT ;
+        /*0070*/                   BRA 0xe0 ;
+        /*0080*/                   LDG.E R3, desc[UR4][R4.64] ;
+        /*0090*/                   MUFU.EX2 R3, R3 ;
+        /*00a0*/               @P0 BRA 0x80 ;
+        /*00b0*/                   IADD3 R7, R7, 0x1, RZ ;
+        /*00c0*/                   IADD3 R7, R7, 0x1, RZ ;
+        /*00d0*/                   IADD3 R7, R7, 0x1, RZ ;
+        /*00e0*/               @P5 BRA 0x10 ;
+        /*00f0*/                   EXIT ;
+        /*0100*/                   BRA 0x100 ;
+"""
+
+
+def test_a_search_items_tail_is_the_code_after_its_tiles_that_leads_to_none():
+    """Every trip runs the item's head (2: the ticket and the branch to one copy), a line's last
+    item one tail (the longer copy's: 3 and the latch), though the first copy's tail lies before
+    the second copy's tiles in the listing: the tail is what a tile loop leads to and that leads
+    to none, not what follows the last tile loop."""
+    loop = next(loop for loop in gpu_model.analyse(_TWO_COPIES, _RESOURCES).loops if loop.parent is None)
+    assert (loop.instructions - loop.tail, loop.tail) == (2, 4)
 
 
 # A tile loop (0x10-0x50) that keeps two values on the stack (STL / LDL.LU every trip), as a build

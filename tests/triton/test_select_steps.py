@@ -185,3 +185,70 @@ def test_the_largest_key_reaching_a_rank_is_a_sorted_copys_slot(digits, n):
     ordered = keys[:n].sort(descending=True).values
     expected = [int(ordered[r - 1]) if r <= n else 0 for r in ranks.tolist()]
     assert out.tolist() == expected
+
+
+@triton.jit
+def _top_p_cuts(keys_ptr, out_ptr, n, row_max, above_mass, budgets_ptr, R: tl.constexpr, N: tl.constexpr):
+    idx = tl.arange(0, N)
+    present = idx < n
+    keys = tl.load(keys_ptr + idx, mask=present, other=-2147483648)
+    weights = select.fixed_mass(select.key_to_float(keys), row_max)
+    tl.store(out_ptr + idx, weights)  # (the weights, for the check's own sums)
+    ordered = tl.sort(keys, descending=True)
+    ordered_weights = select.fixed_mass(select.key_to_float(ordered), row_max)
+    for r in tl.static_range(R):
+        budget = tl.load(budgets_ptr + r)
+        cut, kept, found = select._top_p_cut(keys, weights, present, above_mass, budget)
+        tl.store(out_ptr + N + 6 * r, cut.to(tl.int64))
+        tl.store(out_ptr + N + 6 * r + 1, kept)
+        tl.store(out_ptr + N + 6 * r + 2, found.to(tl.int64))
+        cut, kept, found = select._sorted_top_p_cut(ordered, ordered_weights, idx < n, above_mass, budget, N)
+        tl.store(out_ptr + N + 6 * r + 3, cut.to(tl.int64))
+        tl.store(out_ptr + N + 6 * r + 4, kept)
+        tl.store(out_ptr + N + 6 * r + 5, found.to(tl.int64))
+
+
+def _scanned_top_p_cut(keys, weights, above, budget):
+    """The cut from the keys sorted in descending order, by the definition: the last key whose
+    mass before it is short of the budget (the first key when none is)."""
+    reaches = lambda mass: mass * 9.094947017729282e-13 >= budget  # noqa: E731  (float64, as select.reaches)
+    order = sorted(range(len(keys)), key=lambda i: -keys[i])
+    before, keep = above, 0
+    for i in order:
+        if reaches(before):
+            break
+        keep += 1
+        before += weights[i]
+    cut = keys[order[max(keep, 1) - 1]] if keys else -(2**31)
+    found = keep > 0 and reaches(above + sum(weights))
+    return cut, above + sum(w for k, w in zip(keys, weights, strict=True) if k >= cut), found
+
+
+@pytest.mark.parametrize("n, above", [(64, 0), (40, 0), (64, 3 << 40), (1, 0), (0, 0)])
+def test_a_top_p_cut_by_halvings_is_the_sorted_keys_cut(n, above):
+    """select._top_p_cut (halvings of the keys' span on integer sums, the keys in any order) and
+    select._sorted_top_p_cut (a scan of the keys sorted) against the definition: the same cut,
+    kept mass and found, on ties (a run of one key), keys of equal weight apart, empty slots and
+    budgets at the edges: below the top key's weight, at each prefix of the masses, between them,
+    at the whole mass and past it, and at or below the mass above the window (no key kept)."""
+    from bench.gpu_model import _order_key
+
+    g = torch.Generator().manual_seed(n + above % 97)
+    values = torch.cat([torch.full((6,), 0.5), torch.full((3,), -1.25), torch.randn(N - 9, generator=g)])[torch.randperm(N, generator=g)]
+    keys = torch.tensor([_order_key(v) for v in values.tolist()], dtype=torch.int32)
+    row_max = float(values[:n].max()) if n else 0.0
+    out = torch.zeros(N + 6, dtype=torch.int64)
+    _top_p_cuts[(1,)](keys, out, n, row_max, above, torch.zeros(1, dtype=torch.float32), 1, N)
+    weights = out[:N].tolist()[:n]
+    present = keys[:n].tolist()
+    unit = 9.094947017729282e-13
+    prefixes = [above + sum(sorted(weights, reverse=True)[:j]) for j in range(n + 1)]
+    budgets = [0.0, above * unit, above * unit * 0.999, 1e-3, 1e9] + [m * unit for m in prefixes] + [(m + 1) * unit for m in prefixes[:-1]]
+    budgets = torch.tensor(budgets, dtype=torch.float32)
+    out = torch.zeros(N + 6 * len(budgets), dtype=torch.int64)
+    _top_p_cuts[(1,)](keys, out, n, row_max, above, budgets, len(budgets), N)
+    for r, budget in enumerate(budgets.tolist()):
+        want = _scanned_top_p_cut(present, weights, above, budget)
+        got = out[N + 6 * r : N + 6 * r + 6].tolist()
+        assert (got[0], got[1], bool(got[2])) == want, (budget, got, want)
+        assert (got[3], got[4], bool(got[5])) == want, (budget, got, want)

@@ -324,22 +324,25 @@ def _capped_line() -> torch.Tensor:
 # Too few candidate slots to settle any cut: every line goes to the whole-line search (128-value chunks).
 # (The statistics' top windows off: these lines' top-k takes the search; the windows' own tests set it.)
 # (sample_runs 0: the search from its first pass, as where tl.histogram is shared-memory atomics; the sampled start has its own tests)
-_SEARCHED = _PARTS | {"line_slots": 16, "sort": 16, "select_chunk": 128, "key_window": False, "sample_runs": 0}
+# (digit_select: ranks by byte histograms and top-p windows of twice the gather's slots on every Triton,
+# so that each path below is the one select_search takes; tests that run both ways set it)
+_SEARCHED = _PARTS | {"line_slots": 16, "sort": 16, "select_chunk": 128, "key_window": False, "sample_runs": 0, "digit_select": True}
 
 # (line seed, top-k, top-p, gather slots, the stages of the search's passes: select.py's 1 top-k key
-# bins, 2 top-p value bins, 6 value bins again, 3 exact key bins, 4 / 5 a gather)
+# bins, 2 top-p value bins, 6 value bins again, 3 exact key bins, 4 / 5 a gather; a top-p window, 5, takes twice the slots)
 _SEARCH_PATHS = [
     (0, 450, 1.0, 16, [1, 1, 1, 1]),  # top-k over key bins to a single key (too many values to gather)
     (1, 40, 0.9, 64, [1, 4]),  # a gather settles top-k, then top-p inside the gathered top-k set
     (0, 40, 0.9, 64, [1, 1, 4]),
     (0, 0, 0.99, 64, [2, 5]),  # value bins place the window, the gather finds the cut in it
     (1, 0, 0.9, 16, [2, 6, 5]),  # the window holds too many values: its bins are binned again first
-    (3, 0, 0.9, 16, [2, 5, 3, 3, 3]),  # the window misses the cut: exact key bins over the bracket
+    (3, 0, 0.9, 16, [2, 5]),  # a window of twice the gather's slots holds what half of it missed
+    (23, 0, 0.9, 16, [2, 5, 3, 3, 3]),  # the window misses the cut: exact key bins over the bracket
     (0, 0, 0.99, 16, [2, 6, 3, 3, 3, 3]),  # still too many after binning again: exact key bins
-    (4, 0, 0.99, 16, [2, 6, 5, 3, 3, 3, 3]),  # binned again, and the window still misses the cut
+    (8, 0, 0.99, 16, [2, 6, 5, 3, 3, 3, 3]),  # binned again, and the window still misses the cut
     (0, 40, 0.9, 16, [1, 1, 1, 1, 2, 6, 3, 3, 3]),  # top-k over key bins, then top-p
     (1, 300, 0.97, 16, [1, 1, 1, 1, 2, 5]),
-    (18, 300, 0.97, 16, [1, 1, 1, 1, 2, 6, 5, 3, 3, 3, 3]),  # the longest: every kind, eleven passes (PASSES)
+    (28, 300, 0.98, 16, [1, 1, 1, 1, 2, 6, 5, 3, 3, 3, 3]),  # the longest: every kind, eleven passes (PASSES)
     (0, 0, 0.99999, 16, [3, 3, 3, 3]),  # no floor (the budget is within the margin of the mass): exact key bins
     # At temperature 1 a max of 2.0 makes the first pass's top bin one key (2.0's): that pass sums
     # the mass above (the others only count) and ends top-k; top-p inside the tied top-k set.
@@ -419,8 +422,8 @@ _RAW_PATHS = [
     (torch.float16, -3, 1.0, 0, 0.5, [2, 8]),
     (torch.float16, -3, 1.0, 0, 0.9, [2, 5]),  # a gather reaches further around the estimated bin: no window
     (torch.bfloat16, -3, 1.0, 300, 0.97, [7, 7, 2, 8]),  # top-p inside the top-k set
-    (torch.bfloat16, 8, 0.9, 0, 0.99, [2, 8, 3, 3, 3, 3]),  # the cut above the window: exact key bins above it
-    (torch.float16, 18, 0.9, 300, 0.97, [7, 7, 2, 8, 3, 3, 3, 3]),
+    (torch.bfloat16, 38, 0.9, 0, 0.99, [2, 8, 3, 3, 3, 3]),  # the cut above the window: exact key bins above it
+    (torch.float16, 38, 0.9, 300, 0.97, [7, 7, 2, 8, 3, 3, 3, 3]),
     (torch.float16, ("grid", 16), 1.0, 0, 0.99, [2, 8, 3, 3, 3]),  # the cut below the window: exact key bins below it
     (torch.float16, ("grid", 11), 1.0, 0, 0.95, [2, 6, 8, 3, 3, 3]),  # value bins twice, then the window
 ]
@@ -550,7 +553,8 @@ def test_a_sampled_gather_starts_a_top_k_search(dtype, kind, vocab, top_k, top_p
     args, path = _sampled_search(target, top_k, top_p, digit_select=digits)
     inv_t = inverse_temperature(torch.tensor([0.9]))
     raw = (target[0, 0].view(torch.int16).numpy(), "bf16", np.float32(inv_t.item())) if dtype == torch.bfloat16 else None
-    modelled = select_search((target[0, 0].float() * inv_t).numpy(), top_k, top_p, gather=512, raw=raw, sample_runs=4, histogram_top_k=1024)
+    modelled = select_search((target[0, 0].float() * inv_t).numpy(), top_k, top_p, gather=512, raw=raw, sample_runs=4, histogram_top_k=1024,
+                             window_gather=(2 if digits else 1) * 512)
     assert modelled["stages"] == (stages32 if dtype == torch.float32 else stages16)
     assert modelled["sampled"] == (2 * top_k <= 512)
     assert [int(d, 16) for d in hex(path)[2:]] == modelled["path"][:7]
@@ -651,12 +655,12 @@ def test_a_sampled_gather_starts_a_float32_top_p_search(kind, top_p, stages, dig
     stats = _triton_backend.launches_for(args, 0, **_SAMPLED)[0]
     c = stats.constexprs
     floor_key = candidate_outcome(scaled, stats.grid[1], c["T_LANES"], c["T_ROWS"], stats.args[-1], c["LINE_SLOTS"], c["SORT"], 0, top_p)["floor_key"]
-    modelled = select_search(scaled, 0, top_p, gather=512, floor_key=floor_key, sample_runs=4, top_p_gather=True)
+    modelled = select_search(scaled, 0, top_p, gather=512, floor_key=floor_key, sample_runs=4, top_p_gather=True, window_gather=(2 if digits else 1) * 512)
     assert modelled["sampled_window"] and modelled["stages"] == stages, modelled["stages"]
     assert [int(d, 16) for d in hex(path)[2:]] == modelled["path"][:7]
     if stages == [5]:  # (the sampled gather's own window: as many values as the model's, the slot counter after its one pass)
         gathered = int(_triton_backend.workspace(target.device).ints[_search_state_offset(args, 512, sample_runs=4) + 6])
-        assert gathered == round(modelled["passes"][0]["binned"] * 3000) and 0 < gathered <= 512
+        assert gathered == round(modelled["passes"][0]["binned"] * 3000) and 0 < gathered <= (2 if digits else 1) * 512
 
 
 def test_a_sampled_raw_window_holds_the_cut_of_trained_logits():
@@ -771,8 +775,9 @@ def test_fewer_finite_values_than_k_keep_them_all_and_top_p_cuts_inside(dtype, g
         path = int(_triton_backend.workspace(target.device).ints[_search_state_offset(args, gather, **geometry) + 7])
         inv_t = inverse_temperature(torch.tensor([0.9]))
         raw = (target[0, 0].view(torch.int16).numpy(), "bf16", np.float32(inv_t.item())) if dtype == torch.bfloat16 else None
+        cutoff = next(launch for launch in _triton_backend.launches_for(args, 0, **geometry) if launch.name == "cutoff")
         modelled = select_search((target[0, 0].float() * inv_t).numpy(), 100, top_p, gather=gather, raw=raw, sample_runs=geometry["sample_runs"],
-                                 histogram_top_k=1024)
+                                 histogram_top_k=1024, window_gather=cutoff.constexprs["WINDOW_GATHER"])
         assert dtype != torch.float32 or 4 in modelled["stages"], modelled  # (a float32 line's top-k set: one gather from the lowest key)
         assert [int(d, 16) for d in hex(path)[2:]] == modelled["path"][:7]
     seeds, offsets = _keys(1)

@@ -334,3 +334,23 @@ def test_the_sample_follows_the_histogram_lowering_and_the_lines_dtypes():
     for bad in (1, 3, -2):
         with pytest.raises(ValueError, match="sample_runs"):
             _triton_backend.geometry(cpu, sample_runs=bad)
+
+
+@pytest.mark.parametrize("digits", [False, True])
+def test_a_top_p_windows_slots_are_twice_a_gathers_where_ranks_are_by_byte_histograms(digits):
+    """WINDOW_GATHER, a top-p window's slots: twice GATHER where ranks are by byte histograms (its
+    cut by halvings, no sort) and a line's histogram counts hold them, else GATHER (Triton 3.6 and
+    3.7 sort the window); the same for a chain's and a tree's or block's cut-offs."""
+    from bench.gpu_model import Call, meta_args
+
+    for vocab, gather in ((128256, 2048), (3000, 2048), (600, 256), (600, 64)):
+        for method, plan in (("token", _triton_backend.launches_for), ("block", _triton_tree.launches_for), ("tree", _triton_tree.launches_for)):
+            call = Call("c", 2, 4, vocab, "fp32", top_p=0.9, method=method, tree_depth=2 if method == "tree" else None)
+            cut = [launch.constexprs for launch in plan(meta_args(call), 0, sm_count=132, select_gather=gather, digit_select=digits) if "cut" in launch.name]
+            assert cut, (vocab, method)
+            for c in cut:
+                room = c["NUM_CHUNKS"] * (_triton_backend.SELECT_BINS + 1)
+                assert c["GATHER"] == _triton_backend.gather_slots(c["NUM_CHUNKS"], gather)
+                assert c["WINDOW_GATHER"] == (2 if digits and 2 * c["GATHER"] <= room else 1) * c["GATHER"], (vocab, c)
+                if vocab == 128256:
+                    assert c["WINDOW_GATHER"] == (4096 if digits else 2048)
