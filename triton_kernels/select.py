@@ -159,19 +159,42 @@ def top_p_stage(lo, hi):
 
 
 @triton.jit
-def _tile(base, idx, width, inv_t, lo32, hi32, RAW: tl.constexpr = False, t0=0.0, t1=0.0, VALUE: tl.constexpr = False,
-          TOP: tl.constexpr = False, FINITE: tl.constexpr = True):
-    """A tile's scaled values, their order keys (with RAW the keys of the 16-bit logits' bits),
-    which finite ones have a key in [lo, hi] and which above hi (keys in 32 bits: key - lo wraps to
-    the right unsigned offset, hi - lo < 2**32). With VALUE (value bins, whose lo is a finite
-    floor) the same tests on the values, lo's and hi's (t0, t1): the key's order is theirs, -0.0
-    and +0.0 alike, and a finite floor leaves -inf out; no key (zeros). TOP: hi is the line max,
-    which no value lies above (VALUE: no test against it). FINITE=False (keys): no finite test, a
-    value -inf once scaled is inside or above by its key (a top-p raw window, where it weighs 0)."""
-    x = tl.load(base + idx, mask=idx < width, other=float("-inf"))
+def _tile_values(base, first, width, TILE: tl.constexpr, SCATTERED: tl.constexpr):
+    """The logits of ids first .. first + TILE - 1 (-inf from ``width``). SCATTERED, a tile whose
+    values go to atomics and to the slots they return (a gather's scaled keys, a mass histogram's
+    masses, a raw window's counts by atomics): loaded one value a lane, as those atomics and stores hold
+    them, so that no value changes lanes. Two things make the compiler choose that layout: the ids
+    form a (TILE, 1) column (it gives every access of one shape in a kernel the widest vector
+    among them, and the kernel's 1-D loads of TILE keys take four a lane), and the tile starts at
+    ``first | (width >> 31)``, first at run time (a width is positive) but of an alignment it
+    cannot prove. A warp still reads 32 consecutive values, from one base with constant offsets.
+    Loaded in vectors, the values would go to the atomics' layout through shared memory: 6
+    barriers a tile (tests/support/triton_compile_check.py's ``converted_scatters``)."""
+    if SCATTERED:
+        start = first | (width >> 31)
+        ids = tl.arange(0, TILE)[:, None].to(tl.int64)
+        x = tl.reshape(tl.load(base + start + ids, mask=ids < width - start, other=float("-inf")), (TILE,))
+    else:
+        ids = first + tl.arange(0, TILE)
+        x = tl.load(base + ids, mask=ids < width, other=float("-inf"))
+    return x
+
+
+@triton.jit
+def _tile(base, first, width, inv_t, lo32, hi32, TILE: tl.constexpr, RAW: tl.constexpr = False, t0=0.0, t1=0.0, VALUE: tl.constexpr = False,
+          TOP: tl.constexpr = False, FINITE: tl.constexpr = True, SCATTERED: tl.constexpr = False):
+    """A tile's scaled values (of TILE ids from ``first``: ``_tile_values``), their order keys
+    (with RAW the keys of the 16-bit logits' bits), which finite ones have a key in [lo, hi] and
+    which above hi (keys in 32 bits: key - lo wraps to the right unsigned offset, hi - lo <
+    2**32). With VALUE (value bins, whose lo is a finite floor) the same tests on the values, lo's
+    and hi's (t0, t1): the key's order is theirs, -0.0 and +0.0 alike, and a finite floor leaves
+    -inf out; no key (zeros). TOP: hi is the line max, which no value lies above (VALUE: no test
+    against it). FINITE=False (keys): no finite test, a value -inf once scaled is inside or above
+    by its key (a top-p raw window, where it weighs 0)."""
+    x = _tile_values(base, first, width, TILE, SCATTERED)
     s = x.to(tl.float32) * inv_t
     if VALUE:
-        key = idx * 0
+        key = tl.zeros((TILE,), tl.int32)
         if TOP:
             inside = s >= t0
             above = s > float("inf")  # none
@@ -202,7 +225,6 @@ def _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, t0, scal
     top-p pass over raw keys (stage 8), whose decisions read no count: values -inf once scaled are
     counted at their keys, whose weight is 0, and the count above hi is 0. (MASSES sums the mass.)
     RAW: keys of the 16-bit logits' bits (stages 7 and 8)."""
-    offsets = tl.arange(0, TILE)
     shift32 = shift.to(tl.uint32)
     counts = tl.zeros((BINS,), tl.int32)
     # The keys above hi, summed per lane: one reduction after the loop, not one per tile.
@@ -210,8 +232,8 @@ def _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, t0, scal
     above_mass = tl.zeros((TILE,), tl.int64)
     t_hi = key_to_float(hi.to(tl.int32))  # (value bins: t0 is lo's value)
     for start in range(0, span, TILE):
-        s, key, inside, above = _tile(base, first + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32), RAW, t0, t_hi, VALUE_BINS,
-                                      ABOVE == 0, ABOVE != 3)
+        s, key, inside, above = _tile(base, first + start, width, inv_t, lo.to(tl.int32), hi.to(tl.int32), TILE, RAW, t0, t_hi, VALUE_BINS,
+                                      ABOVE == 0, ABOVE != 3, MASSES)
         if VALUE_BINS:
             bins = tl.minimum(tl.maximum(((s - t0) * scale).to(tl.int32), 0), BINS - 1)
         else:
@@ -236,11 +258,9 @@ def _atomic_raw_window(base, first, span, width, inv_t, row_max, lo, count_ptr, 
     inside adds its count by a global atomic into the item's zeroed slice ``count_ptr`` (a few of
     the line's values), those above sum their fixed-point mass in registers. Returns that mass
     (values -inf once scaled weigh 0 wherever their keys fall)."""
-    offsets = tl.arange(0, TILE)
     above_mass = tl.zeros((TILE,), tl.int64)
     for start in range(0, span, TILE):
-        idx = first + start + offsets
-        x = tl.load(base + idx, mask=idx < width, other=float("-inf"))
+        x = _tile_values(base, first + start, width, TILE, True)
         offset = raw_key(x, x.dtype == tl.bfloat16) - lo.to(tl.int32)  # (a bf16's from its float32 bits, which the mass needs too)
         tl.atomic_add(count_ptr + offset, 1, mask=offset.to(tl.uint32, bitcast=True) < 256, sem="relaxed")
         above_mass += fixed_mass_where(x.to(tl.float32) * inv_t, row_max, offset > 255)
@@ -267,22 +287,23 @@ def _key_histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, raw,
 
 @triton.jit
 def _gather(base, first, span, width, inv_t, row_max, lo, hi, gathered_ptr, keys_ptr, TILE: tl.constexpr, GATHER: tl.constexpr,
-            ABOVE: tl.constexpr, RAW: tl.constexpr = False):
+            ABOVE: tl.constexpr, RAW: tl.constexpr = False, RAW_ONE_A_LANE: tl.constexpr = True):
     """The item's finite values (``span`` from ``first``) with key in [lo, hi] written to the line's GATHER key slots (a slot
     each from the line's counter; those past GATHER only counted); returns the fixed-point mass of
     the keys above hi (with ABOVE; without, hi is the line max: none). RAW (a 16-bit line's top-k
     gather, hi the line max): ``lo`` is the lowest raw key of the set (``_raw_floor``), tested and
-    written from the logits' bits alone (``_resolve`` scales the few gathered)."""
-    offsets = tl.arange(0, TILE)
+    written from the logits' bits alone (``_resolve`` scales the few gathered). Its tiles load one
+    value a lane (``_tile_values``) unless RAW_ONE_A_LANE is off: Triton 3.6 and 3.7 change only a
+    raw tile's one-byte mask to the atomics' lanes (2 barriers), and one value a lane took 26 more
+    instructions a tile there; later ones convert the keys as well (6 barriers)."""
     counter = gathered_ptr + tl.zeros((TILE,), tl.int32)
     above_mass = tl.zeros((TILE,), tl.int64)
     for start in range(0, span, TILE):
         if RAW:
-            idx = first + start + offsets
-            key = raw_key(tl.load(base + idx, mask=idx < width, other=float("-inf")), False, True)
+            key = raw_key(_tile_values(base, first + start, width, TILE, RAW_ONE_A_LANE), False, True)
             inside = key >= lo
         else:
-            s, key, inside, above = _tile(base, first + start + offsets, width, inv_t, lo.to(tl.int32), hi.to(tl.int32))
+            s, key, inside, above = _tile(base, first + start, width, inv_t, lo.to(tl.int32), hi.to(tl.int32), TILE, SCATTERED=True)
         slot = tl.atomic_add(counter, 1, mask=inside, sem="relaxed")
         tl.store(keys_ptr + slot, key, mask=inside & (slot < GATHER))
         if ABOVE:
@@ -609,8 +630,9 @@ def _select_pass(
             tl.store(part_count_ptr + own + BINS, 0)
     elif stage == 4:  # a top-k gather: hi is the line max
         if RAW16:
+            # (DIGIT_SELECT: tl.histogram takes shared-memory atomics, Triton 3.8 on by default)
             above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, _raw_floor(lo, inv_t, DTYPE), hi, state + 6, keys_ptr, TILE, GATHER,
-                                 False, True)
+                                 False, True, DIGIT_SELECT)
         else:
             above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, GATHER, False)
     elif stage == 5:

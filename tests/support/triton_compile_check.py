@@ -8,14 +8,15 @@ down to a cubin, without a GPU: ptxas ships with Triton's NVIDIA backend.
 the binaries are the ones a launch would run. The calls together take every constexpr branch.
 Also checked: a call's specialisation is the same at every batch size (no recompilation, no new
 CUDA-graph capture when B changes), every loop of every variant's SASS (each backward branch) is
-one the GPU model knows and counts (``bench.gpu_model.unknown_loops``), and the key windows are on
+one the GPU model knows and counts (``bench.gpu_model.unknown_loops``), the tiles that scatter
+values through atomics convert no layout (``converted_scatters``), and the key windows are on
 (``key_window_default``) exactly where this Triton lowers ``tl.histogram`` to shared-memory
 atomics (``histogram_takes_shared_atomics``).
 
 Run as a script with TRITON_INTERPRET unset or 0 (the interpreter replaces the compiler):
 ``python tests/support/triton_compile_check.py`` prints one line per compiled variant (registers, spills)
 and ``ok N`` last (``--lowering``: only the windows' check). Exit status 0: all compiled; 1: a kernel failed to compile or a batch size
-changed a specialisation, or the model misses a loop, or the windows do not follow the lowering; 3: this Triton cannot compile for sm_90 here. Works with Triton 3.6 and
+changed a specialisation, or the model misses a loop, or a scattering tile converts layouts, or the windows do not follow the lowering; 3: this Triton cannot compile for sm_90 here. Works with Triton 3.6 and
 later. tests/triton/test_triton_compile.py runs it in a subprocess.
 """
 
@@ -51,6 +52,29 @@ def calls():
              top_k=20, top_p=0.9, check=True, seeds=True, offsets=True, tree_depth=5),
         Call("tree fp16 deterministic siblings, top-p, seeds", 4, 4, 50257, "fp16", draft="one-hot", method="tree", top_p=0.95, seeds=True),
     ]
+
+
+# Tiles whose values go to atomics and to the slots those return (select.py's _tile_values,
+# SCATTERED) load one value a lane, as the atomics hold them: no layout conversion through shared
+# memory, so no barrier but a tl.histogram's own (a mass histogram tile's, as many as the same
+# kernel's count histogram tile takes). A 16-bit line's raw top-k gather (a gather tile that
+# scales no value: no FMUL) keeps its vectors: its one-byte mask's conversion, 2 barriers.
+SCATTERING_TILES = ("gather tile", "window gather tile", "raw window atomic tile", "mass histogram tile")
+
+
+def converted_scatters(kernel: str, code) -> list:
+    """The scattering tile loops of ``code`` with more barriers than those allow."""
+    from bench.gpu_model import loop_kinds
+
+    kinds = [kind.replace(" (masked)", "") if kind else None for kind in loop_kinds(kernel, code)]
+    histogram = min((loop.has("BAR") for loop, kind in zip(code.loops, kinds, strict=True) if kind == "count histogram tile"), default=0)
+
+    def allowed(loop, kind: str) -> int:
+        if kind == "mass histogram tile":
+            return histogram
+        return 2 if kind == "gather tile" and not loop.has("FMUL") else 0
+
+    return [(loop, kind) for loop, kind in zip(code.loops, kinds, strict=True) if kind in SCATTERING_TILES and loop.has("BAR") > allowed(loop, kind)]
 
 
 def specialisation(launch) -> tuple:
@@ -145,6 +169,11 @@ def main(lowering_only: bool = False) -> int:
             print(f"compiled {launch.name:<14} ({call.name}): {code.registers} registers, {code.spill_bytes} bytes spilled, {len(code.loops)} loops")
             if code.spill_bytes:
                 print(f"FAILED {launch.name} of {call.name}: registers spill to local memory")
+                return 1
+            converted = converted_scatters(launch.name.split(":")[0], code)
+            if converted:
+                print(f"FAILED {launch.name} of {call.name}: scattering tiles convert layouts through shared memory: "
+                      + ", ".join(f"{kind} at {loop.start:#x} ({loop.has('BAR')} barriers)" for loop, kind in converted))
                 return 1
             missing = unknown_loops(launch.name.split(":")[0], code)
             if missing:

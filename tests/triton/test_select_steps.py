@@ -33,10 +33,10 @@ def _weights(s_ptr, keep_ptr, out_ptr, row_max, N: tl.constexpr):
 
 
 @triton.jit
-def _tests(x_ptr, out_ptr, t0, t1, N: tl.constexpr):
+def _tests(x_ptr, out_ptr, t0, t1, N: tl.constexpr, SCATTERED: tl.constexpr):
     idx = tl.arange(0, N)
-    _, _, inside, above = select._tile(x_ptr, idx, N, 1.0, 0, 0, False, t0, t1, True, True)
-    _, _, plain_inside, plain_above = select._tile(x_ptr, idx, N, 1.0, 0, 0, False, t0, t1, True, False)
+    _, _, inside, above = select._tile(x_ptr, 0, N, 1.0, 0, 0, N, False, t0, t1, True, True, SCATTERED=SCATTERED)
+    _, _, plain_inside, plain_above = select._tile(x_ptr, 0, N, 1.0, 0, 0, N, False, t0, t1, True, False, SCATTERED=SCATTERED)
     tl.store(out_ptr + idx, inside.to(tl.int32))
     tl.store(out_ptr + N + idx, above.to(tl.int32))
     tl.store(out_ptr + 2 * N + idx, plain_inside.to(tl.int32))
@@ -44,10 +44,10 @@ def _tests(x_ptr, out_ptr, t0, t1, N: tl.constexpr):
 
 
 @triton.jit
-def _key_tests(x_ptr, out_ptr, inv_t, lo, hi, N: tl.constexpr):
+def _key_tests(x_ptr, out_ptr, inv_t, lo, hi, N: tl.constexpr, SCATTERED: tl.constexpr):
     idx = tl.arange(0, N)
-    _, key, inside, above = select._tile(x_ptr, idx, N, inv_t, lo, hi, True)
-    _, _, any_inside, any_above = select._tile(x_ptr, idx, N, inv_t, lo, hi, True, 0.0, 0.0, False, False, False)
+    _, key, inside, above = select._tile(x_ptr, 0, N, inv_t, lo, hi, N, True, SCATTERED=SCATTERED)
+    _, _, any_inside, any_above = select._tile(x_ptr, 0, N, inv_t, lo, hi, N, True, 0.0, 0.0, False, False, False, SCATTERED)
     tl.store(out_ptr + idx, key)
     tl.store(out_ptr + N + idx, inside.to(tl.int32))
     tl.store(out_ptr + 2 * N + idx, above.to(tl.int32))
@@ -78,15 +78,17 @@ def test_the_mass_above_zeroed_in_its_exponent_is_fixed_mass_where_kept():
     assert int(out.abs().sum()) == 0
 
 
-def test_a_value_interval_that_ends_at_the_line_max_tests_no_value_against_it():
+@pytest.mark.parametrize("scattered", [False, True])
+def test_a_value_interval_that_ends_at_the_line_max_tests_no_value_against_it(scattered):
     """_tile(TOP=True), the first top-p pass's step over [floor, line max], marks the same values
     inside as the two-sided test, with values equal to the floor and to the max among them and
-    -inf left out; none is above."""
+    -inf left out; none is above. The same loaded one value a lane (SCATTERED: a mass histogram's
+    tile)."""
     s = _values()
     t1 = float(s.max())
     t0 = float(s[torch.isfinite(s)].sort().values[10])  # a floor some values lie under, and one on
     out = torch.zeros(4 * N, dtype=torch.int32)
-    _tests[(1,)](s, out, t0, t1, N=N)
+    _tests[(1,)](s, out, t0, t1, N=N, SCATTERED=scattered)
     inside, above, plain_inside, plain_above = out.view(4, N)
     assert torch.equal(inside, plain_inside)
     assert int(plain_above.sum()) == 0 and int(above.sum()) == 0
@@ -94,19 +96,21 @@ def test_a_value_interval_that_ends_at_the_line_max_tests_no_value_against_it():
     assert bool(inside[s.argmax()]) and bool(inside[s == t0].all()) and not bool(inside[0])
 
 
-def test_a_raw_key_interval_marks_finite_values_inside_and_above_and_a_top_p_window_all():
+@pytest.mark.parametrize("scattered", [False, True])
+def test_a_raw_key_interval_marks_finite_values_inside_and_above_and_a_top_p_window_all(scattered):
     """_tile over raw keys (stages 7 and 8): inside is lo <= key <= hi and above key > hi, for the
     values finite once scaled; with FINITE=False (a top-p window, where such a value weighs 0) for
-    every value by its key. -inf, and a logit 1 / temperature scales to -inf, sit at their keys."""
+    every value by its key. -inf, and a logit 1 / temperature scales to -inf, sit at their keys.
+    Loaded one value a lane (SCATTERED: a gather's or a mass histogram's tile) alike."""
     s = _values()
     s[4] = -3e38  # -inf once scaled by 1 / temperature = 8
     x = s.to(torch.bfloat16)
     out = torch.zeros(5 * N, dtype=torch.int32)
     inv_t = 8.0
-    _key_tests[(1,)](x, out, inv_t, -32768, 32767, N=N)
+    _key_tests[(1,)](x, out, inv_t, -32768, 32767, N=N, SCATTERED=scattered)
     keys = out[:N].sort().values  # (interval ends on values' own keys: ties with lo and hi)
     for lo, hi in ((-32768, 32767), (int(keys[N // 3]), int(keys[2 * N // 3])), (-32768, int(keys[N // 2])), (5, 4)):
-        _key_tests[(1,)](x, out, inv_t, lo, hi, N=N)
+        _key_tests[(1,)](x, out, inv_t, lo, hi, N=N, SCATTERED=scattered)
         key, inside, above, any_inside, any_above = out.view(5, N)
         finite = (x.float() * inv_t) > float("-inf")
         assert not bool(finite[0]) and not bool(finite[4])
