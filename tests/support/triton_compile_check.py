@@ -170,12 +170,13 @@ def main(lowering_only: bool = False) -> int:
             if code.spill_bytes:
                 print(f"FAILED {launch.name} of {call.name}: registers spill to local memory")
                 return 1
-            converted = converted_scatters(launch.name.split(":")[0], code)
+            kernel = launch.name.split(":")[0]
+            converted = converted_scatters(kernel, code)
             if converted:
                 print(f"FAILED {launch.name} of {call.name}: scattering tiles convert layouts through shared memory: "
                       + ", ".join(f"{kind} at {loop.start:#x} ({loop.has('BAR')} barriers)" for loop, kind in converted))
                 return 1
-            missing = unknown_loops(launch.name.split(":")[0], code)
+            missing = unknown_loops(kernel, code)
             if missing:
                 print(f"FAILED {launch.name} of {call.name}: loops the GPU model does not count: "
                       + ", ".join(f"{loop.start:#x}-{loop.end:#x} ({loop.instructions} instructions, {loop.by_opcode})" for loop in missing))
