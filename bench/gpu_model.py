@@ -184,6 +184,7 @@ class Loop:
     # (SAMPLE_RUNS): its longest path around the sample (a line that does not sample), and through
     # it around the sort (a line that samples: its candidates, which cannot settle it, stay unsorted).
     around_sample: int = 0
+    around_sample_top_k: int = 0  # the same for a top-k line: around the test of a top-p line's candidates' mass
     through_sample: int = 0
     # ... and where a 16-bit top-p line's sample may place its first raw window: the longest path
     # through that sample (such a line's candidates are sorted first).
@@ -479,9 +480,16 @@ def analyse(sass: str, resources: str) -> KernelCode:
             p_digits = digits & reached_from(own, p_sampling)
             sampling, p_sampling = sampling | (digits - p_digits), p_sampling | p_digits
             loop.around_sample = max(longest_path(own, skip, avoid=sampling | p_sampling), 0) if sampling | p_sampling else 0
+            # (a top-p line's candidates' mass tested against its budget before they would be sorted:
+            # float64 tests on the way to the sort, which no top-k line takes)
+            before_sort = reaching(own, sort) - sort - sampling - p_sampling
+            p_mass = frozenset(i.address for block in basic_blocks(own)[0] if any(i.base == "DSETP" and i.address in before_sort for i in block)
+                               for i in block)
+            loop.around_sample_top_k = max(longest_path(own, skip, avoid=sampling | p_sampling | p_mass), 0) if sampling | p_sampling else 0
             # (a top-k line that samples leaves its candidates unsorted: around the sort, through its sample)
-            loop.through_sample = max(longest_path(own, skip, avoid=sort | p_sampling, through=sampling), 0) if sampling else 0
-            loop.through_p_sample = max(longest_path(own, skip, avoid=sampling, through=p_sampling), 0) if p_sampling else 0
+            loop.through_sample = max(longest_path(own, skip, avoid=sort | p_sampling | p_mass, through=sampling), 0) if sampling else 0
+            # (a top-p line that samples has candidates short of its budget: around the sort, through its sample)
+            loop.through_p_sample = max(longest_path(own, skip, avoid=sampling | sort, through=p_sampling), 0) if p_sampling else 0
             loop.around_sort = max(longest_path(own, skip, avoid=sort), 0)
             loop.through_tiles = max(longest_path(own, skip, avoid=sort, through=tiles), 0) if tiles else 0
             loop.path_barriers = longest_path(own, skip, _barrier)
@@ -1297,16 +1305,19 @@ def threshold_item_trips(loop: Loop, call: Call, trips: float) -> float:
     window settles it (``through_tiles``), or the longest way (``around_sort``) where its top
     windows hold k values; a line that samples (``sampled_share``) takes the longest path through
     the sample around the sort (``through_sample``), any other the longest around the sample
-    (``around_sample``) where the loop has one."""
+    (``around_sample``, ``around_sample_top_k`` in a top-k call) where the loop has one. A top-p line that samples (``top_p_sampled_share``)
+    goes around the sort too (``through_p_sample``): its candidates' mass is short of the budget;
+    only a line whose mass lies within 2**-12 below it would sort them (the model takes none)."""
     if not (loop.around_sort and loop.instructions):
         return trips
     p_share, k_share = call.top_p_settled_share, call.top_k_window_share
     # (where a sample may place a top-k line's first gather, the lines that do not sample go around it)
     rest = 1 - p_share - k_share
-    # (a 16-bit top-p line that samples its first raw window: through that sample, its candidates sorted)
+    # (a top-p line that samples its first pass: through that sample, its candidates unsorted)
     p_sampled = min(call.top_p_sampled_share, rest) if loop.through_p_sample else 0.0
     sampled = min(call.sampled_share, rest - p_sampled) if loop.around_sample else rest - p_sampled
-    around = loop.around_sample or loop.instructions
+    # (a top-k line, which never tests its candidates' mass against a top-p budget before the sort)
+    around = (loop.around_sample_top_k if 0 < call.top_k < call.vocab else loop.around_sample) or loop.instructions
     return trips * ((sampled * (loop.through_sample or loop.instructions) + (rest - p_sampled - sampled) * around + p_share * loop.through_tiles
                      + k_share * loop.around_sort + p_sampled * loop.through_p_sample) / loop.instructions)
 

@@ -515,7 +515,7 @@ def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budge
             top_keys = tl.load(keys_ptr + tl.arange(0, GATHER), mask=held, other=-2147483648, cache_modifier=".cg")
             if RAW16:
                 top_keys = tl.where(held, order_key(raw_scaled(top_keys, inv_t, DTYPE)), top_keys)
-            k_key = (largest_reaching(top_keys.to(tl.int64) + 2147483648, top_k, 4) - 2147483648).to(tl.int32)
+            k_key = largest_reaching(top_keys, top_k, 4)
             kept = tl.where(top_keys >= k_key, fixed_mass(key_to_float(top_keys), row_max), 0)  # (0 for the empty slots: NaN keys)
             kept_mass = above_mass + tl.sum(kept, axis=0)
             cut = k_key

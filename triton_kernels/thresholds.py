@@ -36,16 +36,33 @@ from .stats import filter_of, histogrammed
 
 
 @triton.jit
+def _line_candidates(line, parts, cand_ptr, cand_count_ptr, PARTS: tl.constexpr, LINE_SLOTS: tl.constexpr):
+    """(values, keys) of a line's candidates in its LINE_SLOTS slots, each part's quota of them
+    (the scaled values, 0.0 in the slots no candidate fills, and their order keys, -2**31 there)."""
+    line64 = line.to(tl.int64)
+    quota = LINE_SLOTS // parts
+    slots = tl.arange(0, LINE_SLOTS)
+    slot_part = slots // quota
+    used = tl.load(cand_count_ptr + line64 * PARTS + slot_part, mask=slot_part < parts, other=0)
+    valid = (slot_part < parts) & (slots - slot_part * quota < used)
+    values = tl.load(cand_ptr + line64 * LINE_SLOTS + slots, mask=valid, other=0.0)
+    return values, tl.where(valid, order_key(values), -2147483648)
+
+
+@triton.jit
 def _sorted_candidates(
-    line, parts, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, top_k, unsorted_below_k, PARTS: tl.constexpr, PP: tl.constexpr,
-    LINE_SLOTS: tl.constexpr, SORT: tl.constexpr,
+    line, parts, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, top_k, unsorted_below_k, row_max, unsorted_below_budget,
+    PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr,
 ):
-    """(keys, count, floor) of one line: the order keys of the ``count`` candidates above ``floor``
-    sorted in descending order in SORT slots (key -2**31 after them), ``count`` -1 when even the
-    level-two floor leaves more than SORT. The candidates go through ``sort_ptr`` (the line's SORT
-    slots of workspace) to be packed before the sort. With ``unsorted_below_k``, fewer than
-    ``top_k`` candidates are not sorted (keys all -2**31): a top-k line they cannot settle, whose
-    search needs none of them (a sampled start's, see threshold_line)."""
+    """(keys, count, floor, sorted) of one line: the order keys of the ``count`` candidates above
+    ``floor`` sorted in descending order in SORT slots (key -2**31 after them), ``count`` -1 when
+    even the level-two floor leaves more than SORT. The candidates go through ``sort_ptr`` (the
+    line's SORT slots of workspace) to be packed before the sort. Unsorted (``sorted`` False,
+    keys all -2**31), as their search needs none of them (a sampled start's, see threshold_line):
+    with ``unsorted_below_k``, fewer than ``top_k`` candidates (a top-k line they cannot settle);
+    with ``unsorted_below_budget`` (a line cut by top-p alone: its budget, else 0), candidates
+    whose mass falls short of it, or more than SORT (its sample takes their mass alone:
+    ``_candidates_mass``)."""
     line64 = line.to(tl.int64)
     part = tl.arange(0, PP)
     present = part < parts
@@ -53,12 +70,7 @@ def _sorted_candidates(
     floors2 = tl.load(cand_floor_ptr + (line64 * PARTS + part) * 2 + 1, mask=present, other=-2147483648)
     floor = tl.max(floors, axis=0)
     floor2 = tl.max(floors2, axis=0)
-    quota = LINE_SLOTS // parts
-    slots = tl.arange(0, LINE_SLOTS)
-    slot_part = slots // quota
-    used = tl.load(cand_count_ptr + line64 * PARTS + slot_part, mask=slot_part < parts, other=0)
-    valid = (slot_part < parts) & (slots - slot_part * quota < used)
-    keys = tl.where(valid, order_key(tl.load(cand_ptr + line64 * LINE_SLOTS + slots, mask=valid, other=0.0)), -2147483648)
+    values, keys = _line_candidates(line, parts, cand_ptr, cand_count_ptr, PARTS, LINE_SLOTS)
     above = keys > floor
     count = tl.sum(above.to(tl.int32), axis=0)
     if count > SORT:
@@ -69,12 +81,30 @@ def _sorted_candidates(
     count = tl.where(fits, count, -1)
     packed = tl.arange(0, SORT)
     ordered = tl.full((SORT,), -2147483648, tl.int32)
-    if (unsorted_below_k == 0) | (count >= top_k):
+    # (False: a budget is never negative; a test the compiler folds where the budget is 0, so a
+    # call with no such line keeps its sort on every path)
+    short = unsorted_below_budget < 0.0
+    if unsorted_below_budget > 0.0:
+        # Their mass, a float32 sum in any order, lies within SORT * 2**-24 of the sorted sum that
+        # _line_threshold tests against the budget (the exponentials of the same values): short of
+        # the budget with a margin of 2**-12, no line that test would settle is left unsorted.
+        mass = tl.sum(tl.where(above, exp(values - row_max), 0.0), axis=0)
+        short = (fits == 0) | (mass.to(tl.float64) * (1.0 + 2.0 ** -12) < unsorted_below_budget.to(tl.float64))
+    if ((unsorted_below_k == 0) | (count >= top_k)) & (short == 0):
         place = before_here(above.to(tl.int32))
         tl.store(sort_ptr + line64 * SORT + place, keys, mask=above & (place < SORT))
         tl.debug_barrier()  # every thread's stores precede the loads below
         ordered = tl.sort(tl.load(sort_ptr + line64 * SORT + packed, mask=packed < count, other=-2147483648), descending=True)
-    return ordered, count, floor.to(tl.int64)
+    return ordered, count, floor.to(tl.int64), (short == 0) & ((unsorted_below_k == 0) | (count >= top_k))
+
+
+@triton.jit
+def _candidates_mass(line, parts, cand_ptr, cand_count_ptr, floor, count, row_max, PARTS: tl.constexpr, LINE_SLOTS: tl.constexpr):
+    """The fixed-point mass (``fixed_mass``) of a line's ``count`` candidates above ``floor``, 0
+    when they are more than the sort takes (``count`` -1): an integer sum, the same in any order,
+    sorted or not."""
+    values, keys = _line_candidates(line, parts, cand_ptr, cand_count_ptr, PARTS, LINE_SLOTS)
+    return tl.where(count >= 0, tl.sum(tl.where(keys > floor, fixed_mass(values, row_max), 0), axis=0), 0)
 
 
 @triton.jit
@@ -94,20 +124,22 @@ def _line_mass(line, parts, part_m_ptr, part_z_ptr, PARTS: tl.constexpr, PP: tl.
 @triton.jit
 def _line_threshold(
     line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, unsorted_below_k,
-    PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr,
+    unsorted_below_p, PARTS: tl.constexpr, PP: tl.constexpr, LINE_SLOTS: tl.constexpr, SORT: tl.constexpr,
 ):
     """(tau, resolved, m, z, stage, max_key, carried, lo, and the sorted candidates: keys, count,
     floor) of one active line (see the module docstring). When the cut lies among the sorted
     candidates (resolved) every kept value is one, so z = sum over the kept set of exp(s - m) comes
     from them; z is NaN for a line with NaN / +inf values or an empty one (the race blanks such a
     row). Otherwise stage (1: top-k, 2: top-p), carried (the top-p budget) and lo (the key the
-    search starts from) start the whole-line search (select.py). ``unsorted_below_k``: a top-k
-    line its candidates cannot settle keeps them unsorted (_sorted_candidates)."""
+    search starts from) start the whole-line search (select.py). A line its candidates cannot
+    settle keeps them unsorted (_sorted_candidates): a top-k line with ``unsorted_below_k``, a
+    line cut by top-p alone with ``unsorted_below_p``."""
     row_max, line_mass, bad = _line_mass(line, parts, part_m_ptr, part_z_ptr, PARTS, PP)
     max_key = order_key(row_max).to(tl.int64)
 
-    keys, count, floor = _sorted_candidates(line, parts, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, top_k, unsorted_below_k & use_k, PARTS, PP,
-                                            LINE_SLOTS, SORT)
+    p_budget = tl.where(unsorted_below_p & use_p & (use_k == 0), top_p * line_mass, 0.0)
+    keys, count, floor, candidates_sorted = _sorted_candidates(line, parts, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr, top_k,
+                                                           unsorted_below_k & use_k, row_max, p_budget, PARTS, PP, LINE_SLOTS, SORT)
     index = tl.arange(0, SORT)
     weights = tl.where(index < count, exp(key_to_float(keys) - row_max), 0.0)
 
@@ -134,7 +166,7 @@ def _line_threshold(
         before = before_here(inside)
         # The cut is among the candidates when their whole mass reaches the budget (the first value
         # below the floor has that mass before it); a settled top-k set is all candidates.
-        resolved = (count >= 0) & (use_k | (tl.sum(inside, axis=0) >= budget))
+        resolved = (count >= 0) & candidates_sorted & (use_k | (tl.sum(inside, axis=0) >= budget))
         if resolved:
             keep = tl.maximum(tl.sum(((before < budget) & (index < count)).to(tl.int32), axis=0), 1)
             tau_key = tl.maximum(pick(keys, keep - 1, SORT, -2147483648).to(tl.int64), k_key)
@@ -417,7 +449,6 @@ def _sampled_top_k_lo(base, width, inv_t, top_k, GATHER: tl.constexpr, RUNS: tl.
     s = _sample(base, width, inv_t, RUNS, RUN)
     high = tl.where(s > float("-inf"), order_key(s) >> 16, -32769)  # the keys' 16 high bits (-inf: below them all)
     rank = tl.where(spread, (_isqrt(top_k * GATHER) * (RUNS * RUN) + width - 1) // width, top_k).to(tl.int32)
-    usable = tl.sum(tl.sum((high >= -32768).to(tl.int32), axis=0), axis=0) >= rank  # (down the runs first: inside each thread)
     # The largest prefix p with at least rank sampled keys from p * 2**16 up (-2**15 when none has).
     if DIGITS:
         low = _largest_bucket_reaching(high, rank, RUNS * RUN)
@@ -429,7 +460,9 @@ def _sampled_top_k_lo(base, width, inv_t, top_k, GATHER: tl.constexpr, RUNS: tl.
             reached = tl.sum(tl.sum((high >= middle).to(tl.int32), axis=0), axis=0) >= rank
             low = tl.where(reached, middle, low)
             top = tl.where(reached, top, middle - 1)
-    return low.to(tl.int64) << 16, usable
+    # (no finite value's key lies in bucket -2**15, which holds NaNs' keys: the prefix rises above it
+    # exactly when r finite values were sampled)
+    return low.to(tl.int64) << 16, low > -32768
 
 
 @triton.jit
@@ -437,8 +470,7 @@ def _largest_bucket_reaching(high, rank, N: tl.constexpr):
     """The largest bucket p in [-2**15, 2**15) with at least ``rank`` of a sample's buckets ``high``
     (N of them, as (runs, run); -32769: none) from p up, -2**15 when fewer are present: scan.py's
     largest_reaching over two bytes."""
-    present = tl.reshape(high, (N,)).to(tl.int64) + 32768
-    return (largest_reaching(tl.where(present >= 0, present, -1), rank, 2) - 32768).to(tl.int32)
+    return largest_reaching(tl.maximum(tl.reshape(high, (N,)), -32768), rank, 2)  # (none: the lowest bucket)
 
 
 @triton.jit
@@ -584,7 +616,9 @@ def threshold_line(
     search needs none of them): the sort is about a third of its item's instructions. A 16-bit
     line cut by top-p alone that its candidates leave starts with a raw window placed from a
     sample (``_sampled_top_p_window``), a 32-bit one in a call of 32-bit lines with a gather
-    (``_sampled_top_p_gather``): one pass, with no value bins, when it holds the cut. Target and
+    (``_sampled_top_p_gather``): one pass, with no value bins, when it holds the cut. Its
+    candidates too stay unsorted when their mass, an integer sum in any order, falls short of the
+    budget (the sample needs only that mass). Target and
     draft lines of one dtype run one copy of each sample's code (from either's row): a second
     copy's loop-invariant values, kept on the stack, doubled the launch's prologue. DIGIT_SELECT
     (where tl.histogram is shared-memory atomics): a sample's counted ranks by byte histograms,
@@ -618,6 +652,7 @@ def threshold_line(
         # of the other.
         windowed = resolved  # False, as a runtime value
         sampled_route = resolved  # False: a line a sample may start (the top-k route, below)
+        sampled_p = resolved  # False: a line cut by top-p alone that a sample would start (below)
         window = tl.zeros((256,), tl.int32)
         first = line * 0
         usable = line < 0  # (no window read)
@@ -642,7 +677,7 @@ def threshold_line(
             if windowed == 0:
                 tau, resolved, row_max, normaliser, stage, max_key, carried, lo, keys, count, floor = _line_threshold(
                     line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
-                    sampled_route, PARTS, PP, LINE_SLOTS, SORT,
+                    sampled_route, sampled_p, PARTS, PP, LINE_SLOTS, SORT,
                 )
                 hi = max_key
         else:
@@ -661,10 +696,13 @@ def threshold_line(
             # cannot settle it: the sort is skipped.
             if SAMPLE_RUNS > 0:
                 sampled_route = use_k & (histogrammed(use_k, top_k, HISTOGRAM_TOP_K) == 0) & (2 * top_k <= GATHER)
+                # (likewise a top-p line's candidates, when their mass is short of the budget: they
+                # cannot settle it, and its sample needs only their mass)
+                sampled_p = use_p & (use_k == 0) & tl.where(is_draft, D16 | (T16 == D16), T16 | (T16 == D16))
             if windowed == 0:
                 tau, resolved, row_max, normaliser, stage, max_key, carried, lo, keys, count, floor = _line_threshold(
                     line, width, top_k, top_p, use_k, use_p, parts, part_m_ptr, part_z_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr, sort_ptr,
-                    sampled_route, PARTS, PP, LINE_SLOTS, SORT,
+                    sampled_route, sampled_p, PARTS, PP, LINE_SLOTS, SORT,
                 )
             hi = max_key
             if SAMPLE_RUNS > 0:
@@ -701,9 +739,9 @@ def threshold_line(
                 TOP_P_RUNS: tl.constexpr = 16 if SAMPLE_RUNS >= 32 else (SAMPLE_RUNS // 2 if SAMPLE_RUNS >= 4 else SAMPLE_RUNS)
                 if (stage == 2) & tl.where(is_draft, D16 | (T16 == D16), T16 | (T16 == D16)):
                     row_max, line_mass, bad = _line_mass(line, parts, part_m_ptr, part_z_ptr, PARTS, PP)
-                    index = tl.arange(0, SORT)
-                    known = tl.sum(tl.where(index < count, fixed_mass(key_to_float(keys), row_max), 0), axis=0)
-                    known = tl.where(count >= 0, known, 0)  # (more candidates than the sort: the sample alone)
+                    # (the candidates' mass, 0 when more than the sort takes: the sample alone; read
+                    # again, from L2: unsorted, they are no longer at hand)
+                    known = _candidates_mass(line, parts, cand_ptr, cand_count_ptr, floor, count, row_max, PARTS, LINE_SLOTS)
                     sample_floor = tl.where(count >= 0, floor, 2147483647)
                     start_lo = lo
                     start_hi = hi

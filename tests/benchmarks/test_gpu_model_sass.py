@@ -280,7 +280,7 @@ def test_items_drawn_by_ticket_charge_the_pipes_their_average_share(monkeypatch)
 # A threshold items' loop (0x10-0x100) whose sort (0x30-0x50) a line may skip, then a top-k sample's
 # bisection (0x70-0x90: no load, no exponential), then a top-p sample's: its prologue (0xb0) and
 # its bisection (0xc0-0xe0: no load, each key's weight an exponential), which a top-p line that
-# samples takes after its sorted candidates.
+# samples takes around the sort (its candidates' mass is short of its budget).
 _TWO_SAMPLES_ITEM = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;
         /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
@@ -305,20 +305,65 @@ _TWO_SAMPLES_ITEM = """
 """
 
 
-def test_a_top_p_line_that_samples_goes_through_its_sample_and_its_sort():
+def test_a_top_p_line_that_samples_goes_through_its_sample_around_its_sort():
     """The top-p sample's bisection (an exponential, no load) is a loop of its own kind. A line
-    that samples its raw window takes the longest path through that sample, its sort included (10
-    of 10: the prologue only it runs); a top-k line that samples, the path through its own sample
+    that samples its raw window takes the longest path through that sample around the sort (7 of
+    10: the prologue only it runs); a top-k line that samples, the path through its own sample
     around the sort and the other sample (6); any other line, the longest around both samples (9).
     Each loop's own steps are counted as its trips."""
     code = gpu_model.analyse(_TWO_SAMPLES_ITEM, _RESOURCES)
     loop = next(loop for loop in code.loops if loop.parent is None)
     assert gpu_model.loop_kinds("cutoff", code) == ["threshold ticket loop", "sample bisection step", "top-p sample bisection step"]
-    assert (loop.instructions, loop.through_p_sample, loop.through_sample, loop.around_sample) == (10, 10, 6, 9)
+    assert (loop.instructions, loop.through_p_sample, loop.through_sample, loop.around_sample) == (10, 7, 6, 9)
     for p_sampled, k_sampled in ((0.0, 0.0), (0.5, 0.0), (0.25, 0.5), (1.0, 0.0)):
         call = gpu_model.Call("x", 64, 8, 128256, "bf16", top_p=0.99, search_fraction=1.0, sampled_share=k_sampled, top_p_sampled_share=p_sampled)
-        expected = (p_sampled * 10 + k_sampled * 6 + (1 - p_sampled - k_sampled) * 9) / 10
+        expected = (p_sampled * 7 + k_sampled * 6 + (1 - p_sampled - k_sampled) * 9) / 10
         assert gpu_model.threshold_item_trips(loop, call, 2.0) == pytest.approx(2.0 * expected)
+
+
+# _TWO_SAMPLES_ITEM with a top-p line's test of its candidates' mass against its budget (0x30: a
+# float64 test on the way to the sort, 0x50-0x70), which a top-k line branches around (0x20).
+_MASS_TEST_ITEM = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0020*/               @P4 BRA 0x40 ;
+        /*0030*/                   DSETP.GE.AND P5, PT, R12, R14, PT ;
+        /*0040*/               @P5 BRA P6, 0x80 ;
+        /*0050*/                   ISETP.GT.XOR P3, PT, R7, R8, P4 ;
+        /*0060*/                   SEL R7, R7, R8, P3 ;
+        /*0070*/                   SEL R8, R8, R7, P3 ;
+        /*0080*/               @P0 BRA 0xc0 ;
+        /*0090*/                   IADD3 R9, R9, 0x1, RZ ;
+        /*00a0*/                   ISETP.GE.AND P1, PT, R9, R10, PT ;
+        /*00b0*/               @P1 BRA 0x90 ;
+        /*00c0*/               @P3 BRA 0x110 ;
+        /*00d0*/                   IMAD.MOV.U32 R11, RZ, RZ, R12 ;
+        /*00e0*/                   MUFU.EX2 R13, R11 ;
+        /*00f0*/                   ISETP.GE.AND P1, PT, R13, R10, PT ;
+        /*0100*/               @P1 BRA 0xe0 ;
+        /*0110*/                   STG.E desc[UR4][R4.64], R7 ;
+        /*0120*/               @P2 BRA 0x10 ;
+        /*0130*/                   CCTL.IVALL ;
+        /*0140*/                   EXIT ;
+        /*0150*/                   BRA 0x150 ;
+"""
+
+
+def test_a_top_k_line_goes_around_the_test_of_a_top_p_lines_candidates_mass():
+    """The float64 test before the sort (a top-p line's candidates' mass against its budget) lies
+    only on top-p lines' paths: a top-p line that samples goes through it and its sample around
+    the sort (9 of 12); a top-k line that samples, around it, the sort and the top-p sample (7); a
+    line that does not sample, the longest way around both samples, through the test in a top-p
+    call (11), around it in a top-k call (10)."""
+    code = gpu_model.analyse(_MASS_TEST_ITEM, _RESOURCES)
+    loop = next(loop for loop in code.loops if loop.parent is None)
+    assert gpu_model.loop_kinds("cutoff", code) == ["threshold ticket loop", "sample bisection step", "top-p sample bisection step"]
+    assert (loop.instructions, loop.through_p_sample, loop.through_sample, loop.around_sample, loop.around_sample_top_k) == (12, 9, 7, 11, 10)
+    for sampled in (0.0, 0.5, 1.0):
+        top_p = gpu_model.Call("x", 64, 8, 128256, "fp32", top_p=0.99, search_fraction=1.0, top_p_sampled_share=sampled)
+        assert gpu_model.threshold_item_trips(loop, top_p, 2.0) == pytest.approx(2.0 * (sampled * 9 + (1 - sampled) * 11) / 12)
+        top_k = gpu_model.Call("x", 64, 8, 128256, "fp32", top_k=1000, search_fraction=1.0, sampled_share=sampled)
+        assert gpu_model.threshold_item_trips(loop, top_k, 2.0) == pytest.approx(2.0 * (sampled * 7 + (1 - sampled) * 10) / 12)
 
 
 # A threshold items' loop (0x10-0x140) with a sort (0x30-0x50), a top-k sample's bisection (0x70-0x90:
@@ -358,14 +403,14 @@ def test_a_float32_top_p_gather_sample_is_counted_step_by_step(monkeypatch):
     mass (float64 tests, no exponential), then the window's two bounds by the sampled counts
     (popcounts). Each is a loop kind of its own, with 16 steps per sampled line over the steps one
     trip takes (the compiler unrolled the estimate twice here), not the top-k sample's (integer
-    counts). Both lie on a sampled line's path around the top-k sample."""
+    counts). Both lie on a sampled line's path around the top-k sample and the sort."""
     from types import SimpleNamespace
 
     code = gpu_model.analyse(_GATHER_SAMPLE_ITEM, _RESOURCES)
     assert gpu_model.loop_kinds("cutoff", code) == ["threshold ticket loop", "sample bisection step", "top-p gather estimate step",
                                                     "top-p gather window step"]
     item = next(loop for loop in code.loops if loop.parent is None)
-    assert (item.instructions, item.through_p_sample, item.through_sample) == (9, 9, 6)  # (its own code: around the sort and both gathers)
+    assert (item.instructions, item.through_p_sample, item.through_sample) == (9, 6, 6)  # (its own code: around the sort and both samples)
     monkeypatch.setattr(gpu_model, "compiled_code", lambda launch: code)
     monkeypatch.setattr(gpu_model, "_occupancy", lambda code, warps: 2)
     constexprs = {"SORT": 1024, "LINE_SLOTS": 2048, "PARTS": 1, "SAMPLE_RUNS": 32, "SAMPLE_RUN": 256, "TOP_P_STEP": 1024}
@@ -415,13 +460,13 @@ def test_a_samples_byte_histograms_lie_on_the_paths_of_the_lines_that_sample():
     shared-memory atomics: a top-p sample's after its estimate's loop, a top-k sample's elsewhere.
     A top-k line that samples runs its own histograms around the sort (10: the head, its branch,
     the histograms, the branch past the top-p sample, the store and the loop's branch); a top-p
-    line that samples, its estimate and its histograms after its sort (13); any other, neither
-    (9). A trip meets the barriers of one path: where the top-k sample's code leaves past the
+    line that samples, its estimate and its histograms, around the sort too (10); any other,
+    neither (9). A trip meets the barriers of one path: where the top-k sample's code leaves past the
     top-p sample's, one of the two barriers of the body."""
     code = gpu_model.analyse(_DIGITS_ITEM, _RESOURCES)
     loop = next(loop for loop in code.loops if loop.parent is None)
     assert gpu_model.loop_kinds("cutoff", code) == ["threshold ticket loop", "top-p gather estimate step"]
-    assert (loop.instructions, loop.through_sample, loop.through_p_sample, loop.around_sample) == (17, 10, 13, 9)
+    assert (loop.instructions, loop.through_sample, loop.through_p_sample, loop.around_sample) == (17, 10, 10, 9)
     assert loop.path_barriers == loop.has("BAR") == 3
     apart = _DIGITS_ITEM.replace("/*00a0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;", "/*00a0*/                   BRA 0x130 ;")
     item = next(loop for loop in gpu_model.analyse(apart, _RESOURCES).loops if loop.parent is None)

@@ -166,28 +166,32 @@ def test_top_p_window_bins_are_single_keys_but_the_merged_ones(lo, zero_lo, zero
 
 
 @triton.jit
-def _largest_reaching(keys_ptr, out_ptr, n, ranks_ptr, R: tl.constexpr, N: tl.constexpr, DIGITS: tl.constexpr):
+def _largest_reaching(keys_ptr, out_ptr, n, lowest, ranks_ptr, R: tl.constexpr, N: tl.constexpr, DIGITS: tl.constexpr):
     idx = tl.arange(0, N)
-    keys = tl.load(keys_ptr + idx, mask=idx < n, other=-1)
+    keys = tl.load(keys_ptr + idx, mask=idx < n, other=lowest)
     for r in tl.static_range(R):
         tl.store(out_ptr + r, select.largest_reaching(keys, tl.load(ranks_ptr + r), DIGITS))
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("digits, n", [(2, 64), (2, 40), (4, 64), (4, 17)])
-def test_the_largest_key_reaching_a_rank_is_a_sorted_copys_slot(digits, n):
-    """select.largest_reaching (byte histograms, no sort) against a sorted copy: ties, keys sharing
-    their high bytes, 0 and the largest key, empty slots (-1, past n), and ranks past the keys
-    present (0)."""
+def test_the_largest_key_reaching_a_rank_is_a_sorted_copys_slot(digits, n, dtype):
+    """select.largest_reaching (byte histograms, no sort) against a sorted copy, on int32 and
+    int64 keys: ties, keys sharing their high bytes, the lowest and the largest key, negative and
+    positive keys, empty slots (the lowest, past n), and ranks past the keys present (the
+    lowest)."""
     g = torch.Generator().manual_seed(digits * 100 + n)
-    top = 2 ** (8 * digits)
-    keys = torch.randint(0, top, (N,), generator=g, dtype=torch.int64)
-    keys[:8] = torch.tensor([0, top - 1, top - 1, 5, 5, 5, 256, 257])
-    keys[8:20] = keys[8] // 65536 * 65536 + torch.randint(0, 300, (12,), generator=g)  # (one high part, several low bytes)
+    half = 2 ** (8 * digits - 1)
+    keys = torch.randint(-half, half, (N,), generator=g, dtype=torch.int64)
+    keys[:9] = torch.tensor([-half, half - 1, half - 1, 5, 5, 5, 256, 257, -1])
+    shared = min(int(keys[9]) // 2 ** (8 * digits - 16) * 2 ** (8 * digits - 16), half - 300)  # (one high part, several low bytes)
+    keys[9:20] = shared + torch.randint(0, 300, (11,), generator=g)
+    keys = keys.to(dtype)
     ranks = torch.tensor([1, 2, 3, 4, 7, n // 2, n - 1, n, n + 1, N + 3], dtype=torch.int32)
-    out = torch.empty(len(ranks), dtype=torch.int64)
-    _largest_reaching[(1,)](keys, out, n, ranks, len(ranks), N, digits)
+    out = torch.empty(len(ranks), dtype=dtype)
+    _largest_reaching[(1,)](keys, out, n, -half, ranks, len(ranks), N, digits)
     ordered = keys[:n].sort(descending=True).values
-    expected = [int(ordered[r - 1]) if r <= n else 0 for r in ranks.tolist()]
+    expected = [int(ordered[r - 1]) if r <= n else -half for r in ranks.tolist()]
     assert out.tolist() == expected
 
 

@@ -745,6 +745,40 @@ def test_a_sampled_line_leaves_its_candidates_unsorted(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_top_p_line_its_candidates_leave_stays_unsorted(dtype):
+    """A line cut by top-p alone that a sample starts needs only its candidates' mass, an integer
+    sum in any order: its threshold item sorts them only when that mass may reach the budget
+    (thresholds.py). Sorted: exactly the lines they settle, the third line (64 or 66 candidates)
+    at top-p just below their share of its mass (1 - 1e-3 of it); unsorted: the flat lines, the
+    third at 1 + 1e-3 of that share (past the 2**-12 margin kept for the float sums), and with 32
+    sort slots (more candidates than those even above the level-two floor). Every line is sorted without a sample. The cuts stay the
+    reference's."""
+    from bench.gpu_model import _order_keys, candidate_outcome
+
+    target = torch.stack([_window_line("flat"), _window_line("low"), _sampled_line("plain")]).to(dtype).reshape(1, 3, 3000)
+    geometry = _SAMPLED | {"line_slots": 256, "sort": 128}
+    call = lambda top_p: _params.validate_verify(target, None, torch.zeros(1, 2, dtype=torch.int64), generator=None, check=False,  # noqa: E731
+                                                 temperature=0.9, top_k=None, top_p=top_p, num_draft_tokens=None)
+    stats = _triton_backend.launches_for(call(0.9), 0, **geometry)[0]
+    c = stats.constexprs
+    scaled = (target[0, 2].float() * _params.inverse_temperature(torch.tensor([0.9]))).numpy()
+    outcome = candidate_outcome(scaled, stats.grid[1], c["T_LANES"], c["T_ROWS"], stats.args[-1], c["LINE_SLOTS"], c["SORT"], 0, 0.9)
+    weights = np.exp(scaled.astype(np.float64) - scaled.max())
+    share = float(weights[_order_keys(scaled) > outcome["floor_key"]].sum() / weights.sum())
+    assert 64 <= outcome["above_floor"] <= 66 and 0.8 < share < 0.9, (outcome, share)
+    # (top-p, sample runs, sort slots, whether the third line is sorted)
+    for top_p, sample_runs, sort, third in ((share * (1 - 1e-3), 4, 128, True), (share * (1 + 1e-3), 4, 128, False), (0.99, 4, 128, False),
+                                            (share * (1 - 1e-3), 4, 32, False), (share * (1 - 1e-3), 0, 128, True), (0.99, 0, 32, True)):
+        args = call(top_p)
+        case = geometry | {"sample_runs": sample_runs, "sort": sort}
+        sorted_lines = _sorted_lines(args, **case)
+        got, resolved = _triton_thresholds(args, **case)
+        assert torch.equal(got, _reference_thresholds(args)), (top_p, sample_runs, sort, got.tolist())
+        assert sorted_lines == [sample_runs == 0] * 2 + [third], (top_p, sample_runs, sort, sorted_lines)
+        assert resolved.tolist() == [0, 0, int(third and sort == 128)], (top_p, sample_runs, sort, resolved.tolist())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("geometry", [_SEARCHED, _SAMPLED], ids=["key-bins", "sampled"])
 def test_fewer_finite_values_than_k_keep_them_all_and_top_p_cuts_inside(dtype, geometry):
     """A line with fewer finite values than k (the rest -inf: a processor's mask): its top-k set is
