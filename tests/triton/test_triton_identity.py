@@ -1108,8 +1108,10 @@ def test_top_p_window_settles_flat_lines(dtype):
             assert resolved.tolist() == [int(settled)] * 3, (temperature, window)
             if settled:
                 assert (_top_p_window_bounds(args, **geometry)[:5, 0] != -(2**31)).all()  # every line counted (drafts too)
-            # A line its window settles is cut before its candidates are sorted: it sorts none.
-            assert _sorted_lines(args, top_p_window=window, **geometry) == [not settled] * 5, (temperature, window)
+            # A line its window settles is cut before its candidates are sorted: it sorts none; so
+            # does one a sample starts (where tl.histogram is warp ballots), its candidates short.
+            sampled = _triton_backend.sample_runs_default((dtype,)) > 0
+            assert _sorted_lines(args, top_p_window=window, **geometry) == [not (settled or sampled)] * 5, (temperature, window)
         inv_t = np.float32(1.0) / np.float32(temperature)
         line = target[0, 1]
         raw = (line.view(torch.int16).numpy(), "bf16" if dtype == torch.bfloat16 else "fp16", inv_t)
