@@ -90,12 +90,13 @@ def _sorted_candidates(
         # the budget with a margin of 2**-12, no line that test would settle is left unsorted.
         mass = tl.sum(tl.where(above, exp(values - row_max), 0.0), axis=0)
         short = (fits == 0) | (mass.to(tl.float64) * (1.0 + 2.0 ** -12) < unsorted_below_budget.to(tl.float64))
-    if ((unsorted_below_k == 0) | (count >= top_k)) & (short == 0):
+    sorts = ((unsorted_below_k == 0) | (count >= top_k)) & (short == 0)
+    if sorts:
         place = before_here(above.to(tl.int32))
         tl.store(sort_ptr + line64 * SORT + place, keys, mask=above & (place < SORT))
         tl.debug_barrier()  # every thread's stores precede the loads below
         ordered = tl.sort(tl.load(sort_ptr + line64 * SORT + packed, mask=packed < count, other=-2147483648), descending=True)
-    return ordered, count, floor.to(tl.int64), (short == 0) & ((unsorted_below_k == 0) | (count >= top_k))
+    return ordered, count, floor.to(tl.int64), sorts
 
 
 @triton.jit
