@@ -287,28 +287,63 @@ def _key_histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, raw,
 
 @triton.jit
 def _gather(base, first, span, width, inv_t, row_max, lo, hi, gathered_ptr, keys_ptr, TILE: tl.constexpr, GATHER: tl.constexpr,
-            ABOVE: tl.constexpr, RAW: tl.constexpr = False, RAW_ONE_A_LANE: tl.constexpr = True):
+            ABOVE: tl.constexpr, RAW: tl.constexpr = False, LANE_SLOTS: tl.constexpr = True):
     """The item's finite values (``span`` from ``first``) with key in [lo, hi] written to the line's GATHER key slots (a slot
     each from the line's counter; those past GATHER only counted); returns the fixed-point mass of
     the keys above hi (with ABOVE; without, hi is the line max: none). RAW (a 16-bit line's top-k
     gather, hi the line max): ``lo`` is the lowest raw key of the set (``_raw_floor``), tested and
-    written from the logits' bits alone (``_resolve`` scales the few gathered). Its tiles load one
-    value a lane (``_tile_values``) unless RAW_ONE_A_LANE is off: Triton 3.6 and 3.7 change only a
-    raw tile's one-byte mask to the atomics' lanes (2 barriers), and one value a lane took 26 more
-    instructions a tile there; later ones convert the keys as well (6 barriers)."""
-    counter = gathered_ptr + tl.zeros((TILE,), tl.int32)
-    above_mass = tl.zeros((TILE,), tl.int64)
-    for start in range(0, span, TILE):
-        if RAW:
-            key = raw_key(_tile_values(base, first + start, width, TILE, RAW_ONE_A_LANE), False, True)
-            inside = key >= lo
-        else:
-            s, key, inside, above = _tile(base, first + start, width, inv_t, lo.to(tl.int32), hi.to(tl.int32), TILE, SCATTERED=True)
-        slot = tl.atomic_add(counter, 1, mask=inside, sem="relaxed")
-        tl.store(keys_ptr + slot, key, mask=inside & (slot < GATHER))
-        if ABOVE:
-            above_mass += fixed_mass_where(s, row_max, above)  # (a value above hi is finite)
-    return tl.sum(above_mass, axis=0)
+    written from the logits' bits alone (``_resolve`` scales the few gathered).
+    LANE_SLOTS (Triton 3.8 and later, DIGIT_SELECT's versions): a tile is TILE // 256 rows of 256
+    ids, each lane holding a column of it in its registers (one value a lane, so no value changes
+    lanes between the loads, the atomic and the stores): a lane takes its values' slots with one
+    atomic on the line's counter, a run from the slot it returns. Triton 3.6 and 3.7 would move
+    those columns through shared memory (6 barriers a tile): there each value takes its slot by an
+    atomic of its own (``_tile_values``), a raw tile loaded in vectors (one value a lane took 26
+    more instructions a tile there, the one-byte mask alone changing lanes: 2 barriers)."""
+    if LANE_SLOTS:
+        LANES: tl.constexpr = 256 if TILE >= 256 else TILE  # (a power of two, as TILE)
+        ROWS: tl.constexpr = TILE // LANES
+        counter = gathered_ptr + tl.zeros((LANES,), tl.int32)
+        above_mass = tl.zeros((ROWS, LANES), tl.int64)
+        # (the row-major ids of a tile: its start is added at run time, of an alignment the compiler
+        # cannot prove, so that every load is of one value, as the lane holds it: _tile_values)
+        ids = (tl.arange(0, ROWS)[:, None] * LANES + tl.arange(0, LANES)[None, :]).to(tl.int64)
+        # A searched line's values are finite or -inf (statistics with NaN or +inf end its search),
+        # and -inf's key, -2139095041, lies below both bounds: no test of the values for -inf.
+        lo_finite = tl.maximum(lo, -2139095040).to(tl.int32)
+        hi_finite = tl.maximum(hi, -2139095041).to(tl.int32)
+        for start in range(0, span, TILE):
+            tile_first = (first + start) | (width >> 31)
+            x = tl.load(base + tile_first + ids, mask=ids < width - tile_first, other=float("-inf"))
+            if RAW:
+                key = raw_key(x, False, True)
+                inside = key >= lo
+            else:
+                s = x.to(tl.float32) * inv_t
+                key = order_key(s)
+                inside = (key >= lo_finite) & (key <= hi.to(tl.int32))
+                if ABOVE:
+                    above_mass += fixed_mass_where(s, row_max, key > hi_finite)
+            ones = inside.to(tl.int32)
+            taken = tl.sum(ones, axis=0)  # (in the lane's registers)
+            lane_first = tl.atomic_add(counter, taken, mask=taken > 0, sem="relaxed")
+            slot = lane_first[None, :] + tl.cumsum(ones, axis=0) - ones
+            tl.store(keys_ptr + slot, key, mask=inside & (slot < GATHER))
+        return tl.sum(tl.sum(above_mass, axis=0), axis=0)
+    else:
+        counter = gathered_ptr + tl.zeros((TILE,), tl.int32)
+        above_mass = tl.zeros((TILE,), tl.int64)
+        for start in range(0, span, TILE):
+            if RAW:
+                key = raw_key(_tile_values(base, first + start, width, TILE, False), False, True)
+                inside = key >= lo
+            else:
+                s, key, inside, above = _tile(base, first + start, width, inv_t, lo.to(tl.int32), hi.to(tl.int32), TILE, SCATTERED=True)
+            slot = tl.atomic_add(counter, 1, mask=inside, sem="relaxed")
+            tl.store(keys_ptr + slot, key, mask=inside & (slot < GATHER))
+            if ABOVE:
+                above_mass += fixed_mass_where(s, row_max, above)  # (a value above hi is finite)
+        return tl.sum(above_mass, axis=0)
 
 
 @triton.jit
@@ -634,9 +669,9 @@ def _select_pass(
             above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, _raw_floor(lo, inv_t, DTYPE), hi, state + 6, keys_ptr, TILE, GATHER,
                                  False, True, DIGIT_SELECT)
         else:
-            above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, GATHER, False)
+            above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, GATHER, False, False, DIGIT_SELECT)
     elif stage == 5:
-        above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, WINDOW_GATHER, True)
+        above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, WINDOW_GATHER, True, False, DIGIT_SELECT)
     else:
         if stage == 3:
             tl.store(part_mass_ptr + own + slots, tl.zeros((2 * BINS,), tl.int64), mask=slots < BINS)

@@ -58,7 +58,8 @@ def calls():
 # SCATTERED) load one value a lane, as the atomics hold them: no layout conversion through shared
 # memory, so no barrier but a tl.histogram's own (a mass histogram tile's, as many as the same
 # kernel's count histogram tile takes). A 16-bit line's raw top-k gather (a gather tile that
-# scales no value: no FMUL) keeps its vectors: its one-byte mask's conversion, 2 barriers.
+# scales no value: no FMUL) keeps its vectors where each value takes its own slot (Triton 3.6 and
+# 3.7, no LANE_SLOTS): its one-byte mask's conversion, 2 barriers.
 SCATTERING_TILES = ("gather tile", "window gather tile", "raw window atomic tile", "mass histogram tile")
 
 
