@@ -1246,8 +1246,9 @@ def _work(launch, call: Call, phase: str) -> dict:
         searched = lines * call.search_fraction
         programs = launch.grid[0]
         # (line, run of merge chunks) work items, taken in turn by the resident programs (cutoffs.py:
-        # a run of 2 or 4 chunks once the chunks outnumber the launch's programs 8- or 16-fold)
-        merge = 1 + (searched * c["NUM_CHUNKS"] >= 8 * programs) + 2 * (searched * c["NUM_CHUNKS"] >= 16 * programs)
+        # a run of 2, 4 or 8 chunks once the chunks outnumber the launch's programs 8-, 16- or 32-fold)
+        merge = (1 + (searched * c["NUM_CHUNKS"] >= 8 * programs) + 2 * (searched * c["NUM_CHUNKS"] >= 16 * programs)
+                 + 4 * (searched * c["NUM_CHUNKS"] >= 32 * programs))
         runs = math.ceil(c["NUM_CHUNKS"] / merge)
         slots = searched * runs * (c["BINS"] + 1)
         items = searched * runs

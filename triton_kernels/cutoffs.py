@@ -9,9 +9,10 @@ takes the next ticket when it is free):
 * then PASSES passes of the whole-line search (select.py) over the listed lines' chunks, pass
   by pass: ticket ``lines + (pass * searching + slot) * runs + run``, an item per run of
   ``merge`` chunks (``runs`` = cdiv(NUM_CHUNKS, merge) per line). ``merge`` is 1 (an item per
-  chunk) unless the listed lines' chunks outnumber the programs 8-fold (2) or 16-fold (4): the
-  fewer, longer items of a large search cost less fixed work (the state, the wait, the
-  histogram's store and sum), and every program still takes several.
+  chunk) unless the listed lines' chunks outnumber the programs 8-fold (2), 16-fold (4) or
+  32-fold (8): the fewer, longer items of a large search cost less fixed work (the state, the
+  wait, the histogram's store and sum, a gather's counter), and every program still takes four or
+  more (at B=64 K=8 V=128256, every line searched: 8 chunks an item, about 8 items a program).
 
 An item only waits for items with smaller tickets (the search items for every threshold item;
 a pass item for its line's previous pass), and tickets are handed out in order to programs that
@@ -68,7 +69,8 @@ def cutoff_items(
     tl.debug_barrier()  # every thread reads the list after the acquire
     searching = tl.load(searching_ptr, cache_modifier=".cg")
     programs = tl.num_programs(0)
-    merge = 1 + (searching * NUM_CHUNKS >= 8 * programs).to(tl.int32) + 2 * (searching * NUM_CHUNKS >= 16 * programs).to(tl.int32)
+    merge = (1 + (searching * NUM_CHUNKS >= 8 * programs).to(tl.int32) + 2 * (searching * NUM_CHUNKS >= 16 * programs).to(tl.int32)
+             + 4 * (searching * NUM_CHUNKS >= 32 * programs).to(tl.int32))
     runs = tl.cdiv(NUM_CHUNKS, merge)
     per_pass = searching * runs
     while ticket < lines + PASSES * per_pass:

@@ -473,6 +473,25 @@ def test_whole_line_search_of_merged_raw_keys_gives_the_reference_tokens():
         assert_same(_triton_backend.verify(args, 3, **_SEARCHED), verify_eager(args, 3))
 
 
+# (programs of the cut-offs launch, the chunks a search item takes: 14 lines of 15 chunks each take
+# runs of 8, 4, 2 or 1 of them as they outnumber the programs 32-, 16-, 8-fold or less; cutoffs.py)
+@pytest.mark.parametrize("programs,merge", [(5, 8), (9, 4), (20, 2), (30, 1)])
+def test_whole_line_search_in_runs_of_chunks_gives_the_reference_tokens(programs, merge):
+    """A search item takes a run of ``merge`` chunks of a line, its last run short (15 chunks of
+    128 ids over 1900): top-k then top-p through key bins and a gather, and a flat top-p through
+    value bins and a window, target and draft lines, token for token with the probabilities."""
+    chunks, lines = 15, 14
+    assert 1 + (lines * chunks >= 8 * programs) + 2 * (lines * chunks >= 16 * programs) + 4 * (lines * chunks >= 32 * programs) == merge
+    g = torch.Generator().manual_seed(31)
+    tokens = torch.randint(0, 1900, (2, 3), generator=g)
+    seeds, offsets = _keys(2)
+    for scale, params in ((3.0, {"top_k": 300, "top_p": 0.9}), (0.2, {"top_p": 0.99})):
+        target = scale * torch.randn(2, 4, 1900, generator=g)
+        draft = target[:, :3] + 0.5 * torch.randn(2, 3, 1900, generator=g)
+        args = _args(target, draft, tokens, seeds=seeds, offsets=offsets, return_logprobs="processed", return_accept_probs=True, **params)
+        assert_same(_triton_backend.verify(args, 3, **_SEARCHED, select_programs=programs), verify_eager(args, 3))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_whole_line_search_through_raw_windows_gives_the_reference_tokens(dtype):
     """Top-p on 16-bit lines through raw windows (select.py's stage 8) that hold the cut and that
