@@ -28,7 +28,8 @@ to arrive (an atomic counter, reset afterwards) plans the next pass and publishe
 3. top-p over key bins with exact masses (each binned value's mass added by an integer atomic
    into the item's slice): the interval narrows 256-fold per pass, the last over single keys.
 4. / 5. gather: the values with key in [lo, hi] are written to the line's slots (a slot each,
-   from an atomic counter: GATHER for top-k, WINDOW_GATHER for a top-p window, twice as many
+   from an atomic counter, a lane's values a run of them from one atomic where the compiler keeps
+   its column in registers: GATHER for top-k, WINDOW_GATHER for a top-p window, twice as many
    where ranks are by byte histograms) while those above hi are summed (count and mass); the
    last item finds the cut exactly: top-k's as the k-th largest gathered key, a byte at a time
    by histograms where they are shared-memory atomics (scan.py's ``largest_reaching``), else
