@@ -160,7 +160,7 @@ def top_p_stage(lo, hi):
 
 
 @triton.jit
-def _tile_values(base, first, width, TILE: tl.constexpr, SCATTERED: tl.constexpr):
+def _tile_values(base, first, width, TILE: tl.constexpr, SCATTERED: tl.constexpr, LANES: tl.constexpr = 0):
     """The logits of ids first .. first + TILE - 1 (-inf from ``width``). SCATTERED, a tile whose
     values go to atomics and to the slots they return (a gather's scaled keys, a mass histogram's
     masses, a raw window's counts by atomics): loaded one value a lane, as those atomics and stores hold
@@ -170,8 +170,14 @@ def _tile_values(base, first, width, TILE: tl.constexpr, SCATTERED: tl.constexpr
     ``first | (width >> 31)``, first at run time (a width is positive) but of an alignment it
     cannot prove. A warp still reads 32 consecutive values, from one base with constant offsets.
     Loaded in vectors, the values would go to the atomics' layout through shared memory: 6
-    barriers a tile (tests/support/triton_compile_check.py's ``converted_scatters``)."""
-    if SCATTERED:
+    barriers a tile (tests/support/triton_compile_check.py's ``converted_scatters``). LANES (a
+    gather's lane slots): the tile as TILE // LANES rows of LANES ids, the same way, each lane a
+    column."""
+    if LANES > 0:
+        start = first | (width >> 31)
+        ids = (tl.arange(0, TILE // LANES)[:, None] * LANES + tl.arange(0, LANES)[None, :]).to(tl.int64)
+        x = tl.load(base + start + ids, mask=ids < width - start, other=float("-inf"))
+    elif SCATTERED:
         start = first | (width >> 31)
         ids = tl.arange(0, TILE)[:, None].to(tl.int64)
         x = tl.reshape(tl.load(base + start + ids, mask=ids < width - start, other=float("-inf")), (TILE,))
@@ -303,19 +309,14 @@ def _gather(base, first, span, width, inv_t, row_max, lo, hi, gathered_ptr, keys
     more instructions a tile there, the one-byte mask alone changing lanes: 2 barriers)."""
     if LANE_SLOTS:
         LANES: tl.constexpr = 256 if TILE >= 256 else TILE  # (a power of two, as TILE)
-        ROWS: tl.constexpr = TILE // LANES
         counter = gathered_ptr + tl.zeros((LANES,), tl.int32)
-        above_mass = tl.zeros((ROWS, LANES), tl.int64)
-        # (the row-major ids of a tile: its start is added at run time, of an alignment the compiler
-        # cannot prove, so that every load is of one value, as the lane holds it: _tile_values)
-        ids = (tl.arange(0, ROWS)[:, None] * LANES + tl.arange(0, LANES)[None, :]).to(tl.int64)
+        above_mass = tl.zeros((TILE // LANES, LANES), tl.int64)
         # A searched line's values are finite or -inf (statistics with NaN or +inf end its search),
         # and -inf's key, -2139095041, lies below both bounds: no test of the values for -inf.
         lo_finite = tl.maximum(lo, -2139095040).to(tl.int32)
         hi_finite = tl.maximum(hi, -2139095041).to(tl.int32)
         for start in range(0, span, TILE):
-            tile_first = (first + start) | (width >> 31)
-            x = tl.load(base + tile_first + ids, mask=ids < width - tile_first, other=float("-inf"))
+            x = _tile_values(base, first + start, width, TILE, True, LANES)
             if RAW:
                 key = raw_key(x, False, True)
                 inside = key >= lo
