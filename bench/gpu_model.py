@@ -192,6 +192,9 @@ class Loop:
     # Of a threshold items' or search items' loop: the barriers on its path that meets the most
     # (-1: every barrier of its body, each trip), as a program takes one branch of each if.
     path_barriers: int = -1
+    # ... and on each route above, by its name ("head": a search item's body before its tail): a
+    # trip meets the barriers of the route it takes, not a share of the longest path's.
+    route_barriers: dict = field(default_factory=dict)
 
     def has(self, opcode: str) -> int:
         return sum(n for name, n in self.by_opcode.items() if name == opcode or name.startswith(opcode + "."))
@@ -493,6 +496,14 @@ def analyse(sass: str, resources: str) -> KernelCode:
             loop.around_sort = max(longest_path(own, skip, avoid=sort), 0)
             loop.through_tiles = max(longest_path(own, skip, avoid=sort, through=tiles), 0) if tiles else 0
             loop.path_barriers = longest_path(own, skip, _barrier)
+            loop.route_barriers = {
+                "around_sample": max(longest_path(own, skip, _barrier, avoid=sampling | p_sampling), 0),
+                "around_sample_top_k": max(longest_path(own, skip, _barrier, avoid=sampling | p_sampling | p_mass), 0),
+                "through_sample": max(longest_path(own, skip, _barrier, avoid=sort | p_sampling | p_mass, through=sampling), 0),
+                "through_p_sample": max(longest_path(own, skip, _barrier, avoid=sampling | sort, through=p_sampling), 0),
+                "around_sort": max(longest_path(own, skip, _barrier, avoid=sort), 0),
+                "through_tiles": max(longest_path(own, skip, _barrier, avoid=sort, through=tiles), 0),
+            }
         elif tile_loops:
             # A search item: each trip takes one branch of its body to its tile loops (one stage's),
             # and a line's last item one branch of the tail: the longest of each. The tail is the
@@ -508,6 +519,11 @@ def analyse(sass: str, resources: str) -> KernelCode:
             loop.tail_without_sort = longest_path(own, skip | head_addresses | sort | digits)
             loop.tail_top_k = max(longest_path(own, skip | head_addresses | sort, through=digits), 0) if digits else 0
             loop.path_barriers = longest_path(own, skip | tail_addresses, _barrier) + longest_path(own, skip | head_addresses, _barrier)
+            loop.route_barriers = {
+                "head": longest_path(own, skip | tail_addresses, _barrier), "tail": longest_path(own, skip | head_addresses, _barrier),
+                "tail_without_sort": longest_path(own, skip | head_addresses | sort | digits, _barrier),
+                "tail_top_k": max(longest_path(own, skip | head_addresses | sort, _barrier, through=digits), 0) if digits else 0,
+            }
             whole = head + loop.tail
         else:
             continue
@@ -1154,10 +1170,10 @@ def _search_trips(passes: list[list[dict]]) -> dict:
             "search_halvings": round(sum(q.get("halvings", 0) for q in every) / len(every), 3)}
 
 
-def _work(launch, call: Call, phase: str) -> dict:
+def _work(launch, call: Call, phase: str, first_pass: bool = False) -> dict:
     """What each program of a launch (or phase) executes: the trips of each loop kind per program
     (averaged over the programs) with the values one trip handles, bytes, and the dependent memory
-    round trips on its critical path."""
+    round trips on its critical path (``first_pass``: of the whole-line search's first pass)."""
     from specdec_ext import _triton_backend
 
     if phase in ("tree_walk", "tree_race", "block_walk", "block_race"):
@@ -1277,11 +1293,15 @@ def _work(launch, call: Call, phase: str) -> dict:
             "programs_used": programs, "most": math.ceil(per_program) / per_program,
             # the lines; the counts stored, then read; stage 3's masses zeroed, then read
             "bytes": searched * call.vocab * call.itemsize + slots * 4 * 2 + exact * slots * 8 * 2,
-            # the ticket and the acquire of the previous pass; the state; (stage 3: the zeroing
-            # stores before the barrier); the chunk's logits (loads issued together); the
+            # the ticket and the acquire of the previous pass (neither in the first pass: a program's
+            # first search ticket is drawn before the threshold items' acquire, cutoffs.py, and pass 0
+            # waits for no pass); the state; the zeroing stores before the barrier (stage 3's, where
+            # a pass takes it); the chunk's logits (loads issued together: from L2 where the call's
+            # logits fit in half of it, as the statistics launch left them, the race's rule); the
             # histogram's stores and the arrival atomic; the last item's read of the chunks'
             # histograms and its release of the pass.
-            "rounds": ["l2", "l2", "l2", "l2", "dram", "l2", "l2", "l2"],
+            "rounds": ([] if first_pass else ["l2", "l2"]) + ["l2"] + (["l2"] if exact else [])
+                      + ["l2" if _logits_bytes(call) < ASSUMPTIONS["l2_bytes"] / 2 else "dram", "l2", "l2", "l2"],
             # stage 3: a mass per binned value; a gather: a slot per gathered value (an upper bound where a
             # lane takes its values' slots with one atomic, LANE_SLOTS); an atomic raw window: a count per value inside
             "atomics": searched * call.vocab * (call.search_atomics + (call.search_window_atomics if atomic_window else 0.0)),
@@ -1290,15 +1310,21 @@ def _work(launch, call: Call, phase: str) -> dict:
     raise ValueError(phase)
 
 
-def search_tail(loop: Loop, call: Call) -> float:
+def _route(loop: Loop, name: str, barriers: bool) -> int:
+    """A route's instructions (the loop's attribute ``name``), or the barriers on it."""
+    return loop.route_barriers.get(name, loop.path_barriers) if barriers else getattr(loop, name)
+
+
+def search_tail(loop: Loop, call: Call, barriers: bool = False) -> float:
     """The instructions of a search pass's last item after its tiles, per pass (without the
     halvings of a top-p cut, a loop of its own): a top-k gather's (stage 4) through its byte
     histograms where the code has them (DIGIT_SELECT), else through its sort; any other pass's
-    (a top-p window's gather, stage 5, included: no sort) on the longest path without either."""
+    (a top-p window's gather, stage 5, included: no sort) on the longest path without either.
+    ``barriers``: the barriers on those routes instead."""
     top_k_gathers = call.search_gather_share - call.search_window_share
     by_digits = top_k_gathers if loop.tail_top_k else 0.0
-    return ((top_k_gathers - by_digits) * loop.tail + by_digits * loop.tail_top_k
-            + (1 - top_k_gathers) * (loop.tail_without_sort or loop.tail))
+    return ((top_k_gathers - by_digits) * _route(loop, "tail", barriers) + by_digits * _route(loop, "tail_top_k", barriers)
+            + (1 - top_k_gathers) * _route(loop, "tail_without_sort" if loop.tail_without_sort else "tail", barriers))
 
 
 def threshold_item_trips(loop: Loop, call: Call, trips: float) -> float:
@@ -1312,6 +1338,13 @@ def threshold_item_trips(loop: Loop, call: Call, trips: float) -> float:
     only a line whose mass lies within 2**-12 below it would sort them (the model takes none)."""
     if not (loop.around_sort and loop.instructions):
         return trips
+    return trips * sum(share * loop.instructions if route is None else share * getattr(loop, route)
+                       for share, route in threshold_routes(loop, call)) / loop.instructions
+
+
+def threshold_routes(loop: Loop, call: Call) -> list[tuple[float, str | None]]:
+    """(share of the lines, route: a Loop attribute, None for the longest path) of a threshold
+    items' loop with a sort (threshold_item_trips)."""
     p_share, k_share = call.top_p_settled_share, call.top_k_window_share
     # (where a sample may place a top-k line's first gather, the lines that do not sample go around it)
     rest = 1 - p_share - k_share
@@ -1319,9 +1352,28 @@ def threshold_item_trips(loop: Loop, call: Call, trips: float) -> float:
     p_sampled = min(call.top_p_sampled_share, rest) if loop.through_p_sample else 0.0
     sampled = min(call.sampled_share, rest - p_sampled) if loop.around_sample else rest - p_sampled
     # (a top-k line, which never tests its candidates' mass against a top-p budget before the sort)
-    around = (loop.around_sample_top_k if 0 < call.top_k < call.vocab else loop.around_sample) or loop.instructions
-    return trips * ((sampled * (loop.through_sample or loop.instructions) + (rest - p_sampled - sampled) * around + p_share * loop.through_tiles
-                     + k_share * loop.around_sort + p_sampled * loop.through_p_sample) / loop.instructions)
+    around = "around_sample_top_k" if 0 < call.top_k < call.vocab and loop.around_sample_top_k else ("around_sample" if loop.around_sample else None)
+    return [(sampled, "through_sample" if loop.through_sample else None), (rest - p_sampled - sampled, around), (p_share, "through_tiles"),
+            (k_share, "around_sort"), (p_sampled, "through_p_sample")]
+
+
+def loop_barriers(loop: Loop, kind: str, trips: float, call: Call, work: dict) -> float:
+    """The barriers a program meets in a loop over ``trips`` (loop_trips'): each trip all of its
+    body's (-1), or those of the one path a trip takes; a threshold item or a search item, those of
+    the route it takes (threshold_routes, search_tail), not the longest path's share."""
+    if loop.path_barriers < 0:
+        return loop.has("BAR") * trips
+    if not loop.route_barriers or not trips:
+        return loop.path_barriers * trips
+    if kind == "threshold ticket loop" and loop.around_sort and loop.instructions:
+        items = trips / threshold_item_trips(loop, call, 1.0)  # (the trips before their weighting by route)
+        return items * sum(share * (loop.path_barriers if route is None else loop.route_barriers.get(route, loop.path_barriers))
+                           for share, route in threshold_routes(loop, call))
+    if kind == "search ticket loop" and loop.tail and loop.instructions:
+        items, finalisers = work["loops"][kind][0], work.get("finalisers", 0.0)
+        unshared = (items * (loop.instructions - loop.tail) + finalisers * search_tail(loop, call)) / loop.instructions
+        return (items * loop.route_barriers["head"] + finalisers * search_tail(loop, call, barriers=True)) * trips / unshared
+    return loop.path_barriers * trips
 
 
 def loop_trips(launch, call: Call, phase: str, code: KernelCode) -> list[tuple[Loop, str, float, int]]:
@@ -1353,14 +1405,14 @@ def loop_trips(launch, call: Call, phase: str, code: KernelCode) -> list[tuple[L
     return found
 
 
-def estimate_launch(launch, call: Call, phase: str | None = None) -> LaunchEstimate:
+def estimate_launch(launch, call: Call, phase: str | None = None, first_pass: bool = False) -> LaunchEstimate:
     """The time of one launch, or of one phase of it (the cut-offs launch's work items over the
-    candidates, then each pass of its whole-line search)."""
+    candidates, then each pass of its whole-line search; ``first_pass``: the search's first)."""
     a = ASSUMPTIONS
     phase = phase or launch.name
     code = compiled_code(launch)
     warps = launch.num_warps
-    work = _work(launch, call, phase)
+    work = _work(launch, call, phase, first_pass)
     loops = loop_trips(launch, call, phase, code)
     # Instructions per warp: the longest path outside the loops, plus every loop's trips.
     path, barriers = code.path, code.barriers_outside_loops
@@ -1378,10 +1430,10 @@ def estimate_launch(launch, call: Call, phase: str | None = None) -> LaunchEstim
     # The pipes of what runs outside the loops: the straight-line mix, scaled to the path.
     scale = path / code.straight if code.straight else 0.0
     pipes = Counter({pipe: n * scale for pipe, n in code.straight_by_pipe.items()})
-    for loop, _, trips, _ in loops:
+    for loop, kind, trips, _ in loops:
         for pipe, n in loop.by_pipe.items():
             pipes[pipe] += n * trips
-        barriers += (loop.has("BAR") if loop.path_barriers < 0 else loop.path_barriers) * trips
+        barriers += loop_barriers(loop, kind, trips, call, work)
     hot = max(loops, key=lambda entry: entry[0].instructions * entry[2], default=None)
     if hot is not None and hot[2] == 0:
         hot = None
@@ -1407,6 +1459,8 @@ def estimate_launch(launch, call: Call, phase: str | None = None) -> LaunchEstim
         # A pass ends with its last item's tail, after that item: the program that runs it runs a
         # whole tail, though the programs share fewer than one each (per_warp's average).
         critical += max(0.0, 1.0 - work.get("finalisers", 0.0)) * search_tail(ticket, call)
+        if ticket.route_barriers:
+            barriers += max(0.0, 1.0 - work.get("finalisers", 0.0)) * search_tail(ticket, call, barriers=True)
     program_us = rounds + (critical * a["cycles_per_instruction_alone"] + barriers * a["barrier_latency_cycles"]) / clock
     if launch.name.endswith("race"):  # the last program of a row also finalises
         program_us += a["l2_latency_us"] * work["final_trips"]
@@ -1457,11 +1511,13 @@ def estimate_call(call: Call, goals: dict | None = None, baseline: CallEstimate 
             prefix = "" if launch.name == "cutoff" else launch.name + ":"
             estimates.append(estimate_launch(launch, call, prefix + "cutoff"))
             if call.whole_line:
-                passes = call.search_passes
-                search = estimate_launch(launch, call, prefix + "cutoff:search")
-                estimates += [search] * math.floor(passes)
-                if passes % 1:
-                    estimates.append(LaunchEstimate(**(asdict(search) | {"time_us": round(search.time_us * (passes % 1), 3)})))
+                # (the first pass, whose items wait for no earlier pass, then the others)
+                first = estimate_launch(launch, call, prefix + "cutoff:search", first_pass=True)
+                later = estimate_launch(launch, call, prefix + "cutoff:search")
+                for search, passes in ((first, min(call.search_passes, 1.0)), (later, max(call.search_passes - 1.0, 0.0))):
+                    estimates += [search] * math.floor(passes)
+                    if passes % 1:
+                        estimates.append(LaunchEstimate(**(asdict(search) | {"time_us": round(search.time_us * (passes % 1), 3)})))
             if prefix:
                 estimates.append(estimate_launch(launch, call, prefix + "walk"))
         else:

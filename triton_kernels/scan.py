@@ -31,7 +31,10 @@ def largest_reaching(keys, rank, DIGITS: tl.constexpr):
     step bins the keys whose higher bytes are the ones found so far by their next byte, those
     above them in the top bin, the rest in bin 0. Each bin's suffix sum from bin 1 up counts the
     keys at or above that bin's first value, so the next byte is the highest bin whose sum
-    reaches ``rank``, or 0 where none does (bin 0's sum counts every slot: it is never read)."""
+    reaches ``rank``, or 0 where none does (bin 0's sum counts every slot: it is never read).
+    Every slot lies in some bin, so a bin's suffix sum is the slots' number less the bins below
+    it: one scan a step, no sum over the bins (a block reduction less, and its barriers)."""
+    N: tl.constexpr = keys.shape[0]
     bins = tl.arange(0, 256)
     found = tl.full((), 0, keys.dtype)
     for step in tl.static_range(DIGITS):
@@ -41,7 +44,7 @@ def largest_reaching(keys, rank, DIGITS: tl.constexpr):
         else:
             higher = keys >> (shift + 8)
             byte = tl.where(higher == found, (keys >> shift) & 255, tl.where(higher > found, 255, 0)).to(tl.int32)
-        reach = from_here(tl.histogram(byte, 256)) >= rank
+        reach = before_here(tl.histogram(byte, 256)) <= N - rank  # (from_here(counts) >= rank)
         chosen = tl.max(tl.where(reach & (bins > 0), bins, 0), axis=0).to(keys.dtype)
         if step == 0:
             found = chosen - 128

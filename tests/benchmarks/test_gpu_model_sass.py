@@ -254,6 +254,56 @@ def test_a_sampled_line_goes_around_the_sort_its_branch_skips(branch):
         assert gpu_model.threshold_item_trips(loop, call, 2.0) == pytest.approx(2.0 * (sampled * 5 + (1 - sampled) * 8) / 8)
 
 
+@pytest.mark.parametrize("sampled", [0.0, 0.5, 1.0])
+def test_a_threshold_item_meets_the_barriers_of_the_route_it_takes(sampled):
+    """A barrier in the sort: a line that samples goes around the sort and meets none; any other,
+    around its sample through the sort, meets it. The barriers are the routes' own (2 items: 2 at
+    sampled share 0, none at 1), not the longest path's scaled by the instructions a route runs."""
+    sass = _SAMPLED_ITEM.replace("/*0040*/                   SEL R7, R7, R8, P3 ;", "/*0040*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;")
+    loop = next(loop for loop in gpu_model.analyse(sass, _RESOURCES).loops if loop.parent is None)
+    assert loop.path_barriers == 1
+    assert (loop.route_barriers["through_sample"], loop.route_barriers["around_sample"]) == (0, 1)
+    call = gpu_model.Call("x", 64, 8, 128256, "bf16", top_k=1000, search_fraction=1.0, sampled_share=sampled)
+    trips = gpu_model.threshold_item_trips(loop, call, 2.0)
+    assert gpu_model.loop_barriers(loop, "threshold ticket loop", trips, call, {}) == pytest.approx(2.0 * (1 - sampled))
+
+
+@pytest.mark.parametrize("gather_share", [0.0, 1.0, 0.25])
+def test_a_search_items_barriers_are_its_heads_each_item_and_its_tails_route_once_a_pass(gather_share):
+    """Every item meets its head's barriers (none here); a line's last item of a pass, its tail's: a
+    top-k gather's byte histograms (one barrier), any other pass's route none."""
+    loop = next(loop for loop in gpu_model.analyse(_DIGITS_TAIL, _RESOURCES).loops if loop.parent is None)
+    assert loop.route_barriers == {"head": 0, "tail": 1, "tail_without_sort": 0, "tail_top_k": 1}
+    call = gpu_model.Call("x", 64, 8, 128256, "bf16", top_k=1000, search_fraction=1.0, search_passes=1.0, search_gather_share=gather_share)
+    work = {"loops": {"search ticket loop": (3.0, 8192)}, "finalisers": 0.5}
+    trips = (3.0 * (loop.instructions - loop.tail) + 0.5 * gpu_model.search_tail(loop, call)) / loop.instructions
+    assert gpu_model.loop_barriers(loop, "search ticket loop", trips, call, work) == pytest.approx(0.5 * gather_share)
+    assert gpu_model.search_tail(loop, call, barriers=True) == pytest.approx(gather_share)
+
+
+@pytest.mark.parametrize("batch, exact_share", [(1, 0.0), (1, 0.3), (64, 0.0)])
+def test_the_first_search_pass_waits_for_no_pass_and_reads_lines_where_they_are(monkeypatch, batch, exact_share):
+    """A search pass's dependent round trips: the ticket and the acquire of the previous pass, but
+    in the first (a program's first search ticket is drawn before the threshold items' acquire,
+    and pass 0 waits for no pass); the zeroing stores only where a pass takes stage 3; the line
+    from L2 where the call's logits fit in half of it (B=1 K=4 float32: 4.6 MB), else from HBM
+    (B=64 K=8 float32: 558 MB)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(gpu_model, "compiled_code", lambda launch: gpu_model.analyse(_SASS, _RESOURCES))
+    monkeypatch.setattr(gpu_model, "_occupancy", lambda code, warps: 2)
+    constexprs = {"NUM_CHUNKS": 16, "CHUNK": 8192, "TILE": 2048, "BINS": 256, "SAMPLE_RUNS": 32}
+    launch = SimpleNamespace(name="cutoff", grid=(264,), constexprs=constexprs, num_warps=8, args=())
+    call = gpu_model.Call("x", batch, 8 if batch > 1 else 4, 128256, "fp32", top_k=1000, search_fraction=1.0, search_passes=2.0,
+                          search_exact_share=exact_share)
+    first = gpu_model._work(launch, call, "cutoff:search", first_pass=True)["rounds"]
+    later = gpu_model._work(launch, call, "cutoff:search")["rounds"]
+    read = "l2" if batch == 1 else "dram"
+    zeroing = ["l2"] if exact_share else []
+    assert first == ["l2"] + zeroing + [read, "l2", "l2", "l2"]
+    assert later == ["l2", "l2"] + first
+
+
 def test_items_drawn_by_ticket_charge_the_pipes_their_average_share(monkeypatch):
     """The cut-offs launch's programs draw the lines' threshold items: 1088 lines over 264 resident
     programs are 4.12 items a program for the pipes and schedulers, 5 on the slowest program's
