@@ -1252,8 +1252,10 @@ def _work(launch, call: Call, phase: str, first_pass: bool = False) -> dict:
             "programs_used": programs, "most": math.ceil(items) / items,
             "bytes": lines * (c["LINE_SLOTS"] * 4 + 2 * c["SORT"] * 4 + c["PARTS"] * 16
                               + call.top_p_window_share * call.top_p_window_steps * c.get("TOP_P_STEP", 0) * 4 + (call.sampled_share + call.top_p_sampled_share) * sample * call.itemsize),
-            # the ticket; the candidates' counts and floors with the partials; the candidates;
-            # the packed candidates through the workspace; the release of the item; then every
+            # the ticket; the row's parameters (whether a filter cuts the line); the partials, the
+            # candidates' counts and floors and their slots, loaded together (thresholds.py's
+            # _line_candidates: no slot's address waits for a count); the packed candidates through
+            # the workspace (or a sampled line's sample); the release of the item; then every
             # program's acquire that sees the last item finished, its read of the list and its exit.
             "rounds": ["l2"] * 8,
         }

@@ -439,7 +439,9 @@ def _layout(args: VerifyArgs, geo: Geometry, whole_lines: bool = True) -> dict:
 class Workspace:
     """Device buffers reused by every call on one device and CUDA stream. They only grow (by
     powers of two); a buffer once handed to a launch is kept alive, since a captured CUDA graph may
-    still point at it. ``counters`` is zeroed once: each call leaves it at zero again."""
+    still point at it. ``counters`` is zeroed once: each call leaves it at zero again. ``floats``
+    is zeroed when it grows: a threshold item loads a line's candidate slots whole, past their
+    counts (thresholds.py's _line_candidates), so no slot it reads was never written."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -452,7 +454,7 @@ class Workspace:
         with torch.inference_mode(False):
             if self.floats.numel() < sizes.floats:
                 self.retired.append(self.floats)
-                self.floats = torch.empty(_next_power_of_2(sizes.floats), dtype=torch.float32, device=self.device)
+                self.floats = torch.zeros(_next_power_of_2(sizes.floats), dtype=torch.float32, device=self.device)
             if self.ints.numel() < sizes.ints:
                 self.retired.append(self.ints)
                 self.ints = torch.empty(_next_power_of_2(sizes.ints), dtype=torch.int32, device=self.device)

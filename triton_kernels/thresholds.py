@@ -38,15 +38,18 @@ from .stats import filter_of, histogrammed
 @triton.jit
 def _line_candidates(line, parts, cand_ptr, cand_count_ptr, PARTS: tl.constexpr, LINE_SLOTS: tl.constexpr):
     """(values, keys) of a line's candidates in its LINE_SLOTS slots, each part's quota of them
-    (the scaled values, 0.0 in the slots no candidate fills, and their order keys, -2**31 there)."""
+    (the scaled values, and their order keys, -2**31 in the slots no candidate fills: a value
+    counts only where its key says so). The parts' slots are loaded with their counts, not after
+    them (no load waits for a count: one dependent round trip fewer); the slots past a part's
+    count hold an earlier call's values, or the workspace's zeros, and their keys are masked here."""
     line64 = line.to(tl.int64)
     quota = LINE_SLOTS // parts
     slots = tl.arange(0, LINE_SLOTS)
     slot_part = slots // quota
     used = tl.load(cand_count_ptr + line64 * PARTS + slot_part, mask=slot_part < parts, other=0)
+    loaded = tl.load(cand_ptr + line64 * LINE_SLOTS + slots, mask=slot_part < parts, other=0.0)
     valid = (slot_part < parts) & (slots - slot_part * quota < used)
-    values = tl.load(cand_ptr + line64 * LINE_SLOTS + slots, mask=valid, other=0.0)
-    return values, tl.where(valid, order_key(values), -2147483648)
+    return loaded, tl.where(valid, order_key(loaded), -2147483648)
 
 
 @triton.jit

@@ -1067,6 +1067,26 @@ def _call_buffers(args, **geometry):
     return _triton_backend.buffers(ws.floats, ws.ints, ws.counters, layout, args.batch, geo.line_slots, geo.sort), layout
 
 
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), 1e30])
+def test_candidate_slots_past_their_counts_change_no_cut(poison):
+    """A threshold item loads a line's candidate slots whole, with their counts (no slot's address
+    waits for a count), and masks the slots past each part's count: slots left holding NaN, +inf or
+    a value above every candidate change no cut, settled among the candidates or by the search."""
+    g = torch.Generator().manual_seed(11)
+    target = 2 * torch.randn(2, 3, 3000, generator=g)
+    tokens = torch.zeros(2, 2, dtype=torch.int64)
+    for params in ({"temperature": 0.7, "top_k": 50, "top_p": 0.8}, {"top_k": 900}):
+        kw = {"temperature": 1.0, "top_k": None, "top_p": None, "num_draft_tokens": None} | params
+        args = _params.validate_verify(target, None, tokens, generator=None, check=False, **kw)
+        _triton_backend.verify(args, 0, **_PARTS)  # (the workspace sized for the call)
+        bufs, _ = _call_buffers(args, **_PARTS)
+        bufs.cand.fill_(poison)
+        got, resolved = _triton_thresholds(args, **_PARTS)
+        assert torch.equal(got, _reference_thresholds(args)), (params, got.tolist())
+        assert bool((resolved == (1 if "top_p" in params else 0)).any())  # (settled among the candidates; top-k 900: by the search)
+        assert_same(_triton_backend.verify(args, 0, **_PARTS), verify_eager(args, 0))
+
+
 def _top_p_window_bounds(args, **geometry) -> torch.Tensor:
     """(lines, 3): each line's top-p window bounds as its statistics left them (lo, zero_lo,
     zero_span; lo -2**31: not counted), read from the call's workspace after a call."""
