@@ -424,6 +424,13 @@ def _barrier(instruction: Instruction) -> bool:
     return instruction.base == "BAR"
 
 
+def _route_lengths(body: list[Instruction], cold: set[int], avoid: frozenset = frozenset(), through: frozenset = frozenset()) -> tuple[int, int]:
+    """(instructions, barriers) on a route's longest path (longest_path's arguments), 0 where no
+    path is left."""
+    return (max(longest_path(body, cold, avoid=avoid, through=through), 0),
+            max(longest_path(body, cold, _barrier, avoid=avoid, through=through), 0))
+
+
 def sample_loop(loop: Loop) -> str | None:
     """The sample a threshold item's inner loop bisects, read from its code: none when it loads
     (a tile loop); a top-p sample's ("top-p") when it exponentiates (a 16-bit raw window's: the
@@ -482,28 +489,25 @@ def analyse(sass: str, resources: str) -> KernelCode:
             digits = histogram_blocks(own, skip)
             p_digits = digits & reached_from(own, p_sampling)
             sampling, p_sampling = sampling | (digits - p_digits), p_sampling | p_digits
-            loop.around_sample = max(longest_path(own, skip, avoid=sampling | p_sampling), 0) if sampling | p_sampling else 0
             # (a top-p line's candidates' mass tested against its budget before they would be sorted:
             # float64 tests on the way to the sort, which no top-k line takes)
             before_sort = reaching(own, sort) - sort - sampling - p_sampling
             p_mass = frozenset(i.address for block in basic_blocks(own)[0] if any(i.base == "DSETP" and i.address in before_sort for i in block)
                                for i in block)
-            loop.around_sample_top_k = max(longest_path(own, skip, avoid=sampling | p_sampling | p_mass), 0) if sampling | p_sampling else 0
-            # (a top-k line that samples leaves its candidates unsorted: around the sort, through its sample)
-            loop.through_sample = max(longest_path(own, skip, avoid=sort | p_sampling | p_mass, through=sampling), 0) if sampling else 0
-            # (a top-p line that samples has candidates short of its budget: around the sort, through its sample)
-            loop.through_p_sample = max(longest_path(own, skip, avoid=sampling | sort, through=p_sampling), 0) if p_sampling else 0
-            loop.around_sort = max(longest_path(own, skip, avoid=sort), 0)
-            loop.through_tiles = max(longest_path(own, skip, avoid=sort, through=tiles), 0) if tiles else 0
-            loop.path_barriers = longest_path(own, skip, _barrier)
-            loop.route_barriers = {
-                "around_sample": max(longest_path(own, skip, _barrier, avoid=sampling | p_sampling), 0),
-                "around_sample_top_k": max(longest_path(own, skip, _barrier, avoid=sampling | p_sampling | p_mass), 0),
-                "through_sample": max(longest_path(own, skip, _barrier, avoid=sort | p_sampling | p_mass, through=sampling), 0),
-                "through_p_sample": max(longest_path(own, skip, _barrier, avoid=sampling | sort, through=p_sampling), 0),
-                "around_sort": max(longest_path(own, skip, _barrier, avoid=sort), 0),
-                "through_tiles": max(longest_path(own, skip, _barrier, avoid=sort, through=tiles), 0),
+            routes = {  # (avoid, through, whether the code has the route) of each route a line may take
+                "around_sample": (sampling | p_sampling, frozenset(), sampling | p_sampling),
+                "around_sample_top_k": (sampling | p_sampling | p_mass, frozenset(), sampling | p_sampling),
+                # (a top-k line that samples leaves its candidates unsorted: around the sort, through its sample)
+                "through_sample": (sort | p_sampling | p_mass, sampling, sampling),
+                # (a top-p line that samples has candidates short of its budget: around the sort, through its sample)
+                "through_p_sample": (sampling | sort, p_sampling, p_sampling),
+                "around_sort": (sort, frozenset(), True),
+                "through_tiles": (sort, tiles, tiles),
             }
+            for name, (avoid, through, present) in routes.items():
+                length, loop.route_barriers[name] = _route_lengths(own, skip, avoid, through) if present else (0, 0)
+                setattr(loop, name, length)
+            loop.path_barriers = longest_path(own, skip, _barrier)
         elif tile_loops:
             # A search item: each trip takes one branch of its body to its tile loops (one stage's),
             # and a line's last item one branch of the tail: the longest of each. The tail is the
@@ -513,17 +517,13 @@ def analyse(sass: str, resources: str) -> KernelCode:
             tail_addresses = (reached_from(own, tiles) - reaching(own, tiles)) - skip
             head_addresses = {i.address for i in own} - tail_addresses
             tail = [i for i in own if i.address in tail_addresses]
-            head = longest_path(own, skip | tail_addresses)
-            loop.tail = longest_path(own, skip | head_addresses)
+            head, head_barriers = _route_lengths(own, skip | tail_addresses)
+            loop.tail, tail_barriers = _route_lengths(own, skip | head_addresses)
             sort, digits = sorted_blocks(tail), histogram_blocks(tail, skip)
-            loop.tail_without_sort = longest_path(own, skip | head_addresses | sort | digits)
-            loop.tail_top_k = max(longest_path(own, skip | head_addresses | sort, through=digits), 0) if digits else 0
-            loop.path_barriers = longest_path(own, skip | tail_addresses, _barrier) + longest_path(own, skip | head_addresses, _barrier)
-            loop.route_barriers = {
-                "head": longest_path(own, skip | tail_addresses, _barrier), "tail": longest_path(own, skip | head_addresses, _barrier),
-                "tail_without_sort": longest_path(own, skip | head_addresses | sort | digits, _barrier),
-                "tail_top_k": max(longest_path(own, skip | head_addresses | sort, _barrier, through=digits), 0) if digits else 0,
-            }
+            loop.tail_without_sort, without_sort_barriers = _route_lengths(own, skip | head_addresses | sort | digits)
+            loop.tail_top_k, top_k_barriers = _route_lengths(own, skip | head_addresses | sort, through=digits) if digits else (0, 0)
+            loop.path_barriers = head_barriers + tail_barriers
+            loop.route_barriers = {"head": head_barriers, "tail": tail_barriers, "tail_without_sort": without_sort_barriers, "tail_top_k": top_k_barriers}
             whole = head + loop.tail
         else:
             continue
@@ -1329,6 +1329,12 @@ def search_tail(loop: Loop, call: Call, barriers: bool = False) -> float:
             + (1 - top_k_gathers) * _route(loop, "tail_without_sort" if loop.tail_without_sort else "tail", barriers))
 
 
+def search_item_trips(loop: Loop, call: Call, items: float, finalisers: float) -> float:
+    """A search items' loop's trips, weighted as its longest path: every item runs the body's
+    head, only a line's last item of a pass its tail (search_tail)."""
+    return (items * (loop.instructions - loop.tail) + finalisers * search_tail(loop, call)) / loop.instructions
+
+
 def threshold_item_trips(loop: Loop, call: Call, trips: float) -> float:
     """The threshold items' trips, weighted as their loop's longest path: a line cut before its
     candidates are sorted goes around the sort, through the top-p window's steps where that
@@ -1373,8 +1379,8 @@ def loop_barriers(loop: Loop, kind: str, trips: float, call: Call, work: dict) -
                            for share, route in threshold_routes(loop, call))
     if kind == "search ticket loop" and loop.tail and loop.instructions:
         items, finalisers = work["loops"][kind][0], work.get("finalisers", 0.0)
-        unshared = (items * (loop.instructions - loop.tail) + finalisers * search_tail(loop, call)) / loop.instructions
-        return (items * loop.route_barriers["head"] + finalisers * search_tail(loop, call, barriers=True)) * trips / unshared
+        shared = search_item_trips(loop, call, items, finalisers) / trips  # (the copies of the loop that share its trips)
+        return (items * loop.route_barriers["head"] + finalisers * search_tail(loop, call, barriers=True)) / shared
     return loop.path_barriers * trips
 
 
@@ -1391,8 +1397,7 @@ def loop_trips(launch, call: Call, phase: str, code: KernelCode) -> list[tuple[L
             raise ValueError(f"{launch.name}: a loop the model does not know at {loop.start:#x}-{loop.end:#x} ({loop.instructions} instructions)")
         trips, values = work["loops"].get(kind, (0.0, 0))
         if kind == "search ticket loop" and loop.tail and loop.instructions:
-            # Every item runs the body's head; only a line's last item of a pass its tail.
-            trips = (trips * (loop.instructions - loop.tail) + work.get("finalisers", 0.0) * search_tail(loop, call)) / loop.instructions
+            trips = search_item_trips(loop, call, trips, work.get("finalisers", 0.0))
         if kind == "threshold ticket loop":
             trips = threshold_item_trips(loop, call, trips)
         trips /= sample_steps_per_trip(loop, kind)
