@@ -1304,8 +1304,8 @@ def _work(launch, call: Call, phase: str, first_pass: bool = False) -> dict:
             # histograms and its release of the pass.
             "rounds": ([] if first_pass else ["l2", "l2"]) + ["l2"] + (["l2"] if exact else [])
                       + ["l2" if _logits_bytes(call) < ASSUMPTIONS["l2_bytes"] / 2 else "dram", "l2", "l2", "l2"],
-            # stage 3: a mass per binned value; a gather: a slot per gathered value (an upper bound where a
-            # lane takes its values' slots with one atomic, LANE_SLOTS); an atomic raw window: a count per value inside
+            # stage 3: a mass per binned value; a gather: a slot per gathered value (an upper bound: a
+            # lane takes its values' slots with one atomic); an atomic raw window: a count per value inside
             "atomics": searched * call.vocab * (call.search_atomics + (call.search_window_atomics if atomic_window else 0.0)),
             "finalisers": searched / programs,  # a line's last item of the pass: its next pass (a gather's: a sort of GATHER keys)
         }

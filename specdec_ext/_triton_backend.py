@@ -554,6 +554,17 @@ def _lanes(dtype: torch.dtype, tile: int) -> tuple[int, int]:
     return lanes, tile // lanes
 
 
+def vector_lines(args: VerifyArgs) -> bool:
+    """Whether every line of the call, the target's and the draft's, holds a multiple of 16 values
+    and starts a multiple of 16 values from its tensor's first (its batch and position strides):
+    then a line's tiles load 16 bytes a lane (Triton specialises such arguments, and a tensor's
+    storage starts on 16 bytes), which a search item's gather keeps in the lane that loaded them
+    (select.py's _gather, where tl.histogram is warp ballots). A view that starts elsewhere gives
+    the same results, its gathers' vectors moved through shared memory."""
+    lines = [args.target_logits] + ([args.draft_logits] if args.draft_logits is not None else [])
+    return all(x.shape[-1] % 16 == 0 and all(stride % 16 == 0 for stride in x.stride()[:-1]) for x in lines)
+
+
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -681,7 +692,7 @@ def line_templates(args: VerifyArgs, geo: Geometry, bufs: Buffers, layout: dict)
          "NUM_CHUNKS": sc, "CHUNK": geo.select_chunk, "TILE": geo.select_tile, "BINS": SELECT_BINS, "PASSES": SELECT_PASSES,
          "GATHER": gather_slots(sc, geo.select_gather), "WINDOW_GATHER": gather_slots(sc, (2 if geo.digit_select else 1) * geo.select_gather), "HISTOGRAM_TOP_K": geo.histogram_top_k, "KEY_WINDOW": geo.key_window,
          "TOP_P_BINS": layout["top_p_bins"], "TOP_P_STEP": TOP_P_WINDOW_STEP, "SAMPLE_RUNS": geo.sample_runs, "SAMPLE_RUN": SAMPLE_RUN,
-         "DIGIT_SELECT": geo.digit_select, "maxnreg": 128},
+         "DIGIT_SELECT": geo.digit_select, "VECTOR_LINES": vector_lines(args), "maxnreg": 128},
         CUTOFF_WARPS,
     )
     return [line_stats(1), cutoff]

@@ -45,7 +45,7 @@ def cutoff_items(
     CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr, PASSES: tl.constexpr, GATHER: tl.constexpr, WINDOW_GATHER: tl.constexpr,
     HISTOGRAM_TOP_K: tl.constexpr,
     KEY_WINDOW: tl.constexpr, TOP_P_BINS: tl.constexpr, TOP_P_STEP: tl.constexpr, SAMPLE_RUNS: tl.constexpr, SAMPLE_RUN: tl.constexpr,
-    DIGIT_SELECT: tl.constexpr, WINDOW_ATOMICS: tl.constexpr = True,
+    DIGIT_SELECT: tl.constexpr, VECTOR_LINES: tl.constexpr, WINDOW_ATOMICS: tl.constexpr = True,
 ):
     """The threshold and search items of a program (arguments as cutoff_kernel's); returns
     (the program's first ticket past them, where the items after them start). WINDOW_ATOMICS
@@ -82,7 +82,7 @@ def cutoff_items(
             target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, temperature_ptr, top_k_ptr, top_p_ptr, state_ptr, state_f_ptr, part_count_ptr,
             part_mass_ptr, counter_ptr, progress_ptr, control_ptr + 3, line, slot % runs, merge, search_pass, batch, K, V, Vd, t_stride_b, t_stride_k,
             d_stride_b, d_stride_k, t_parts, d_parts, NUM_CHUNKS, HAS_DRAFT, CHUNK, TILE, BINS, PASSES, PARTS, PP, GATHER, WINDOW_GATHER, SAMPLE_RUNS,
-            DIGIT_SELECT, WINDOW_ATOMICS,
+            DIGIT_SELECT, VECTOR_LINES, WINDOW_ATOMICS,
         )
         ticket = tl.atomic_add(control_ptr, 1, sem="relaxed", scope="gpu")
     return ticket, lines + PASSES * per_pass
@@ -165,12 +165,13 @@ def cutoff_kernel(
     SAMPLE_RUNS: tl.constexpr,  # 0, or the runs of a line's sample that places its first gather or raw window (thresholds.py)
     SAMPLE_RUN: tl.constexpr,  # consecutive ids a run
     DIGIT_SELECT: tl.constexpr,  # ranks by byte histograms (a sample's, a top-k gather's: where tl.histogram is shared-memory atomics)
+    VECTOR_LINES: tl.constexpr,  # every line holds a multiple of 16 values and starts 16 of them apart (_triton_backend.vector_lines)
 ):
     cutoff_items(
         target_ptr, draft_ptr, tau_ptr, part_m_ptr, part_z_ptr, state_ptr, state_f_ptr, progress_ptr, part_count_ptr, part_mass_ptr, counter_ptr,
         control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
         sort_ptr, hist_ptr, window_ptr, top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
         HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES, GATHER, WINDOW_GATHER, HISTOGRAM_TOP_K, KEY_WINDOW, TOP_P_BINS,
-        TOP_P_STEP, SAMPLE_RUNS, SAMPLE_RUN, DIGIT_SELECT,
+        TOP_P_STEP, SAMPLE_RUNS, SAMPLE_RUN, DIGIT_SELECT, VECTOR_LINES,
     )
     cutoff_exit(control_ptr)

@@ -145,6 +145,24 @@ def raw_key(x, BF16: tl.constexpr, BITS: tl.constexpr = False):
 
 
 @triton.jit
+def raw_bits_reaching(lo):
+    """(first, span): the bits of 16-bit floats (zero-extended to int32) whose raw key is at least
+    ``lo`` are those with ``(bits - first)`` at most ``span`` as unsigned 32-bit integers. The raw
+    keys take the positive floats' bits in order, then the negative floats' backwards: from
+    ``lo >= 0`` the bits lo .. 32767, from a negative lo the bits 0 up to lo's negative float's
+    (and from lo above 32767 none: a first of 65536 puts every float's bits past any span of 0)."""
+    first = tl.where(lo > 32767, 65536, tl.where(lo >= 0, lo, 0))
+    span = tl.where(lo > 32767, 0, tl.where(lo >= 0, 32767 - lo, (lo ^ 0x7FFF) & 0xFFFF))
+    return first, span.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def bits_scaled(bits, inv_t, DTYPE: tl.constexpr):
+    """The scaled value (as a tile computes it) of the 16-bit float of DTYPE with ``bits`` (zero-extended)."""
+    return bits.to(tl.int16).to(DTYPE, bitcast=True).to(tl.float32) * inv_t
+
+
+@triton.jit
 def raw_scaled(key, inv_t, DTYPE: tl.constexpr):
     """The scaled value (as a tile computes it) of the 16-bit float of DTYPE with raw key ``key``."""
     bits = tl.where(key >= 0, key, key ^ 0x7FFF).to(tl.int16)

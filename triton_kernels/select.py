@@ -88,7 +88,7 @@ check the kernel takes them).
 import triton
 import triton.language as tl
 
-from .random import exp, key_to_float, order_key, raw_key, raw_scaled
+from .random import bits_scaled, exp, key_to_float, order_key, raw_bits_reaching, raw_key, raw_scaled
 from .scan import before_here, from_here, largest_reaching
 from .stats import line_of
 
@@ -162,19 +162,20 @@ def top_p_stage(lo, hi):
 @triton.jit
 def _tile_values(base, first, width, TILE: tl.constexpr, SCATTERED: tl.constexpr, LANES: tl.constexpr = 0):
     """The logits of ids first .. first + TILE - 1 (-inf from ``width``). SCATTERED, a tile whose
-    values go to atomics and to the slots they return (a gather's scaled keys, a mass histogram's
-    masses, a raw window's counts by atomics): loaded one value a lane, as those atomics and stores hold
-    them, so that no value changes lanes. Two things make the compiler choose that layout: the ids
-    form a (TILE, 1) column (it gives every access of one shape in a kernel the widest vector
+    values go to atomics of their own (a mass histogram's masses; a gather's or a raw window's
+    where the lines are not aligned): loaded one value a lane, as those atomics hold them, so that
+    no value changes lanes. Two things make the compiler choose that layout: the ids form a
+    (TILE, 1) column (it gives every access of one shape in a kernel the widest vector
     among them, and the kernel's 1-D loads of TILE keys take four a lane), and the tile starts at
     ``first | (width >> 31)``, first at run time (a width is positive) but of an alignment it
     cannot prove. A warp still reads 32 consecutive values, from one base with constant offsets.
-    Loaded in vectors, the values would go to the atomics' layout through shared memory: 6
-    barriers a tile (tests/support/triton_compile_check.py's ``converted_scatters``). LANES (a
-    gather's lane slots): the tile as TILE // LANES rows of LANES ids, the same way, each lane a
-    column."""
+    Loaded in vectors as a 1-D tile, the values would go to the atomics' layout through shared
+    memory: 6 barriers a tile (tests/support/triton_compile_check.py's ``converted_scatters``).
+    LANES (a gather's lane runs, a raw window's vectors): the tile as TILE // LANES rows of LANES ids; SCATTERED, the same way, each
+    lane a column; else from ``first`` as it is, each lane a row (a 16-byte vector where LANES
+    values fill one and the lines are aligned: search_item's VECTOR_LINES)."""
     if LANES > 0:
-        start = first | (width >> 31)
+        start = (first | (width >> 31)) if SCATTERED else first
         ids = (tl.arange(0, TILE // LANES)[:, None] * LANES + tl.arange(0, LANES)[None, :]).to(tl.int64)
         x = tl.load(base + start + ids, mask=ids < width - start, other=float("-inf"))
     elif SCATTERED:
@@ -259,19 +260,22 @@ def _histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, t0, scal
 
 
 @triton.jit
-def _atomic_raw_window(base, first, span, width, inv_t, row_max, lo, count_ptr, TILE: tl.constexpr):
+def _atomic_raw_window(base, first, span, width, inv_t, row_max, lo, count_ptr, TILE: tl.constexpr, VECTORS: tl.constexpr):
     """A raw window's pass (stage 8: the 256 single raw keys from ``lo`` of a 16-bit line) where
     tl.histogram is warp ballots (SAMPLE_RUNS), which would bin every value of the line: each value
     inside adds its count by a global atomic into the item's zeroed slice ``count_ptr`` (a few of
     the line's values), those above sum their fixed-point mass in registers. Returns that mass
-    (values -inf once scaled weigh 0 wherever their keys fall)."""
-    above_mass = tl.zeros((TILE,), tl.int64)
+    (values -inf once scaled weigh 0 wherever their keys fall). Each value stays in the lane that
+    loaded it: a lane's 16-byte vector where the lines allow such loads (VECTORS), else one value
+    (``_tile_values``)."""
+    COLUMNS: tl.constexpr = 8 if VECTORS else 1
+    above_mass = tl.zeros((TILE // COLUMNS, COLUMNS), tl.int64)
     for start in range(0, span, TILE):
-        x = _tile_values(base, first + start, width, TILE, True)
+        x = _tile_values(base, first + start, width, TILE, COLUMNS == 1, COLUMNS)
         offset = raw_key(x, x.dtype == tl.bfloat16) - lo.to(tl.int32)  # (a bf16's from its float32 bits, which the mass needs too)
         tl.atomic_add(count_ptr + offset, 1, mask=offset.to(tl.uint32, bitcast=True) < 256, sem="relaxed")
         above_mass += fixed_mass_where(x.to(tl.float32) * inv_t, row_max, offset > 255)
-    return tl.sum(above_mass, axis=0)
+    return tl.sum(tl.sum(above_mass, axis=1), axis=0)
 
 
 @triton.jit
@@ -294,58 +298,56 @@ def _key_histogram(base, first, span, width, inv_t, row_max, lo, hi, shift, raw,
 
 @triton.jit
 def _gather(base, first, span, width, inv_t, row_max, lo, hi, gathered_ptr, keys_ptr, TILE: tl.constexpr, GATHER: tl.constexpr,
-            ABOVE: tl.constexpr, RAW: tl.constexpr = False, LANE_SLOTS: tl.constexpr = True):
-    """The item's finite values (``span`` from ``first``) with key in [lo, hi] written to the line's GATHER key slots (a slot
-    each from the line's counter; those past GATHER only counted); returns the fixed-point mass of
-    the keys above hi (with ABOVE; without, hi is the line max: none). RAW (a 16-bit line's top-k
-    gather, hi the line max): ``lo`` is the lowest raw key of the set (``_raw_floor``), tested and
-    written from the logits' bits alone (``_resolve`` scales the few gathered).
-    LANE_SLOTS (Triton 3.8 and later, DIGIT_SELECT's versions): a tile is TILE // 256 rows of 256
-    ids, each lane holding a column of it in its registers (one value a lane, so no value changes
-    lanes between the loads, the atomic and the stores): a lane takes its values' slots with one
-    atomic on the line's counter, a run from the slot it returns. Triton 3.6 and 3.7 would move
-    those columns through shared memory (6 barriers a tile): there each value takes its slot by an
-    atomic of its own (``_tile_values``), a raw tile loaded in vectors (one value a lane took 26
-    more instructions a tile there, the one-byte mask alone changing lanes: 2 barriers)."""
+            ABOVE: tl.constexpr, RAW: tl.constexpr = False, LANE_SLOTS: tl.constexpr = True, VECTORS: tl.constexpr = True):
+    """The item's finite values (``span`` from ``first``) with key in [lo, hi] written to the line's
+    GATHER key slots (a slot each from the line's counter; those past GATHER only counted); returns
+    the fixed-point mass of the keys above hi (with ABOVE; without, hi is the line max: none). RAW
+    (a 16-bit line's top-k gather, hi the line max): ``lo`` is the lowest raw key of the set
+    (``_raw_floor``); a value's bits are tested by one unsigned range (``raw_bits_reaching``) and
+    written as they are (``_resolve`` scales the few gathered).
+    A lane takes its values' slots with one atomic on the line's counter (the sum of its values
+    inside), a run from the slot it returns, so that no value changes lanes between the loads, the
+    atomic and the stores. LANE_SLOTS (Triton 3.8 and later, DIGIT_SELECT's versions): a tile is
+    TILE // 256 rows of 256 ids, each lane holding a column of it (``_tile_values``). Triton 3.6
+    and 3.7 would move those columns through shared memory (6 barriers a tile), and 3.9 would move
+    a vector's: there a lane holds the values of its 16-byte load (rows of COLUMNS ids), its run
+    along the row, where the lines allow such loads (VECTORS: search_item's VECTOR_LINES), else
+    one value (a run of one: an atomic a value inside)."""
     if LANE_SLOTS:
-        LANES: tl.constexpr = 256 if TILE >= 256 else TILE  # (a power of two, as TILE)
-        counter = gathered_ptr + tl.zeros((LANES,), tl.int32)
-        above_mass = tl.zeros((TILE // LANES, LANES), tl.int64)
-        # A searched line's values are finite or -inf (statistics with NaN or +inf end its search),
-        # and -inf's key, -2139095041, lies below both bounds: no test of the values for -inf.
-        lo_finite = tl.maximum(lo, -2139095040).to(tl.int32)
-        hi_finite = tl.maximum(hi, -2139095041).to(tl.int32)
-        for start in range(0, span, TILE):
-            x = _tile_values(base, first + start, width, TILE, True, LANES)
-            if RAW:
-                key = raw_key(x, False, True)
-                inside = key >= lo
-            else:
-                s = x.to(tl.float32) * inv_t
-                key = order_key(s)
-                inside = (key >= lo_finite) & (key <= hi.to(tl.int32))
-                if ABOVE:
-                    above_mass += fixed_mass_where(s, row_max, key > hi_finite)
-            ones = inside.to(tl.int32)
-            taken = tl.sum(ones, axis=0)  # (in the lane's registers)
-            lane_first = tl.atomic_add(counter, taken, mask=taken > 0, sem="relaxed")
-            slot = lane_first[None, :] + tl.cumsum(ones, axis=0) - ones
-            tl.store(keys_ptr + slot, key, mask=inside & (slot < GATHER))
-        return tl.sum(tl.sum(above_mass, axis=0), axis=0)
+        COLUMNS: tl.constexpr = 256 if TILE >= 256 else TILE  # (a power of two, as TILE)
+        RUN_AXIS: tl.constexpr = 0
+        RUNS: tl.constexpr = COLUMNS
     else:
-        counter = gathered_ptr + tl.zeros((TILE,), tl.int32)
-        above_mass = tl.zeros((TILE,), tl.int64)
-        for start in range(0, span, TILE):
-            if RAW:
-                key = raw_key(_tile_values(base, first + start, width, TILE, False), False, True)
-                inside = key >= lo
-            else:
-                s, key, inside, above = _tile(base, first + start, width, inv_t, lo.to(tl.int32), hi.to(tl.int32), TILE, SCATTERED=True)
-            slot = tl.atomic_add(counter, 1, mask=inside, sem="relaxed")
-            tl.store(keys_ptr + slot, key, mask=inside & (slot < GATHER))
+        COLUMNS: tl.constexpr = 128 // base.dtype.element_ty.primitive_bitwidth if VECTORS else 1  # values in a lane's 16-byte load
+        RUN_AXIS: tl.constexpr = 1
+        RUNS: tl.constexpr = TILE // COLUMNS
+    counter = gathered_ptr + tl.zeros((RUNS,), tl.int32)
+    above_mass = tl.zeros((TILE // COLUMNS, COLUMNS), tl.int64)
+    # A searched line's values are finite or -inf (statistics with NaN or +inf end its search),
+    # and -inf's key, -2139095041, lies below both bounds: no test of the values for -inf.
+    lo_finite = tl.maximum(lo, -2139095040).to(tl.int32)
+    hi_finite = tl.maximum(hi, -2139095041).to(tl.int32)
+    bits_from, bits_span = raw_bits_reaching(lo.to(tl.int32))
+    for start in range(0, span, TILE):
+        if LANE_SLOTS:
+            x = _tile_values(base, first + start, width, TILE, True, COLUMNS)
+        else:
+            x = _tile_values(base, first + start, width, TILE, COLUMNS == 1, COLUMNS)  # (a column of one value a lane: SCATTERED)
+        if RAW:  # (bf16 or fp16)
+            key = x.to(tl.uint16, bitcast=True).to(tl.int32)  # (its bits)
+            inside = (key - bits_from).to(tl.uint32, bitcast=True) <= bits_span
+        else:
+            s = x.to(tl.float32) * inv_t
+            key = order_key(s)
+            inside = (key >= lo_finite) & (key <= hi.to(tl.int32))
             if ABOVE:
-                above_mass += fixed_mass_where(s, row_max, above)  # (a value above hi is finite)
-        return tl.sum(above_mass, axis=0)
+                above_mass += fixed_mass_where(s, row_max, key > hi_finite)
+        ones = inside.to(tl.int32)
+        taken = tl.sum(ones, axis=RUN_AXIS)  # (in the lane's registers)
+        lane_first = tl.atomic_add(counter, taken, mask=taken > 0, sem="relaxed")
+        slot = tl.expand_dims(lane_first, RUN_AXIS) + tl.cumsum(ones, axis=RUN_AXIS) - 1  # (where inside)
+        tl.store(keys_ptr + slot, key, mask=inside & (slot < GATHER))
+    return tl.sum(tl.sum(above_mass, axis=1), axis=0)
 
 
 @triton.jit
@@ -551,7 +553,7 @@ def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budge
             held = tl.arange(0, GATHER) < n
             top_keys = tl.load(keys_ptr + tl.arange(0, GATHER), mask=held, other=-2147483648, cache_modifier=".cg")
             if RAW16:
-                top_keys = tl.where(held, order_key(raw_scaled(top_keys, inv_t, DTYPE)), top_keys)
+                top_keys = tl.where(held, order_key(bits_scaled(top_keys, inv_t, DTYPE)), top_keys)
             k_key = largest_reaching(top_keys, top_k, 4)
             kept = tl.where(top_keys >= k_key, fixed_mass(key_to_float(top_keys), row_max), 0)  # (0 for the empty slots: NaN keys)
             kept_mass = above_mass + tl.sum(kept, axis=0)
@@ -571,7 +573,7 @@ def _resolve(keys_ptr, n, above_mass, row_max, stage, top_k, top_p, use_p, budge
         keys = tl.load(keys_ptr + slot, mask=slot < n, other=-2147483648, cache_modifier=".cg")
         if RAW16:
             if stage == 4:
-                keys = tl.where(slot < n, order_key(raw_scaled(keys, inv_t, DTYPE)), keys)
+                keys = tl.where(slot < n, order_key(bits_scaled(keys, inv_t, DTYPE)), keys)
         keys = tl.sort(keys, descending=True)
         weights = fixed_mass(key_to_float(keys), row_max)  # (0 for the empty slots: NaN keys)
         k_key = tl.full((), -2147483648, tl.int32)
@@ -618,6 +620,7 @@ def _select_pass(
     BINS: tl.constexpr, PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr, WINDOW_GATHER: tl.constexpr,
     ATOMIC_WINDOW: tl.constexpr,
     DIGIT_SELECT: tl.constexpr,
+    VECTOR_LINES: tl.constexpr,
 ):
     """One item of a search pass (``span`` values of the line from chunk * span: a chunk, or a run of
     chunks, see cutoffs.py), and the next pass's plan by the last of them (see the module docstring)."""
@@ -663,17 +666,19 @@ def _select_pass(
         if ATOMIC_WINDOW:
             tl.store(part_count_ptr + own + slots, tl.zeros((2 * BINS,), tl.int32), mask=slots < BINS)
             tl.debug_barrier()  # the zeros precede every thread's atomics
-            above_mass = _atomic_raw_window(base, chunk * span, span, width, inv_t, row_max, lo, part_count_ptr + own, TILE)
+            above_mass = _atomic_raw_window(base, chunk * span, span, width, inv_t, row_max, lo, part_count_ptr + own, TILE, VECTOR_LINES)
             tl.store(part_count_ptr + own + BINS, 0)
     elif stage == 4:  # a top-k gather: hi is the line max
         if RAW16:
             # (DIGIT_SELECT: tl.histogram takes shared-memory atomics, Triton 3.8 on by default)
             above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, _raw_floor(lo, inv_t, DTYPE), hi, state + 6, keys_ptr, TILE, GATHER,
-                                 False, True, DIGIT_SELECT)
+                                 False, True, DIGIT_SELECT, VECTOR_LINES)
         else:
-            above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, GATHER, False, False, DIGIT_SELECT)
+            above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, GATHER, False, False, DIGIT_SELECT,
+                                 VECTOR_LINES)
     elif stage == 5:
-        above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, WINDOW_GATHER, True, False, DIGIT_SELECT)
+        above_mass = _gather(base, chunk * span, span, width, inv_t, row_max, lo, hi, state + 6, keys_ptr, TILE, WINDOW_GATHER, True, False, DIGIT_SELECT,
+                             VECTOR_LINES)
     else:
         if stage == 3:
             tl.store(part_mass_ptr + own + slots, tl.zeros((2 * BINS,), tl.int64), mask=slots < BINS)
@@ -881,6 +886,7 @@ def search_item(
     t_parts, d_parts, NUM_CHUNKS: tl.constexpr, HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr,
     PASSES: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr, GATHER: tl.constexpr, WINDOW_GATHER: tl.constexpr, SAMPLE_RUNS: tl.constexpr,
     DIGIT_SELECT: tl.constexpr,
+    VECTOR_LINES: tl.constexpr,
     WINDOW_ATOMICS: tl.constexpr = True,
 ):
     """Pass ``search_pass`` over the ``chunk``-th run of ``merge`` chunks of one listed line, once the
@@ -890,7 +896,8 @@ def search_item(
     WINDOW_ATOMICS (a tree or block walk's kernel passes False: its walk's code would spill).
     DIGIT_SELECT: a top-k gather's cut by byte histograms and a top-p cut by halvings (where
     tl.histogram is shared-memory atomics; a top-p window then takes WINDOW_GATHER slots, twice
-    GATHER), else both from the keys sorted."""
+    GATHER), else both from the keys sorted. VECTOR_LINES: every line's loads can take 16 bytes a
+    lane (a gather's tiles then hold a lane's vector, where DIGIT_SELECT does not hold a column)."""
     T16: tl.constexpr = target_ptr.dtype.element_ty.primitive_bitwidth == 16
     D16: tl.constexpr = draft_ptr.dtype.element_ty.primitive_bitwidth == 16  # (without drafts: the target again)
     ATOMIC_WINDOW: tl.constexpr = (SAMPLE_RUNS > 0) & T16 & D16 & WINDOW_ATOMICS
@@ -914,10 +921,10 @@ def search_item(
                     d_base = draft_ptr + row.to(tl.int64) * d_stride_b + pos.to(tl.int64) * d_stride_k
                     _select_pass(d_base, line, chunk, span, Vd, d_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr,
                                  state_ptr, state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS,
-                                 TILE, BINS, PASSES, PARTS, PP, GATHER, WINDOW_GATHER, ATOMIC_WINDOW, DIGIT_SELECT)
+                                 TILE, BINS, PASSES, PARTS, PP, GATHER, WINDOW_GATHER, ATOMIC_WINDOW, DIGIT_SELECT, VECTOR_LINES)
         else:
             if chunk * span < V:
                 t_base = target_ptr + row.to(tl.int64) * t_stride_b + pos.to(tl.int64) * t_stride_k
                 _select_pass(t_base, line, chunk, span, V, t_parts, inv_t, top_k, top_p, use_p, stage, tau_ptr, part_m_ptr, part_z_ptr, state_ptr,
                              state_f_ptr, part_count_ptr, part_mass_ptr, counter_ptr, progress_ptr, ended_ptr, search_pass, NUM_CHUNKS, TILE, BINS,
-                             PASSES, PARTS, PP, GATHER, WINDOW_GATHER, ATOMIC_WINDOW, DIGIT_SELECT)
+                             PASSES, PARTS, PP, GATHER, WINDOW_GATHER, ATOMIC_WINDOW, DIGIT_SELECT, VECTOR_LINES)

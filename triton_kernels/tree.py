@@ -634,6 +634,7 @@ def cut_walk_kernel(
     SAMPLE_RUNS: tl.constexpr,
     SAMPLE_RUN: tl.constexpr,
     DIGIT_SELECT: tl.constexpr,
+    VECTOR_LINES: tl.constexpr,
     TREE: tl.constexpr,  # a tree walk (tree_walk_kernel's), else block verification's (block_walk_kernel's)
     NP: tl.constexpr,  # TREE: next power of two of max(N, 1)
     KP: tl.constexpr,  # a block: next power of two of K + 1
@@ -649,7 +650,7 @@ def cut_walk_kernel(
         control_ptr, searching_ptr, search_list_ptr, temperature_ptr, top_k_ptr, top_p_ptr, num_draft_ptr, cand_ptr, cand_count_ptr, cand_floor_ptr,
         sort_ptr, hist_ptr, window_ptr, top_p_window_ptr, batch, K, V, Vd, t_stride_b, t_stride_k, d_stride_b, d_stride_k, t_parts, d_parts,
         HAS_DRAFT, PARTS, PP, LINE_SLOTS, SORT, NUM_CHUNKS, CHUNK, TILE, BINS, PASSES, GATHER, WINDOW_GATHER, HISTOGRAM_TOP_K, KEY_WINDOW, TOP_P_BINS,
-        TOP_P_STEP, SAMPLE_RUNS, SAMPLE_RUN, DIGIT_SELECT, False,  # (no atomic raw windows: with the walk's code they would spill)
+        TOP_P_STEP, SAMPLE_RUNS, SAMPLE_RUN, DIGIT_SELECT, VECTOR_LINES, False,  # (no atomic raw windows: with the walk's code they would spill)
     )
     # The walk items, after every search item: one per row for a tree, a block row's own
     # (_block_walk_item); a row's lines are final once every search has ended.

@@ -55,11 +55,10 @@ def calls():
 
 
 # Tiles whose values go to atomics and to the slots those return (select.py's _tile_values,
-# SCATTERED) load one value a lane, as the atomics hold them: no layout conversion through shared
-# memory, so no barrier but a tl.histogram's own (a mass histogram tile's, as many as the same
-# kernel's count histogram tile takes). A 16-bit line's raw top-k gather (a gather tile that
-# scales no value: no FMUL) keeps its vectors where each value takes its own slot (Triton 3.6 and
-# 3.7, no LANE_SLOTS): its one-byte mask's conversion, 2 barriers.
+# SCATTERED, and _gather) hold each value in the lane that loaded it: one value a lane, or a
+# gather's lane column (Triton 3.8 on) or 16-byte vector (3.6, 3.7), whose run of slots one atomic
+# takes. No layout conversion through shared memory, so no barrier but a tl.histogram's own (a
+# mass histogram tile's, as many as the same kernel's count histogram tile takes).
 SCATTERING_TILES = ("gather tile", "window gather tile", "raw window atomic tile", "mass histogram tile")
 
 
@@ -70,12 +69,10 @@ def converted_scatters(kernel: str, code) -> list:
     kinds = [kind.replace(" (masked)", "") if kind else None for kind in loop_kinds(kernel, code)]
     histogram = min((loop.has("BAR") for loop, kind in zip(code.loops, kinds, strict=True) if kind == "count histogram tile"), default=0)
 
-    def allowed(loop, kind: str) -> int:
-        if kind == "mass histogram tile":
-            return histogram
-        return 2 if kind == "gather tile" and not loop.has("FMUL") else 0
+    def allowed(kind: str) -> int:
+        return histogram if kind == "mass histogram tile" else 0
 
-    return [(loop, kind) for loop, kind in zip(code.loops, kinds, strict=True) if kind in SCATTERING_TILES and loop.has("BAR") > allowed(loop, kind)]
+    return [(loop, kind) for loop, kind in zip(code.loops, kinds, strict=True) if kind in SCATTERING_TILES and loop.has("BAR") > allowed(kind)]
 
 
 def specialisation(launch) -> tuple:

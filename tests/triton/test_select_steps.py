@@ -6,6 +6,8 @@ windows themselves: test_triton_identity.py.)"""
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
@@ -19,6 +21,7 @@ tl = pytest.importorskip("triton.language")
 select = _triton_backend.kernels().select
 stats = _triton_backend.kernels().stats
 thresholds = _triton_backend.kernels().thresholds
+random = _triton_backend.kernels().random
 
 N = 64
 
@@ -119,6 +122,131 @@ def test_a_raw_key_interval_marks_finite_values_inside_and_above_and_a_top_p_win
         assert torch.equal(any_inside.bool(), (key >= lo) & (key <= hi))
         assert torch.equal(any_above.bool(), key > hi)
     assert int(any_inside.sum()) == 0 and int(inside.sum()) == 0  # (the last interval is empty)
+
+
+@triton.jit
+def _bits_reaching(x_ptr, out_ptr, lo, inv_t, N: tl.constexpr, DTYPE: tl.constexpr):
+    idx = tl.arange(0, N)
+    x = tl.load(x_ptr + idx)
+    bits = x.to(tl.uint16, bitcast=True).to(tl.int32)
+    first, span = random.raw_bits_reaching(lo)
+    tl.store(out_ptr + idx, random.raw_key(x, False, True))
+    tl.store(out_ptr + N + idx, ((bits - first).to(tl.uint32, bitcast=True) <= span).to(tl.int32))
+    tl.store(out_ptr + 2 * N + idx, random.order_key(random.bits_scaled(bits, inv_t, DTYPE)))
+    tl.store(out_ptr + 3 * N + idx, random.order_key(random.raw_scaled(random.raw_key(x, False, True), inv_t, DTYPE)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_floats_bits_reach_lo_exactly_when_its_raw_key_does(dtype):
+    """random.raw_bits_reaching, the one unsigned range test a 16-bit top-k gather makes of each
+    value's bits (select.py's _gather), over all 65536 bit patterns: inside exactly where the raw
+    key is at least lo, for lo at both ends of the keys, past them (32768: none), around 0 (-0.0's
+    key is -1) and between; and the gathered bits scale to the keys the raw keys do."""
+    n = 65536
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    out = torch.zeros(4 * n, dtype=torch.int32)
+    for lo in (-32768, -32767, -16512, -2, -1, 0, 1, 16256, 32639, 32767, 32768):
+        _bits_reaching[(1,)](x, out, lo, 0.7, N=n, DTYPE=tl.bfloat16 if dtype == torch.bfloat16 else tl.float16)
+        key, inside, scaled, expected = out.view(4, n)
+        assert sorted(key.tolist()) == list(range(-32768, 32768))  # (a bijection of the bits)
+        assert torch.equal(inside.bool(), key >= lo), (lo, int((inside.bool() != (key >= lo)).sum()))
+        assert torch.equal(scaled, expected)
+
+
+@triton.jit
+def _gathered(x_ptr, keys_ptr, counter_ptr, out_ptr, width, inv_t, row_max, lo, hi, SPAN: tl.constexpr, TILE: tl.constexpr, GATHER: tl.constexpr,
+              RAW: tl.constexpr, LANE_SLOTS: tl.constexpr, VECTORS: tl.constexpr):
+    tl.store(out_ptr, select._gather(x_ptr, 0, SPAN, width, inv_t, row_max, lo.to(tl.int64), hi.to(tl.int64), counter_ptr, keys_ptr, TILE, GATHER,
+                                     not RAW, RAW, LANE_SLOTS, VECTORS))
+    ids = tl.arange(0, SPAN)
+    x = tl.load(x_ptr + ids, mask=ids < width, other=float("-inf"))
+    s = x.to(tl.float32) * inv_t
+    tl.store(out_ptr + 1 + ids, select.fixed_mass(s, row_max))  # (each value's weight)
+    tl.store(out_ptr + 1 + SPAN + ids, random.order_key(s).to(tl.int64))
+
+
+@pytest.mark.parametrize("slots", ["lanes", "vectors", "values"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_gather_takes_each_value_inside_once_in_every_lane_layout(dtype, slots):
+    """select._gather's lane runs: a lane's column (LANE_SLOTS), a lane's 16-byte vector (VECTORS)
+    or a value a lane each take their slots from one atomic on the counter. Over a ragged span
+    (-inf past the width, some -inf inside it) the slots hold each value inside once (a float32
+    line's order keys in [lo, hi], with the fixed-point mass above hi; a bf16 line's raw bits from
+    lo's raw key up), the counter counts them all, and a gather that overflows its slots fills
+    every one with values inside."""
+    width, span, tile = 1900, 2048, 1024  # (a lane's column: 4 values a tile)
+    g = torch.Generator().manual_seed(5)
+    x = (4 * torch.randn(width, generator=g)).to(dtype)
+    x[::97] = float("-inf")
+    inv_t, row_max = 1 / 0.9, float(x.float().max() / 0.9)
+    raw = dtype == torch.bfloat16
+    out = torch.zeros(1 + 2 * span, dtype=torch.int64)
+    for share, gather in ((0.15, 256), (0.7, 2048), (0.5, 256)):  # (lo above 0, below it; the third overflows)
+        counter = torch.zeros(1, dtype=torch.int32)
+        slots_out = torch.full((gather,), -1, dtype=torch.int32)
+        if raw:
+            bits = x.view(torch.int16).to(torch.int32)
+            keys = torch.where(bits >= 0, bits, bits ^ 0x7FFF)  # (raw keys)
+            lo, hi = int(keys.sort().values[int(width * (1 - share))]), 32767  # (lo a value's own key)
+        else:
+            _gathered[(1,)](x, slots_out, counter, out, width, inv_t, row_max, 0, 0, SPAN=span, TILE=tile, GATHER=gather, RAW=False,
+                            LANE_SLOTS=True, VECTORS=True)
+            keys = out[1 + span:1 + span + width].to(torch.int32)  # (the scaled values' order keys)
+            finite_keys = keys[x != float("-inf")]
+            ordered = finite_keys.sort().values  # (lo and hi values' own keys)
+            lo, hi = int(ordered[int(len(ordered) * (1 - share))]), int(ordered[int(len(ordered) * 0.98)])
+            counter.zero_()
+            slots_out.fill_(-1)
+        _gathered[(1,)](x, slots_out, counter, out, width, inv_t, row_max, lo, hi, SPAN=span, TILE=tile, GATHER=gather, RAW=raw,
+                        LANE_SLOTS=slots == "lanes", VECTORS=slots == "vectors")
+        if raw:
+            inside = keys >= lo
+            expected = sorted((x.view(torch.int16)[inside].to(torch.int32) & 0xFFFF).tolist())
+        else:
+            inside = (keys >= lo) & (keys <= hi) & (x != float("-inf"))
+            expected = sorted(keys[inside].tolist())
+            weights = out[1:1 + width]
+            assert int(out[0]) == int(weights[(keys > hi) & (x != float("-inf"))].sum())
+        assert int(counter) == int(inside.sum())
+        got = sorted(slots_out[:min(gather, int(counter))].tolist())
+        if int(counter) <= gather:
+            assert got == expected
+        else:  # (every slot holds a distinct value inside)
+            assert -1 not in got and not (collections.Counter(got) - collections.Counter(expected))
+
+
+@triton.jit
+def _raw_window_counts(x_ptr, count_ptr, out_ptr, width, inv_t, row_max, lo, SPAN: tl.constexpr, TILE: tl.constexpr, VECTORS: tl.constexpr):
+    tl.store(out_ptr, select._atomic_raw_window(x_ptr, 0, SPAN, width, inv_t, row_max, lo, count_ptr, TILE, VECTORS))
+    ids = tl.arange(0, SPAN)
+    x = tl.load(x_ptr + ids, mask=ids < width, other=float("-inf"))
+    tl.store(out_ptr + 1 + ids, select.fixed_mass(x.to(tl.float32) * inv_t, row_max))  # (each value's weight)
+
+
+@pytest.mark.parametrize("vectors", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_an_atomic_raw_window_counts_each_key_and_sums_the_mass_above(dtype, vectors):
+    """select._atomic_raw_window (Triton 3.6 and 3.7's 16-bit top-p window), its values a lane's
+    16-byte vector (``vectors``) or one a lane: over a ragged span with -inf inside it, slot j
+    counts the values whose raw key is lo + j, and the mass returned is the fixed-point weights'
+    sum of the values above the window (a window at the top, one in the middle, one below every
+    finite value)."""
+    width, span, tile = 1900, 2048, 1024
+    x = (torch.randn(width, generator=torch.Generator().manual_seed(8)) * 2).to(dtype)
+    x[::89] = float("-inf")
+    bits = x.view(torch.int16).to(torch.int32)
+    keys = torch.where(bits >= 0, bits, bits ^ 0x7FFF)  # (raw keys)
+    inv_t, row_max = 1 / 0.9, float(x.float().max() / 0.9)
+    out = torch.zeros(1 + span, dtype=torch.int64)
+    finite = keys[x != float("-inf")].sort().values
+    # (a window whose last key is a value's, one whose first is, one below every finite value)
+    for lo in (int(finite[-50]) - 255, int(finite[width // 2]), int(finite[0]) - 300):
+        counts = torch.zeros(256, dtype=torch.int32)
+        _raw_window_counts[(1,)](x, counts, out, width, inv_t, row_max, lo, SPAN=span, TILE=tile, VECTORS=vectors)
+        inside = (keys >= lo) & (keys < lo + 256)
+        assert torch.equal(counts, torch.bincount(keys[inside] - lo, minlength=256).to(torch.int32)), lo
+        assert int(out[0]) == int(out[1:1 + width][keys >= lo + 256].sum()), lo
+        assert int(inside.sum()) > 0 or lo < int(finite.min())
 
 
 @triton.jit

@@ -850,20 +850,26 @@ def test_fewer_finite_values_than_k_keep_them_all_and_top_p_cuts_inside(dtype, g
         assert fused[0].tolist() == [[1, -1]], fused  # token 0 has no mass once top-p keeps the max alone: rejected, the max drawn
 
 
+@pytest.mark.parametrize("vectors", [False, True])
 @pytest.mark.parametrize("digits", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_a_16_bit_top_k_gather_reads_raw_keys(dtype, digits):
-    """A 16-bit line's top-k gather tests and writes the raw keys of its logits' bits from the lowest
-    whose scaled value reaches lo (select.py's _raw_floor), where 1 / temperature merges raw keys
+def test_a_16_bit_top_k_gather_reads_raw_keys(dtype, digits, vectors):
+    """A 16-bit line's top-k gather tests and writes the raw bits of its logits from the lowest raw
+    key whose scaled value reaches lo (select.py's _raw_floor), where 1 / temperature merges raw keys
     into one scaled value (subnormals scaled to 0, -0.0 beside +0.0) and where the cut lies among
     them: the reference's cut and tokens, by one gather, its k-th largest key from the keys sorted
-    or by byte histograms (``digits``: many tied keys, empty slots)."""
+    or by byte histograms (``digits``: many tied keys, empty slots). Where no column is a lane's
+    (no digits), a lane's vector of 8 values takes its run of slots (``vectors``: lines of 608
+    values, -inf past the 600; _triton_backend.vector_lines), or each value its own (600)."""
     cases = [(_underflowing_line(), 1e10, 200), (_signed_zeros_line(), 0.9, 250), (_signed_zeros_line(), 0.9, 120)]
     geometry = _SAMPLED | {"select_gather": 1024, "digit_select": digits}
     for line, temperature, top_k in cases:
-        target = torch.stack([line, line.flip(0)]).to(dtype).reshape(1, 2, 600)
+        if vectors:
+            line = torch.cat([line, torch.full((8,), float("-inf"))])
+        target = torch.stack([line, line.flip(0)]).to(dtype).reshape(1, 2, -1)
         args = _params.validate_verify(target, None, torch.zeros(1, 1, dtype=torch.int64), generator=None, check=False, temperature=temperature,
                                        top_k=top_k, top_p=None, num_draft_tokens=None)
+        assert _triton_backend.vector_lines(args) == vectors
         got, resolved = _triton_thresholds(args, **geometry)
         assert torch.equal(got, _reference_thresholds(args)), (temperature, top_k, got.tolist())
         assert resolved.tolist() == [0, 0]
