@@ -171,9 +171,10 @@ def _tile_values(base, first, width, TILE: tl.constexpr, SCATTERED: tl.constexpr
     cannot prove. A warp still reads 32 consecutive values, from one base with constant offsets.
     Loaded in vectors as a 1-D tile, the values would go to the atomics' layout through shared
     memory: 6 barriers a tile (tests/support/triton_compile_check.py's ``converted_scatters``).
-    LANES (a gather's lane runs, a raw window's vectors): the tile as TILE // LANES rows of LANES ids; SCATTERED, the same way, each
-    lane a column; else from ``first`` as it is, each lane a row (a 16-byte vector where LANES
-    values fill one and the lines are aligned: search_item's VECTOR_LINES)."""
+    LANES (a gather's lane runs, a raw window's vectors): the tile as TILE // LANES rows of LANES
+    ids; SCATTERED, the same way, each lane a column; else from ``first`` as it is, each lane a
+    row (a 16-byte vector where LANES values fill one and the lines are aligned: search_item's
+    VECTOR_LINES)."""
     if LANES > 0:
         start = (first | (width >> 31)) if SCATTERED else first
         ids = (tl.arange(0, TILE // LANES)[:, None] * LANES + tl.arange(0, LANES)[None, :]).to(tl.int64)
@@ -268,7 +269,7 @@ def _atomic_raw_window(base, first, span, width, inv_t, row_max, lo, count_ptr, 
     (values -inf once scaled weigh 0 wherever their keys fall). Each value stays in the lane that
     loaded it: a lane's 16-byte vector where the lines allow such loads (VECTORS), else one value
     (``_tile_values``)."""
-    COLUMNS: tl.constexpr = 8 if VECTORS else 1
+    COLUMNS: tl.constexpr = 128 // base.dtype.element_ty.primitive_bitwidth if VECTORS else 1  # values in a lane's 16-byte load
     above_mass = tl.zeros((TILE // COLUMNS, COLUMNS), tl.int64)
     for start in range(0, span, TILE):
         x = _tile_values(base, first + start, width, TILE, COLUMNS == 1, COLUMNS)
@@ -317,10 +318,12 @@ def _gather(base, first, span, width, inv_t, row_max, lo, hi, gathered_ptr, keys
         COLUMNS: tl.constexpr = 256 if TILE >= 256 else TILE  # (a power of two, as TILE)
         RUN_AXIS: tl.constexpr = 0
         RUNS: tl.constexpr = COLUMNS
+        SCATTERED: tl.constexpr = True  # (each lane a column)
     else:
         COLUMNS: tl.constexpr = 128 // base.dtype.element_ty.primitive_bitwidth if VECTORS else 1  # values in a lane's 16-byte load
         RUN_AXIS: tl.constexpr = 1
         RUNS: tl.constexpr = TILE // COLUMNS
+        SCATTERED: tl.constexpr = COLUMNS == 1  # (a column of one value a lane)
     counter = gathered_ptr + tl.zeros((RUNS,), tl.int32)
     above_mass = tl.zeros((TILE // COLUMNS, COLUMNS), tl.int64)
     # A searched line's values are finite or -inf (statistics with NaN or +inf end its search),
@@ -329,10 +332,7 @@ def _gather(base, first, span, width, inv_t, row_max, lo, hi, gathered_ptr, keys
     hi_finite = tl.maximum(hi, -2139095041).to(tl.int32)
     bits_from, bits_span = raw_bits_reaching(lo.to(tl.int32))
     for start in range(0, span, TILE):
-        if LANE_SLOTS:
-            x = _tile_values(base, first + start, width, TILE, True, COLUMNS)
-        else:
-            x = _tile_values(base, first + start, width, TILE, COLUMNS == 1, COLUMNS)  # (a column of one value a lane: SCATTERED)
+        x = _tile_values(base, first + start, width, TILE, SCATTERED, COLUMNS)
         if RAW:  # (bf16 or fp16)
             key = x.to(tl.uint16, bitcast=True).to(tl.int32)  # (its bits)
             inside = (key - bits_from).to(tl.uint32, bitcast=True) <= bits_span
